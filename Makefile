@@ -1,0 +1,48 @@
+# Symphony: `make up` runs the whole stack, `make test` runs the tests. Both install what is
+# missing first (idempotent; see scripts/bootstrap.sh).
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+export DJANGO_SETTINGS_MODULE := web.settings
+
+.PHONY: up down test test-all lint format bootstrap migrate demo lock
+
+## Set-up shared by `up` and `test`.
+bootstrap:
+	scripts/bootstrap.sh all
+
+migrate: bootstrap
+	$(PY) manage.py migrate --noinput
+
+demo: migrate
+	$(PY) manage.py create_demo
+
+## Run the stack in the foreground; Ctrl-C (or `make down`) stops what it started.
+up: demo
+	$(PY) scripts/run_stack.py
+
+down:
+	$(PY) scripts/run_stack.py down
+
+lint: bootstrap
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format:
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+## Tests: lint, then pytest against real PostgreSQL, Redis, dockerd/runsc and vLLM.
+test: lint
+	scripts/pytest.sh -m "not slow"
+
+test-all: lint
+	scripts/pytest.sh
+
+## Re-resolve requirements/lock.txt from requirements/{base,ml,dev}.txt.
+lock:
+	$(VENV)/bin/pip install -q -r requirements/base.txt -r requirements/ml.txt -r requirements/dev.txt
+	$(VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec llm llama_cpp_python || true
+	{ sed -n '1,3p' requirements/lock.txt; $(VENV)/bin/pip freeze | sed 's/^torch==2.13.0+cpu/torch==2.13.0/'; } > requirements/lock.txt.new
+	mv requirements/lock.txt.new requirements/lock.txt

@@ -1,0 +1,45 @@
+"""Liveness/readiness probe: checks PostgreSQL and Redis over real connections."""
+
+from __future__ import annotations
+
+import redis
+from django.conf import settings
+from django.db import connection
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.permissions import AllowAny
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+
+def check_dependencies() -> dict[str, str]:
+    """Return ``{"database": "ok"|error, "redis": "ok"|error}``."""
+    status: dict[str, str] = {}
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        status["database"] = "ok"
+    except Exception as exc:
+        status["database"] = f"error: {exc.__class__.__name__}"
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).ping()
+        status["redis"] = "ok"
+    except Exception as exc:
+        status["redis"] = f"error: {exc.__class__.__name__}"
+    return status
+
+
+class HealthView(APIView):
+    """``GET /api/v1/health``: 200 when every dependency answers, 503 otherwise."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+
+    @extend_schema(
+        responses=inline_serializer("Health", {"status": serializers.CharField(), "checks": serializers.DictField()})
+    )
+    def get(self, request: Request) -> Response:
+        checks = check_dependencies()
+        healthy = all(value == "ok" for value in checks.values())
+        return Response({"status": "ok" if healthy else "degraded", "checks": checks}, status=200 if healthy else 503)

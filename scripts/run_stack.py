@@ -1,0 +1,163 @@
+"""Run the whole local stack in the foreground (``make up``).
+
+Starts each long-running process of the stack, writes its PID to ``var/run/<name>.pid``,
+prints the console URL and admin credentials, and on Ctrl-C (SIGINT) or SIGTERM stops exactly
+the processes it started, by PID. ``make down`` uses the same PID files from another shell.
+If any process exits on its own, the others are stopped too, so a half-running stack never
+pretends to be up.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_BIN = ROOT / ".venv" / "bin"
+RUN_DIR = ROOT / "var" / "run"
+LOG_DIR = ROOT / "var" / "log"
+
+
+@dataclass(frozen=True)
+class Service:
+    name: str
+    argv: list[str]
+
+
+def services() -> list[Service]:
+    host = os.environ.get("SYMPHONY_HOST", "127.0.0.1")
+    port = os.environ.get("SYMPHONY_PORT", "8000")
+    python = str(VENV_BIN / "python")
+    worker_name = os.environ.get("SYMPHONY_WORKER_NAME", "local")
+    return [
+        Service("gpu_worker", [python, "-m", "gpu_worker", "--name", worker_name]),
+        Service(
+            "celery",
+            [
+                python,
+                "-m",
+                "celery",
+                "-A",
+                "web",
+                "worker",
+                "--loglevel=INFO",
+                "-Q",
+                f"symphony,worker.{worker_name}",
+                "--concurrency",
+                os.environ.get("CELERY_CONCURRENCY", "4"),
+                "--hostname",
+                f"celery-{worker_name}@%h",
+            ],
+        ),
+        Service("web", [python, "-m", "uvicorn", "web.asgi:application", "--host", host, "--port", port]),
+    ]
+
+
+def pid_file(name: str) -> Path:
+    return RUN_DIR / f"{name}.pid"
+
+
+def stop_pids(pids: dict[str, int], timeout: float = 20.0) -> None:
+    """SIGTERM each process, wait, then SIGKILL the ones still alive."""
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    remaining = dict(pids)
+    while remaining and time.monotonic() < deadline:
+        for name, pid in list(remaining.items()):
+            if not _alive(pid):
+                remaining.pop(name)
+        time.sleep(0.2)
+    for name, pid in remaining.items():
+        print(f"stack: {name} (pid {pid}) ignored SIGTERM; killing", file=sys.stderr)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for name in pids:
+        pid_file(name).unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def down() -> int:
+    """Stop a stack started by another ``make up`` using its PID files."""
+    pids = {}
+    for path in RUN_DIR.glob("*.pid"):
+        try:
+            pids[path.stem] = int(path.read_text().strip())
+        except ValueError:
+            path.unlink()
+    if not pids:
+        print("stack: nothing to stop")
+        return 0
+    stop_pids(pids)
+    print("stack: stopped " + ", ".join(sorted(pids)))
+    return 0
+
+
+def up() -> int:
+    RUN_DIR.mkdir(parents=True, exist_ok=True)
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    stale = [p for p in RUN_DIR.glob("*.pid") if _alive(int(p.read_text().strip() or 0))]
+    if stale:
+        print(f"stack: already running ({', '.join(p.stem for p in stale)}); `make down` first", file=sys.stderr)
+        return 1
+    procs: dict[str, subprocess.Popen] = {}
+    stopping = False
+
+    def handle_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, handle_signal)
+    signal.signal(signal.SIGTERM, handle_signal)
+    for service in services():
+        log = open(LOG_DIR / f"{service.name}.log", "ab")
+        proc = subprocess.Popen(service.argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs[service.name] = proc
+        pid_file(service.name).write_text(str(proc.pid))
+        print(f"stack: started {service.name} pid={proc.pid} log=var/log/{service.name}.log")
+    host = os.environ.get("SYMPHONY_HOST", "127.0.0.1")
+    port = os.environ.get("SYMPHONY_PORT", "8000")
+    creds = ROOT / "var" / "admin-credentials.txt"
+    print(f"\n  Symphony console: http://{host}:{port}/\n  Admin:            http://{host}:{port}/admin/")
+    if creds.exists():
+        print("  " + creds.read_text().strip().replace("\n", "\n  "))
+    print("\n  Ctrl-C stops the stack.\n")
+    exit_code = 0
+    while not stopping:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                print(f"stack: {name} exited with {proc.returncode}; see var/log/{name}.log", file=sys.stderr)
+                stopping = True
+                exit_code = 1
+                break
+        time.sleep(0.5)
+    print("stack: stopping")
+    stop_pids({name: proc.pid for name, proc in procs.items()})
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(down() if sys.argv[1:] == ["down"] else up())
