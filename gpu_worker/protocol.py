@@ -144,7 +144,6 @@ def unpack_body(body: bytes) -> Any:
             body,
             raw=False,
             strict_map_key=True,
-            max_buffer_size=MAX_FRAME_BYTES,
             max_str_len=MAX_FRAME_BYTES,
             max_bin_len=MAX_FRAME_BYTES,
             max_array_len=MAX_PRED_TOKENS * 8,

@@ -1,0 +1,180 @@
+"""Dist handles: next-token distributions kept worker-side (DESIGN.md §3).
+
+A ``pred`` leaves its logits rows here and hands the LIP small integer handles; sampling,
+masking and biasing run in the worker, so a reply carries a few bytes instead of a vocabulary
+vector. Handles are per session, bounded in number and dropped when the session ends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from gpu_worker.protocol import ErrorCode, ProtocolError
+
+
+def _bad(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_ARGS, message)
+
+
+@dataclass(frozen=True)
+class SampleParams:
+    """Validated sampling parameters; ``temperature == 0`` means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @classmethod
+    def from_args(cls, args: Mapping[str, object]) -> SampleParams:
+        temperature = args.get("temperature", 1.0)
+        top_p = args.get("top_p", 1.0)
+        top_k = args.get("top_k", 0)
+        seed = args.get("seed")
+        if not isinstance(temperature, int | float) or isinstance(temperature, bool) or not 0 <= temperature <= 100:
+            raise _bad("temperature must be a number in [0, 100]")
+        if not isinstance(top_p, int | float) or isinstance(top_p, bool) or not 0 < top_p <= 1:
+            raise _bad("top_p must be a number in (0, 1]")
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
+            raise _bad("top_k must be a non-negative integer")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
+            raise _bad("seed must be a non-negative integer")
+        return cls(float(temperature), float(top_p), int(top_k), seed)
+
+
+def apply_bias(logits: torch.Tensor, bias: object) -> torch.Tensor:
+    """Add a sparse ``{token_id: offset}`` bias (e.g. a watermark) to a copy of ``logits``."""
+    if bias is None:
+        return logits
+    if not isinstance(bias, Mapping) or len(bias) > logits.shape[-1]:
+        raise _bad("bias must be a map token_id -> offset")
+    ids, offsets = [], []
+    for key, value in bias.items():
+        tid = int(key) if isinstance(key, str) and key.lstrip("-").isdigit() else key
+        if not isinstance(tid, int) or isinstance(tid, bool) or not 0 <= tid < logits.shape[-1]:
+            raise _bad(f"bias token id out of range: {key!r}")
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+            raise _bad("bias offsets must be finite numbers")
+        ids.append(tid)
+        offsets.append(float(value))
+    out = logits.clone()
+    out[torch.tensor(ids, dtype=torch.long)] += torch.tensor(offsets, dtype=out.dtype)
+    return out
+
+
+def allowed_mask(vocab: int, token_ids: Sequence[object]) -> torch.Tensor:
+    """Boolean vector of allowed tokens from an explicit list."""
+    if not isinstance(token_ids, list | tuple) or not token_ids or len(token_ids) > vocab:
+        raise _bad("an allowed-token mask must list between 1 and vocab_size token ids")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in token_ids):
+        raise _bad("mask token ids must be integers in [0, vocab_size)")
+    mask = torch.zeros(vocab, dtype=torch.bool)
+    mask[torch.tensor(list(token_ids), dtype=torch.long)] = True
+    return mask
+
+
+def restrict(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    if allowed is None:
+        return logits
+    if not bool(allowed.any()):
+        raise ProtocolError(ErrorCode.BAD_ARGS, "mask allows no token")
+    return logits.masked_fill(~allowed, float("-inf"))
+
+
+def argmax(logits: torch.Tensor) -> int:
+    return int(torch.argmax(logits))
+
+
+def sample(logits: torch.Tensor, params: SampleParams, generator: torch.Generator) -> int:
+    """Temperature / top-k / top-p sampling; greedy at temperature 0."""
+    if params.temperature == 0:
+        return argmax(logits)
+    # float64 and the +inf rule below keep a tiny temperature or a huge bias (both legal) from
+    # turning the softmax into NaNs: in the limit the distribution is uniform over the maximal tokens.
+    scaled = logits.to(torch.float64) / params.temperature
+    infinite = torch.isposinf(scaled)
+    if bool(infinite.any()):
+        scaled = torch.zeros_like(scaled).masked_fill(~infinite, float("-inf"))
+    elif not bool(torch.isfinite(scaled).any()):
+        raise _bad("mask and bias leave no token with a finite logit")
+    if params.top_k > 0 and params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    probs = torch.softmax(scaled, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        cumulative = torch.cumsum(sorted_probs, dim=-1)
+        drop = cumulative - sorted_probs > params.top_p
+        sorted_probs = sorted_probs.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
+    if params.seed is not None:
+        generator = torch.Generator().manual_seed(params.seed)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def topk(logits: torch.Tensor, k: int) -> dict[str, list]:
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(1024, logits.shape[-1]):
+        raise _bad("k must be an integer in [1, 1024]")
+    logprobs = torch.log_softmax(logits, dim=-1)
+    values, ids = torch.topk(logprobs, k)
+    return {"ids": [int(i) for i in ids], "logprobs": [float(v) for v in values]}
+
+
+def logprob(logits: torch.Tensor, token_ids: Sequence[object]) -> list[float]:
+    vocab = logits.shape[-1]
+    if not isinstance(token_ids, list | tuple) or not 1 <= len(token_ids) <= vocab:
+        raise _bad("token_ids must be a non-empty list")
+    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in token_ids):
+        raise _bad("token ids must be integers in [0, vocab_size)")
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return [float(v) for v in logprobs[torch.tensor(list(token_ids), dtype=torch.long)]]
+
+
+def full(logits: torch.Tensor) -> bytes:
+    """All log-probs as float16 little-endian bytes (explicit opt-in: vocab_size * 2 bytes)."""
+    return torch.log_softmax(logits, dim=-1).to(torch.float16).numpy().astype("<f2").tobytes()
+
+
+class DistStore:
+    """One session's live Dist handles (1-D float32 CPU logits), bounded in number."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._items: dict[int, torch.Tensor] = {}
+        self._ids = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add_many(self, rows: Sequence[torch.Tensor]) -> list[int]:
+        if len(self._items) + len(rows) > self.limit:
+            raise ProtocolError(
+                ErrorCode.NO_SPACE, f"too many live Dist handles (limit {self.limit}); release some first"
+            )
+        out = []
+        for row in rows:
+            hid = next(self._ids)
+            self._items[hid] = row
+            out.append(hid)
+        return out
+
+    def get(self, hid: object) -> torch.Tensor:
+        if not isinstance(hid, int) or isinstance(hid, bool):
+            raise _bad("dist must be an integer handle")
+        try:
+            return self._items[hid]
+        except KeyError:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no such dist handle {hid}") from None
+
+    def release(self, hids: Sequence[object]) -> None:
+        for hid in hids:
+            if isinstance(hid, int) and not isinstance(hid, bool):
+                self._items.pop(hid, None)
+
+    def clear(self) -> None:
+        self._items.clear()

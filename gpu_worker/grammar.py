@@ -1,0 +1,143 @@
+"""Constrained decoding with xgrammar: grammars compiled once per source, matchers per session.
+
+``grammar`` compiles a JSON schema, regex or EBNF grammar (cached across sessions by source
+text, since compiling costs milliseconds to seconds); ``grammar_state`` makes a fresh matcher,
+used as ``mask`` in ``dist_sample``/``dist_argmax``; ``mask_advance`` feeds it the chosen token.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from gpu_worker.protocol import ErrorCode, ProtocolError
+
+MAX_SOURCE_CHARS = 100_000
+CACHE_SIZE = 128
+
+
+class GrammarCompiler:
+    """Worker-wide compiler with an LRU cache keyed by ``(kind, source)``."""
+
+    def __init__(self, model_dir: str, vocab_size: int) -> None:
+        self._model_dir = model_dir
+        self.vocab_size = vocab_size
+        self._compiler: Any = None
+        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.compiled = 0
+        self.hits = 0
+
+    def _xgr_compiler(self) -> Any:
+        if self._compiler is None:
+            import xgrammar as xgr
+            from transformers import AutoTokenizer
+
+            hf = AutoTokenizer.from_pretrained(self._model_dir)
+            info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size)
+            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
+        return self._compiler
+
+    def compile(self, args: dict[str, Any]) -> Any:
+        """Compile (or fetch from cache) the one grammar source given in ``args``."""
+        kinds = [k for k in ("json_schema", "regex", "ebnf") if args.get(k) is not None]
+        if len(kinds) != 1:
+            raise ProtocolError(ErrorCode.BAD_ARGS, "give exactly one of json_schema, regex, ebnf")
+        kind = kinds[0]
+        source = args[kind]
+        if kind == "json_schema" and not isinstance(source, str):
+            source = json.dumps(source, sort_keys=True)
+        if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
+            raise ProtocolError(ErrorCode.BAD_ARGS, f"{kind} must be a string of at most {MAX_SOURCE_CHARS} chars")
+        key = (kind, source)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                self.hits += 1
+                return self._cache[key]
+            compiler = self._xgr_compiler()
+            try:
+                if kind == "json_schema":
+                    # Compact JSON: with any_whitespace a model may emit whitespace forever.
+                    compiled = compiler.compile_json_schema(source, any_whitespace=False)
+                elif kind == "regex":
+                    compiled = compiler.compile_regex(source)
+                else:
+                    compiled = compiler.compile_grammar(source)
+            except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
+                raise ProtocolError(ErrorCode.BAD_ARGS, f"invalid {kind}: {str(exc)[:300]}") from None
+            self._cache[key] = compiled
+            self.compiled += 1
+            while len(self._cache) > CACHE_SIZE:
+                self._cache.popitem(last=False)
+            return compiled
+
+
+class Matcher:
+    """One grammar state: which tokens may come next, advanced token by token."""
+
+    def __init__(self, compiled: Any, vocab_size: int) -> None:
+        import xgrammar as xgr
+
+        self._matcher = xgr.GrammarMatcher(compiled)
+        self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self.vocab_size = vocab_size
+
+    def restrict(self, logits: torch.Tensor) -> torch.Tensor:
+        """A copy of ``logits`` with every token the grammar forbids set to -inf."""
+        import xgrammar as xgr
+
+        if self._matcher.is_terminated():
+            raise ProtocolError(ErrorCode.BAD_ARGS, "grammar state is finished; no token may follow")
+        self._matcher.fill_next_token_bitmask(self._bitmask)
+        out = logits.clone().unsqueeze(0)
+        xgr.apply_token_bitmask_inplace(out, self._bitmask)
+        return out[0]
+
+    def advance(self, token: object) -> dict[str, bool]:
+        if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
+            raise ProtocolError(ErrorCode.BAD_ARGS, "token must be an integer in [0, vocab_size)")
+        if self._matcher.is_terminated():
+            return {"accepted": False, "finished": True}
+        accepted = bool(self._matcher.accept_token(token))
+        return {"accepted": accepted, "finished": bool(self._matcher.is_terminated())}
+
+
+class GrammarHandles:
+    """A session's grammar and matcher handles (bounded)."""
+
+    def __init__(self, limit: int = 1024) -> None:
+        self.limit = limit
+        self.grammars: dict[int, Any] = {}
+        self.matchers: dict[int, Matcher] = {}
+        self._ids = itertools.count(1)
+
+    def add_grammar(self, compiled: Any) -> int:
+        return self._add(self.grammars, compiled)
+
+    def add_matcher(self, matcher: Matcher) -> int:
+        return self._add(self.matchers, matcher)
+
+    def _add(self, table: dict[int, Any], value: Any) -> int:
+        if len(self.grammars) + len(self.matchers) >= self.limit:
+            raise ProtocolError(ErrorCode.NO_SPACE, f"too many grammar handles (limit {self.limit})")
+        hid = next(self._ids)
+        table[hid] = value
+        return hid
+
+    def grammar(self, hid: object) -> Any:
+        return self._get(self.grammars, hid, "grammar")
+
+    def matcher(self, hid: object) -> Matcher:
+        return self._get(self.matchers, hid, "mask")
+
+    @staticmethod
+    def _get(table: dict[int, Any], hid: object, what: str) -> Any:
+        if not isinstance(hid, int) or isinstance(hid, bool) or hid not in table:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no such {what} handle {hid!r}")
+        return table[hid]

@@ -1,0 +1,34 @@
+"""KVFS: KV-cache files over the engine's paged KV cache (DESIGN.md §4).
+
+Pure bookkeeping plus tiering; page contents move only through ``PageIO`` (the Engine).
+Never imports Django or vLLM.
+"""
+
+from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, KVFSError, NoSpace, NotFound, PermissionDenied
+from gpu_worker.kvfs.files import Owner, validate_name
+from gpu_worker.kvfs.fs import KVFS, AppendPlan, KVFSLimits
+from gpu_worker.kvfs.stats import KVFileInfo, KVStats
+from gpu_worker.kvfs.store import KVStore, LocalKVStore, S3KVStore, store_from_location
+from gpu_worker.kvfs.tiers import PageIO
+
+__all__ = [
+    "KVFS",
+    "AppendPlan",
+    "Busy",
+    "Exists",
+    "InvalidArgument",
+    "KVFSError",
+    "KVFSLimits",
+    "KVFileInfo",
+    "KVStats",
+    "KVStore",
+    "LocalKVStore",
+    "NoSpace",
+    "NotFound",
+    "Owner",
+    "PageIO",
+    "PermissionDenied",
+    "S3KVStore",
+    "store_from_location",
+    "validate_name",
+]

@@ -1,0 +1,145 @@
+"""Moving KV files between tiers: device pages -> host tensors -> safetensors on the KV store.
+
+Only page *data* moves here (through ``PageIO``); which file moves when is decided by the KVFS
+facade. Reloading always writes into freshly allocated pages, so a reloaded file shares no page
+with anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from gpu_worker.kvfs.files import DEVICE, DISK, HOST, KVFile, store_key
+from gpu_worker.kvfs.pages import PageAllocator
+from gpu_worker.kvfs.store import KVStore
+
+log = logging.getLogger(__name__)
+
+
+class PageIO(Protocol):
+    """What KVFS needs from the engine to move page contents."""
+
+    def read_pages(self, page_ids: Sequence[int]) -> torch.Tensor: ...
+
+    def write_pages(self, page_ids: Sequence[int], data: torch.Tensor) -> None: ...
+
+    def copy_pages(self, pairs: Sequence[tuple[int, int]]) -> None: ...
+
+
+def encode(file: KVFile, data: torch.Tensor) -> bytes:
+    """A safetensors blob: tensor ``kv`` plus tokens/computed/pinned as metadata."""
+    meta = {
+        "tenant": file.tenant,
+        "name": file.name or "",
+        "tokens": json.dumps(file.tokens),
+        "computed": str(file.computed),
+        "pinned": "1" if file.pinned else "0",
+        "last_used": repr(file.last_used),
+        "n_pages": str(data.shape[0]),
+    }
+    return st_save({"kv": data.contiguous()}, metadata=meta)
+
+
+def decode_header(blob: bytes) -> dict[str, str]:
+    """Only the metadata of a blob (no tensor copy): used to rebuild the index."""
+    (n,) = struct.unpack("<Q", blob[:8])
+    return json.loads(blob[8 : 8 + n]).get("__metadata__", {})
+
+
+def decode_data(blob: bytes) -> torch.Tensor:
+    return st_load(blob)["kv"]
+
+
+class Tiers:
+    """Spill and reload of whole files; the caller holds the KVFS lock."""
+
+    def __init__(self, alloc: PageAllocator, page_io: PageIO, store: KVStore, host_pages: int) -> None:
+        self.alloc = alloc
+        self.page_io = page_io
+        self.store = store
+        self.host_capacity = host_pages
+        self.host_used = 0
+
+    def device_to_host(self, file: KVFile) -> None:
+        assert file.residency == DEVICE
+        data = self.page_io.read_pages(file.pages) if file.pages else None
+        self.alloc.decref(file.pages)
+        file.spilled_pages = len(file.pages)
+        file.pages = []
+        file.host_data = data
+        file.residency = HOST
+        self.host_used += file.spilled_pages
+        log.info("event=kv_spill tier=host file=%s pages=%d", file.path, file.spilled_pages)
+
+    def host_data_of(self, file: KVFile) -> torch.Tensor:
+        if file.residency == DEVICE:
+            return self.page_io.read_pages(file.pages)
+        if file.residency == HOST:
+            return file.host_data if file.host_data is not None else self._empty()
+        return decode_data(self.store.get(store_key(file.tenant, file.name or "")))
+
+    def _empty(self) -> torch.Tensor:
+        return self.page_io.read_pages([])
+
+    def write_disk(self, file: KVFile) -> int:
+        """Persist a named file's current KV to the store; returns the blob size."""
+        assert file.name is not None
+        blob = encode(file, self.host_data_of(file))
+        self.store.put(store_key(file.tenant, file.name), blob)
+        return len(blob)
+
+    def to_disk(self, file: KVFile) -> None:
+        """Spill a named file to the store and free its device pages / host memory."""
+        assert file.name is not None
+        if file.residency == DISK:
+            return
+        self.write_disk(file)
+        n = file.n_pages
+        if file.residency == DEVICE:
+            self.alloc.decref(file.pages)
+            file.pages = []
+        else:
+            self.host_used -= file.spilled_pages
+            file.host_data = None
+        file.spilled_pages = n
+        file.residency = DISK
+        log.info("event=kv_spill tier=disk file=%s pages=%d", file.path, n)
+
+    def reload(self, file: KVFile) -> None:
+        """Bring a spilled file back onto fresh device pages (caller checked the budget)."""
+        if file.residency == DEVICE:
+            return
+        n = file.spilled_pages
+        if file.residency == HOST:
+            data = file.host_data
+        else:
+            data = decode_data(self.store.get(store_key(file.tenant, file.name or "")))
+        pages = self.alloc.alloc(file.tenant, n)
+        if n:
+            assert data is not None and data.shape[0] == n
+            self.page_io.write_pages(pages, data)
+        if file.residency == HOST:
+            self.host_used -= n
+        file.pages = pages
+        file.host_data = None
+        file.spilled_pages = 0
+        file.residency = DEVICE
+        log.info("event=kv_reload file=%s pages=%d", file.path, n)
+
+    def drop(self, file: KVFile) -> None:
+        """Release every tier's copy (pages, host tensor); the store blob is the caller's."""
+        if file.residency == DEVICE:
+            self.alloc.decref(file.pages)
+            file.pages = []
+        elif file.residency == HOST:
+            self.host_used -= file.spilled_pages
+            file.host_data = None
+        file.spilled_pages = 0

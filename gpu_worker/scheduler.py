@@ -1,0 +1,460 @@
+"""Two-level scheduler (DESIGN.md §5).
+
+*LIP level*: pending ``pred`` calls wait in per-tenant queues; :class:`FairQueue` picks the
+next batch by deficit round robin on tokens across tenants (weighted), decode calls first.
+*Batch level*: one engine thread (the engine is not thread-safe) forms a batch of every
+runnable call under the token budget, chunking long prefills, after waiting a bounded time
+(about one forward) for a fuller batch; plans appends with KVFS, runs ``Engine.forward``,
+commits or aborts, and completes each call's future. The asyncio loop never touches the engine.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from gpu_worker.batch import Batch, SeqWork
+from gpu_worker.config import SchedulerConfig
+from gpu_worker.kvfs import KVFS, AppendPlan, Busy, KVFSError, Owner
+from gpu_worker.protocol import ErrorCode, ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+class Forward(Protocol):
+    def forward(self, batch: Batch) -> list[torch.Tensor]: ...
+
+    def release(self, seq_id: str) -> None: ...
+
+
+class SessionView(Protocol):
+    """What the scheduler needs of a session (see sessions.Session)."""
+
+    session_id: str
+    tenant: str
+    run_id: str
+    owner: Owner
+    weight: float
+    swapped: bool
+
+    def on_tokens(self, n: int) -> None: ...
+
+
+@dataclass(eq=False)
+class PredCall:
+    """One ``pred``: append ``tokens`` to KV handle ``kv``; logits at caller offsets ``rows``."""
+
+    session: SessionView
+    kv: int
+    tokens: tuple[int, ...]
+    rows: tuple[int, ...]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    enqueued: float = field(default_factory=time.monotonic)
+    done: int = 0  # caller tokens already appended (chunked prefill)
+    logits: dict[int, torch.Tensor] = field(default_factory=dict)
+    started: float | None = None
+
+    @property
+    def remaining(self) -> int:
+        return len(self.tokens) - self.done
+
+    @property
+    def tenant(self) -> str:
+        return self.session.tenant
+
+
+class FairQueue:
+    """Per-tenant FIFO queues served by deficit round robin on tokens.
+
+    Decode calls (one token left) go first, in tenant rotation order; prefill calls share the
+    remaining token budget by DRR: each round a backlogged tenant earns ``quantum * weight``
+    tokens of credit and spends it on (chunks of) its calls. A tenant whose queue empties
+    loses its credit, as in classic DRR, so idle tenants cannot bank service.
+    """
+
+    def __init__(self, quantum: int) -> None:
+        self.quantum = quantum
+        self.queues: collections.OrderedDict[str, collections.deque[PredCall]] = collections.OrderedDict()
+        self.deficit: dict[str, float] = collections.defaultdict(float)
+
+    def __len__(self) -> int:
+        return sum(len(q) for q in self.queues.values())
+
+    def push(self, call: PredCall, front: bool = False) -> None:
+        queue = self.queues.setdefault(call.tenant, collections.deque())
+        if front:
+            queue.appendleft(call)
+        else:
+            queue.append(call)
+
+    def remove_if(self, pred: Callable[[PredCall], bool]) -> list[PredCall]:
+        removed = []
+        for tenant, queue in list(self.queues.items()):
+            keep = collections.deque(c for c in queue if not pred(c))
+            removed.extend(c for c in queue if pred(c))
+            self.queues[tenant] = keep
+        self._drop_empty()
+        return removed
+
+    def _drop_empty(self) -> None:
+        for tenant in [t for t, q in self.queues.items() if not q]:
+            del self.queues[tenant]
+            self.deficit.pop(tenant, None)
+
+    def oldest(self) -> float | None:
+        heads = [q[0].enqueued for q in self.queues.values() if q]
+        return min(heads) if heads else None
+
+    def queued_tokens(self) -> int:
+        return sum(c.remaining for q in self.queues.values() for c in q)
+
+    def select(self, budget: int, max_seqs: int, skip: Callable[[PredCall], bool]) -> list[tuple[PredCall, int]]:
+        """Remove and return ``(call, n_tokens)`` pairs for one batch; the caller re-queues leftovers."""
+        picked: list[tuple[PredCall, int]] = []
+        taken: set[int] = set()
+        tenants = list(self.queues)
+        # Decode first: latency-bound, one token each.
+        for tenant in tenants:
+            for call in self.queues[tenant]:
+                if len(picked) >= max_seqs or budget <= 0:
+                    break
+                if call.remaining == 1 and not skip(call):
+                    picked.append((call, 1))
+                    taken.add(id(call))
+                    budget -= 1
+                    self.deficit[tenant] -= 1
+        # Prefill by DRR.
+        progress = True
+        while budget > 0 and len(picked) < max_seqs and progress:
+            progress = False
+            for tenant in tenants:
+                waiting = [c for c in self.queues[tenant] if id(c) not in taken and not skip(c)]
+                if not waiting:
+                    continue
+                weight = max(waiting[0].session.weight, 0.01)
+                self.deficit[tenant] += self.quantum * weight
+                for call in waiting:
+                    n = min(call.remaining, budget, int(self.deficit[tenant]))
+                    if n <= 0 or len(picked) >= max_seqs:
+                        break
+                    picked.append((call, n))
+                    taken.add(id(call))
+                    budget -= n
+                    self.deficit[tenant] -= n
+                    progress = True
+                    if n < call.remaining:
+                        break
+        for tenant in tenants:
+            self.queues[tenant] = collections.deque(c for c in self.queues[tenant] if id(c) not in taken)
+            if not self.queues[tenant]:
+                self.deficit[tenant] = 0.0
+        self._drop_empty()
+        # Rotate so the next batch starts with another tenant.
+        if self.queues:
+            self.queues.move_to_end(next(iter(self.queues)))
+        return picked
+
+
+@dataclass
+class Metrics:
+    """Scheduler counters exposed by ``stats`` and ``health``."""
+
+    forwards: int = 0
+    items: int = 0
+    tokens: int = 0
+    multi_session_forwards: int = 0
+    max_sessions_in_forward: int = 0
+    forward_s_total: float = 0.0
+    forward_s_ema: float = 0.0
+    queue_wait_s_total: float = 0.0
+    queue_wait_s_max: float = 0.0
+    calls: int = 0
+    failed_calls: int = 0
+    tokens_per_tenant: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
+
+    def to_dict(self, max_num_batched_tokens: int) -> dict[str, Any]:
+        f = max(self.forwards, 1)
+        return {
+            "forwards": self.forwards,
+            "items": self.items,
+            "tokens": self.tokens,
+            "calls": self.calls,
+            "failed_calls": self.failed_calls,
+            "multi_session_forwards": self.multi_session_forwards,
+            "max_sessions_in_forward": self.max_sessions_in_forward,
+            "avg_items_per_forward": self.items / f,
+            "batch_occupancy": self.tokens / (f * max_num_batched_tokens),
+            "forward_ms_avg": 1000 * self.forward_s_total / f,
+            "forward_ms_ema": 1000 * self.forward_s_ema,
+            "queue_wait_ms_avg": 1000 * self.queue_wait_s_total / max(self.calls, 1),
+            "queue_wait_ms_max": 1000 * self.queue_wait_s_max,
+            "tokens_per_tenant": dict(self.tokens_per_tenant),
+        }
+
+
+class Scheduler:
+    """Owns the engine thread; everything that runs ``forward`` goes through here."""
+
+    def __init__(self, engine: Forward, kvfs: KVFS, config: SchedulerConfig, max_model_len: int) -> None:
+        self.engine = engine
+        self.kvfs = kvfs
+        self.config = config
+        self.max_model_len = max_model_len
+        self.queue = FairQueue(config.drr_quantum)
+        self.metrics = Metrics()
+        self._cond = threading.Condition()
+        self._tasks: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
+        self._releases: list[str] = []
+        self._running: list[PredCall] = []
+        #: Calls each session had in its last forward (its "width"), for the bounded wait.
+        self._width: dict[str, int] = {}
+        self._stop = False
+        #: Sessions currently able to issue a pred (not blocked in I/O); used to stop waiting
+        #: for a fuller batch once every such session has a call queued.
+        self.active_sessions: Callable[[], int] = lambda: 0
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stop
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout=30)
+
+    # -------------------------------------------------------------- called from other threads
+    def submit(self, call: PredCall) -> concurrent.futures.Future:
+        with self._cond:
+            if self._stop:
+                raise ProtocolError(ErrorCode.BUSY, "worker is shutting down")
+            self.queue.push(call)
+            self._cond.notify_all()
+        return call.future
+
+    def run_on_engine(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``fn`` on the engine thread between forwards (page moves, swaps)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            self._tasks.append((fn, fut))
+            self._cond.notify_all()
+        return fut
+
+    def defer_release(self, seq_id: str) -> None:
+        """KVFS ``on_release`` hook: drop the engine's sequence state before the next forward."""
+        with self._cond:
+            self._releases.append(seq_id)
+
+    def cancel_session(self, session_id: str) -> int:
+        """Fail the session's queued calls; returns how many. Running calls finish normally."""
+        with self._cond:
+            removed = self.queue.remove_if(lambda c: c.session.session_id == session_id)
+            self._width.pop(session_id, None)
+        for call in removed:
+            self._fail(call, ProtocolError(ErrorCode.TIMEOUT, "session ended"))
+        return len(removed)
+
+    def session_busy(self, session_id: str) -> bool:
+        with self._cond:
+            return any(c.session.session_id == session_id for c in self._running)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._cond:
+            out = self.metrics.to_dict(self.config.max_num_batched_tokens)
+            out["queued_calls"] = len(self.queue)
+            out["queued_tokens"] = self.queue.queued_tokens()
+        return out
+
+    # -------------------------------------------------------------------- engine thread
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._tasks and not len(self.queue):
+                    self._cond.wait()
+                if self._stop:
+                    break
+                self._wait_for_fuller_batch()
+                tasks = list(self._tasks)
+                self._tasks.clear()
+                releases, self._releases = self._releases, []
+            for seq_id in releases:
+                self.engine.release(seq_id)
+            for fn, fut in tasks:
+                try:
+                    fut.set_result(fn())
+                except BaseException as exc:  # handed to the waiter
+                    fut.set_exception(exc)
+            with self._cond:
+                self.queue.remove_if(lambda c: c.future.done())
+                picked = self.queue.select(
+                    self.config.max_num_batched_tokens,
+                    self.config.max_num_seqs,
+                    skip=lambda c: c.future.done(),
+                )
+            if picked:
+                self._run_batch(picked)
+        with self._cond:
+            leftover = self.queue.remove_if(lambda c: True)
+        for call in leftover:
+            self._fail(call, ProtocolError(ErrorCode.BUSY, "worker is shutting down"))
+
+    def _wait_for_fuller_batch(self) -> None:
+        """Bounded wait (≈ one forward, at most ``max_batch_wait_s``) while the batch could grow."""
+        if self._tasks:
+            return
+        bound = min(self.config.max_batch_wait_s, max(self.metrics.forward_s_ema, 0.001))
+        oldest = self.queue.oldest()
+        if oldest is None:
+            return
+        while not self._stop:
+            if self.queue.queued_tokens() >= self.config.max_num_batched_tokens:
+                return
+            if self._every_session_ready():
+                return
+            left = oldest + bound - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
+    def _every_session_ready(self) -> bool:
+        """Every active session has queued as many calls as it had in its last forward.
+
+        A LIP with N threads decodes N sequences: launching when its first call arrives would
+        split its width over several part-full forwards. A session whose width shrank only
+        costs the bounded wait."""
+        queued = collections.Counter(c.session.session_id for q in self.queue.queues.values() for c in q)
+        if len(queued) < self.active_sessions():
+            return False
+        return all(n >= self._width.get(sid, 1) for sid, n in queued.items())
+
+    def _fail(self, call: PredCall, error: BaseException) -> None:
+        self.metrics.failed_calls += 1
+        try:
+            call.future.set_exception(error)
+        except concurrent.futures.InvalidStateError:
+            pass  # the waiter gave up (deadline) and cancelled it
+
+    def _plan(self, call: PredCall, n: int, budget_used: int, first: bool) -> AppendPlan | None:
+        """Plan one chunk, or ``None`` (call failed, or deferred back to the queue)."""
+        session = call.session
+        try:
+            if session.swapped:
+                self.kvfs.swap_in(session.owner)
+                session.swapped = False
+            plan = self.kvfs.plan_append(session.owner, call.kv, call.tokens[call.done : call.done + n])
+        except Busy:
+            with self._cond:
+                self.queue.push(call, front=True)
+            return None
+        except KVFSError as exc:
+            self._fail(call, ProtocolError(exc.code, exc.message))
+            return None
+        run = len(plan.run_token_ids)
+        if plan.num_computed_tokens + run > self.max_model_len:
+            self.kvfs.abort_append(plan)
+            self._fail(
+                call,
+                ProtocolError(
+                    ErrorCode.NO_SPACE,
+                    f"KV file would hold {plan.num_computed_tokens + run} tokens > {self.max_model_len}",
+                ),
+            )
+            return None
+        if not first and budget_used + run > self.config.max_num_batched_tokens:
+            # Pending tokens (after merge/extract/reload) made it bigger than its share.
+            self.kvfs.abort_append(plan)
+            with self._cond:
+                self.queue.push(call, front=True)
+            return None
+        return plan
+
+    def _run_batch(self, picked: list[tuple[PredCall, int]]) -> None:
+        plans: list[tuple[PredCall, int, AppendPlan]] = []
+        used = 0
+        for call, n in picked:
+            plan = self._plan(call, n, used, first=not plans)
+            if plan is not None:
+                plans.append((call, n, plan))
+                used += len(plan.run_token_ids)
+        if not plans:
+            return
+        items, copies = [], []
+        for call, n, plan in plans:
+            start = call.done
+            rows = [plan.n_pending + (r - start) for r in call.rows if start <= r < start + n]
+            items.append(
+                SeqWork(
+                    plan.seq_id,
+                    plan.run_token_ids,
+                    plan.num_computed_tokens,
+                    plan.page_ids,
+                    tuple(rows) or (len(plan.run_token_ids) - 1,),
+                )
+            )
+            copies.extend(plan.page_copies)
+        now = time.monotonic()
+        for call, _, _ in plans:
+            if call.started is None:
+                call.started = now
+                wait = now - call.enqueued
+                self.metrics.queue_wait_s_total += wait
+                self.metrics.queue_wait_s_max = max(self.metrics.queue_wait_s_max, wait)
+        with self._cond:
+            self._running = [c for c, _, _ in plans]
+        t0 = time.perf_counter()
+        try:
+            outputs = self.engine.forward(Batch(tuple(items), tuple(copies)))
+        except Exception as exc:
+            log.exception("event=forward_failed items=%d tokens=%d", len(items), used)
+            for call, _, plan in plans:
+                self.kvfs.abort_append(plan)
+                self._fail(call, ProtocolError(ErrorCode.INTERNAL, f"forward failed: {type(exc).__name__}"))
+            with self._cond:
+                self._running = []
+            return
+        elapsed = time.perf_counter() - t0
+        m = self.metrics
+        m.forwards += 1
+        m.items += len(items)
+        m.tokens += used
+        m.forward_s_total += elapsed
+        m.forward_s_ema = elapsed if m.forward_s_ema == 0 else 0.8 * m.forward_s_ema + 0.2 * elapsed
+        widths = collections.Counter(c.session.session_id for c, _, _ in plans)
+        sessions = set(widths)
+        with self._cond:
+            self._width.update(widths)
+        m.max_sessions_in_forward = max(m.max_sessions_in_forward, len(sessions))
+        if len(sessions) > 1:
+            m.multi_session_forwards += 1
+        for (call, n, plan), out in zip(plans, outputs, strict=True):
+            self.kvfs.commit_append(plan)
+            start = call.done
+            mine = [r for r in call.rows if start <= r < start + n]
+            out = out.to("cpu")
+            for i, r in enumerate(mine):
+                call.logits[r] = out[i]
+            call.done += n
+            m.tokens_per_tenant[call.tenant] += len(plan.run_token_ids)
+            call.session.on_tokens(n)
+            if call.remaining > 0:
+                with self._cond:
+                    self.queue.push(call, front=True)
+            else:
+                m.calls += 1
+                try:
+                    call.future.set_result([call.logits[r] for r in call.rows])
+                except concurrent.futures.InvalidStateError:
+                    pass  # the waiter gave up (deadline) and cancelled it
+        with self._cond:
+            self._running = []

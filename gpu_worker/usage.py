@@ -1,0 +1,42 @@
+"""Per-session metering: what a run consumed, returned by ``end_session`` and billed upstream."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Usage:
+    """Counters of one session. ``page_seconds`` integrates device pages held over wall time."""
+
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    pred_calls: int = 0
+    page_seconds: float = 0.0
+    io_calls: int = 0
+    _pages: int = field(default=0, repr=False)
+    _since: float = field(default_factory=time.monotonic, repr=False)
+
+    def add_tokens(self, n: int) -> None:
+        """A single-token append is a decode step; anything longer counts as prefill."""
+        if n == 1:
+            self.decode_tokens += 1
+        else:
+            self.prefill_tokens += n
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prefill_tokens + self.decode_tokens
+
+    def sample_pages(self, pages_now: int, now: float | None = None) -> None:
+        """Integrate the page count held since the last sample, then remember ``pages_now``."""
+        now = time.monotonic() if now is None else now
+        self.page_seconds += self._pages * max(0.0, now - self._since)
+        self._pages = pages_now
+        self._since = now
+
+    def to_dict(self) -> dict[str, float | int]:
+        out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        out["page_seconds"] = round(self.page_seconds, 6)
+        return out

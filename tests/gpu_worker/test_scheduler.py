@@ -1,0 +1,341 @@
+"""The two-level scheduler: DRR fairness across tenants, decode-first continuous batching,
+chunked prefill under the token budget, and batches that really merge sessions.
+
+Unit tests drive the real ``Scheduler`` and ``KVFS`` over an in-memory paged KV tensor
+(``MemPageIO``) with a forward that records each batch and returns logits derived from the
+tokens, so every property is checked exactly. The last test runs the same scheduler on the real
+vLLM engine in a subprocess (one engine per process) and checks that one forward served several
+sessions and that batched logits equal the same calls run one at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from gpu_worker.batch import Batch
+from gpu_worker.config import SchedulerConfig
+from gpu_worker.kvfs import Owner
+from gpu_worker.scheduler import FairQueue, PredCall, Scheduler
+from tests.kvfs.memio import BLOCK, make_fs
+
+ROOT = Path(__file__).resolve().parents[2]
+VOCAB = 64
+
+
+@dataclass(eq=False)
+class FakeSession:
+    """Only what the scheduler reads of a session (``SessionView``)."""
+
+    session_id: str
+    tenant: str
+    weight: float = 1.0
+    swapped: bool = False
+    run_id: str = "run"
+    tokens: int = 0
+    owner: Owner = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.owner = Owner(self.tenant, self.session_id)
+
+    def on_tokens(self, n: int) -> None:
+        self.tokens += n
+
+
+class RecordingEngine:
+    """Writes KV like a real engine would (through MemPageIO) and records every batch.
+
+    The logits row of a position is a one-hot of ``(token + position) % VOCAB`` so a test can
+    tell exactly which token at which position produced it.
+    """
+
+    def __init__(self, io, forward_s: float = 0.0) -> None:
+        self.io = io
+        self.forward_s = forward_s
+        self.batches: list[Batch] = []
+        self.released: list[str] = []
+
+    def forward(self, batch: Batch) -> list[torch.Tensor]:
+        self.batches.append(batch)
+        time.sleep(self.forward_s)  # the scheduler's bounded wait is about one forward
+        self.io.copy_pages(batch.page_copies)
+        out = []
+        for item in batch.items:
+            rows = torch.zeros(len(item.logits_rows), VOCAB)
+            for i, r in enumerate(item.logits_rows):
+                pos = item.num_computed_tokens + r
+                rows[i, (item.new_token_ids[r] + pos) % VOCAB] = 1.0
+            for i, tok in enumerate(item.new_token_ids):
+                pos = item.num_computed_tokens + i
+                self.io.pages[item.page_ids[pos // BLOCK], :, pos % BLOCK, :] = float(tok * 1000 + pos)
+            out.append(rows)
+        return out
+
+    def release(self, seq_id: str) -> None:
+        self.released.append(seq_id)
+
+
+# ------------------------------------------------------------------------------ FairQueue
+def _call(session: FakeSession, n: int) -> PredCall:
+    return PredCall(session=session, kv=0, tokens=tuple(range(1, n + 1)), rows=(n - 1,))
+
+
+def test_decode_calls_go_before_prefill_chunks() -> None:
+    q = FairQueue(quantum=64)
+    a, b = FakeSession("sa", "a"), FakeSession("sb", "b")
+    prefill = _call(a, 500)
+    decode = _call(b, 1)
+    q.push(prefill)
+    q.push(decode)
+    picked = q.select(budget=100, max_seqs=8, skip=lambda c: False)
+    assert picked[0] == (decode, 1)
+    assert picked[1][0] is prefill and picked[1][1] <= 99
+
+
+def test_drr_shares_prefill_tokens_fairly_between_backlogged_tenants() -> None:
+    """Tenant a queues many more (and longer) calls than b; over many batches both get the
+    same token share while both are backlogged."""
+    q = FairQueue(quantum=32)
+    a, b = FakeSession("sa", "a"), FakeSession("sb", "b")
+    for _ in range(40):
+        q.push(_call(a, 300))
+    for _ in range(10):
+        q.push(_call(b, 100))
+    served = {"a": 0, "b": 0}
+    for _ in range(20):  # b's 1000 tokens are not exhausted within 20 x 64 / 2 tokens
+        for call, n in q.select(budget=64, max_seqs=8, skip=lambda c: False):
+            served[call.tenant] += n
+            call.done += n
+            if call.remaining:
+                q.push(call, front=True)
+    assert served["a"] + served["b"] == 20 * 64
+    assert abs(served["a"] - served["b"]) <= 0.1 * served["a"], served
+
+
+def test_weights_skew_the_share() -> None:
+    q = FairQueue(quantum=16)
+    heavy, light = FakeSession("sh", "heavy", weight=3.0), FakeSession("sl", "light", weight=1.0)
+    for _ in range(50):
+        q.push(_call(heavy, 200))
+        q.push(_call(light, 200))
+    served = {"heavy": 0, "light": 0}
+    for _ in range(40):
+        for call, n in q.select(budget=64, max_seqs=8, skip=lambda c: False):
+            served[call.tenant] += n
+            call.done += n
+            if call.remaining:
+                q.push(call, front=True)
+    ratio = served["heavy"] / served["light"]
+    assert 2.5 <= ratio <= 3.5, served
+
+
+# ------------------------------------------------------------------------------ Scheduler
+@pytest.fixture
+def sched(tmp_path: Path):
+    fs, io = make_fs(tmp_path, num_pages=64)
+    engine = RecordingEngine(io)
+    config = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_batch_wait_s=0.2)
+    s = Scheduler(engine, fs, config, max_model_len=200)
+    yield s, fs, engine
+    s.stop()
+
+
+def test_one_forward_serves_calls_of_several_sessions_and_tenants(sched) -> None:
+    scheduler, fs, engine = sched
+    sessions = [FakeSession(f"s{i}", f"tenant{i % 2}") for i in range(4)]
+    scheduler.active_sessions = lambda: len(sessions)
+    handles = [fs.create(s.owner) for s in sessions]
+    futures = [
+        scheduler.submit(PredCall(s, h, (10 + i, 20 + i), (1,)))
+        for i, (s, h) in enumerate(zip(sessions, handles, strict=True))
+    ]
+    scheduler.start()
+    results = [f.result(timeout=10) for f in futures]
+    assert len(engine.batches) == 1, "the bounded wait should have gathered all four sessions"
+    assert {item.seq_id for item in engine.batches[0].items} == {
+        fs._handles.get(s.owner, h).file.seq_id for s, h in zip(sessions, handles, strict=True)
+    }
+    snap = scheduler.snapshot()
+    assert snap["max_sessions_in_forward"] == 4 and snap["multi_session_forwards"] == 1
+    for i, logits in enumerate(results):
+        assert int(logits[0].argmax()) == (20 + i + 1) % VOCAB  # token 20+i at position 1
+    assert [s.tokens for s in sessions] == [2, 2, 2, 2]
+
+
+def test_a_session_with_many_threads_is_batched_whole(sched) -> None:
+    """One LIP decoding 4 forks from 4 threads: after its first forward, the scheduler waits
+    for all 4 calls (they arrive a little apart, as threads do) instead of launching part-full."""
+    scheduler, fs, engine = sched
+    engine.forward_s = 0.03
+    wide = FakeSession("wide", "t")
+    scheduler.active_sessions = lambda: 1
+    handles = [fs.create(wide.owner) for _ in range(4)]
+    first = [scheduler.submit(PredCall(wide, h, (1, 2), (1,))) for h in handles]
+    scheduler.start()
+    for f in first:
+        f.result(timeout=10)
+    for step in range(3):
+        engine.batches.clear()
+        futures = []
+
+        def thread(h, i, futures=futures, step=step):
+            time.sleep(0.002 * i)
+            futures.append(scheduler.submit(PredCall(wide, h, (3 + step,), (0,))))
+
+        workers = [threading.Thread(target=thread, args=(h, i)) for i, h in enumerate(handles)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        for f in futures:
+            f.result(timeout=10)
+        assert [len(b.items) for b in engine.batches] == [4], step
+
+
+def test_long_prefill_is_chunked_under_the_token_budget_and_lands_intact(sched) -> None:
+    scheduler, fs, engine = sched
+    s = FakeSession("s0", "t")
+    scheduler.active_sessions = lambda: 1
+    h = fs.create(s.owner)
+    prompt = tuple(range(1, 101))  # 100 tokens, budget 32 per forward
+    scheduler.start()
+    (logits,) = scheduler.submit(PredCall(s, h, prompt, (99,))).result(timeout=10)
+    assert [b.num_tokens for b in engine.batches] == [32, 32, 32, 4]
+    assert int(logits.argmax()) == (100 + 99) % VOCAB
+    assert fs.tokens(s.owner, h) == list(prompt)
+    # every token's KV is where the next forward will read it
+    file = fs._handles.get(s.owner, h).file
+    got = [float(engine.io.pages[file.pages[p // BLOCK], 0, p % BLOCK, 0]) for p in range(100)]
+    assert got == [float(t * 1000 + p) for p, t in enumerate(prompt)]
+
+
+def test_decodes_are_not_starved_by_a_long_prefill(sched) -> None:
+    scheduler, fs, engine = sched
+    long_s, short_s = FakeSession("long", "a"), FakeSession("short", "b")
+    scheduler.active_sessions = lambda: 2
+    h_long, h_short = fs.create(long_s.owner), fs.create(short_s.owner)
+    scheduler.start()
+    scheduler.submit(PredCall(short_s, h_short, (5, 6, 7), (2,))).result(timeout=10)
+    engine.batches.clear()
+    big = scheduler.submit(PredCall(long_s, h_long, tuple(range(1, 161)), (159,)))
+    decode = scheduler.submit(PredCall(short_s, h_short, (8,), (0,)))
+    decode.result(timeout=10)
+    big.result(timeout=10)
+    first_with_decode = next(
+        i for i, b in enumerate(engine.batches) if any(it.num_computed_tokens == 3 for it in b.items)
+    )
+    assert first_with_decode <= 1, "a decode waited behind more than one prefill chunk"
+    assert all(b.num_tokens <= 32 for b in engine.batches)
+
+
+def test_a_failing_forward_fails_only_its_calls_and_keeps_kv_consistent(sched) -> None:
+    scheduler, fs, engine = sched
+    s = FakeSession("s0", "t")
+    scheduler.active_sessions = lambda: 1
+    h = fs.create(s.owner)
+    real_forward = engine.forward
+    calls = {"n": 0}
+
+    def flaky(batch: Batch) -> list[torch.Tensor]:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("device fault")
+        return real_forward(batch)
+
+    engine.forward = flaky
+    scheduler.start()
+    scheduler.submit(PredCall(s, h, (1, 2, 3), (2,))).result(timeout=10)
+    with pytest.raises(Exception, match="forward failed"):
+        scheduler.submit(PredCall(s, h, (4,), (0,))).result(timeout=10)
+    assert fs.length(s.owner, h) == 3, "an aborted append must not change the file"
+    (logits,) = scheduler.submit(PredCall(s, h, (4,), (0,))).result(timeout=10)
+    assert int(logits.argmax()) == (4 + 3) % VOCAB
+    fs.check()
+
+
+# --------------------------------------------------------------- real engine, subprocess
+REAL_ENGINE_SCRIPT = textwrap.dedent(
+    """
+    import json, sys, threading
+    import torch
+    from gpu_worker.config import SchedulerConfig
+    from gpu_worker.engine import Engine, EngineConfig
+    from gpu_worker.kvfs import KVFS, LocalKVStore, Owner
+    from gpu_worker.scheduler import PredCall, Scheduler
+
+    class S:
+        def __init__(self, sid, tenant):
+            self.session_id, self.tenant, self.run_id = sid, tenant, "r"
+            self.owner, self.weight, self.swapped = Owner(tenant, sid), 1.0, False
+        def on_tokens(self, n):
+            pass
+
+    model_dir, store = sys.argv[1], sys.argv[2]
+    engine = Engine(EngineConfig(model_dir=model_dir, dtype="float32", num_pages=32, max_model_len=512))
+    fs = KVFS(engine.num_pages, engine.block_size, engine.page_bytes, engine, LocalKVStore(store))
+    sched = Scheduler(engine, fs, SchedulerConfig(max_num_batched_tokens=512, max_batch_wait_s=0.5), 512)
+    prompts = [[(13 * i + 7 * j) % 5000 + 20 for j in range(40 + 9 * i)] for i in range(4)]
+    sessions = [S(f"s{i}", f"t{i % 2}") for i in range(4)]
+
+    def generate(together):
+        sched.active_sessions = (lambda: len(sessions)) if together else (lambda: 1)
+        handles = [fs.create(s.owner) for s in sessions]
+        outs = [[] for _ in sessions]
+        def one(i):
+            toks = prompts[i]
+            for _ in range(6):
+                (logits,) = sched.submit(PredCall(sessions[i], handles[i], tuple(toks), (len(toks) - 1,))).result(60)
+                nxt = int(logits[0].argmax())
+                outs[i].append(nxt)
+                toks = [nxt]
+        if together:
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+            [t.start() for t in threads]
+            [t.join() for t in threads]
+        else:
+            for i in range(4):
+                one(i)
+        for s, h in zip(sessions, handles):
+            fs.close(s.owner, h)
+        return outs
+
+    sched.start()
+    solo = generate(False)
+    before = sched.snapshot()["multi_session_forwards"]
+    together = generate(True)
+    snap = sched.snapshot()
+    sched.stop()
+    engine.close()
+    print(json.dumps({"solo": solo, "together": together, "max_sessions": snap["max_sessions_in_forward"],
+                      "multi_before": before, "multi_after": snap["multi_session_forwards"]}))
+    """
+)
+
+
+@pytest.mark.vllm
+@pytest.mark.integration
+def test_real_engine_batches_sessions_and_matches_solo_runs(default_model_dir: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", REAL_ENGINE_SCRIPT, str(default_model_dir), str(tmp_path / "store")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["multi_before"] == 0, "solo runs must not share forwards"
+    assert out["multi_after"] > 0 and out["max_sessions"] >= 2, out
+    assert out["together"] == out["solo"], "batching changed what a session generated"

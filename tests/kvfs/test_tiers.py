@@ -1,0 +1,218 @@
+"""Spilling to host and disk, reload, LRU eviction, pinning, budgets, swap, flush and index rebuild."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gpu_worker.kvfs import KVFS, KVFSLimits, LocalKVStore, NoSpace, Owner
+from gpu_worker.kvfs.tiers import decode_data
+from tests.kvfs.memio import BLOCK, PAGE_SHAPE, MemPageIO, append, expected_kv, make_fs
+
+A = Owner("acme", "s1")
+B = Owner("bravo", "s1")
+
+
+def _named(fs: KVFS, io: MemPageIO, owner: Owner, name: str, tokens: list[int]) -> None:
+    h = fs.create(owner, name)
+    append(fs, io, owner, h, tokens)
+    fs.close(owner, h)
+
+
+def _residency(fs: KVFS) -> dict[str, str]:
+    return {f"{r.tenant}/{r.name}": r.residency for r in fs.list_files()}
+
+
+def test_spill_to_host_then_disk_and_reload_is_byte_identical(tmp_path):
+    fs, io = make_fs(tmp_path, host_pages=2)
+    toks = list(range(1, 7))  # 2 pages
+    _named(fs, io, A, "doc", toks)
+    file_pages = list(fs._named[("acme", "doc")].pages)
+    original = io.read_pages(file_pages)
+    fs._spill(fs._named[("acme", "doc")])
+    assert _residency(fs) == {"acme/doc": "host"} and fs.stats().used_pages == 0
+    io.pages[file_pages] = -1.0  # the device pages are reused by someone else
+    h = fs.open(A, "doc", "w")
+    assert _residency(fs) == {"acme/doc": "device"}
+    assert torch.equal(io.read_pages(fs._named[("acme", "doc")].pages), original)
+    fs.close(A, h)
+    fs.evict("acme", "doc")
+    assert _residency(fs) == {"acme/doc": "disk"} and fs.stats().disk_pages == 2
+    blob = (tmp_path / "kvstore" / "acme" / "doc.safetensors").read_bytes()
+    assert torch.equal(decode_data(blob), original)
+    r = fs.open(A, "doc")
+    assert io.kv_of(fs, A, r) == expected_kv(toks)
+    append(fs, io, A, r, [9])  # a reloaded file keeps working
+    assert io.kv_of(fs, A, r) == expected_kv([*toks, 9])
+    fs.close(A, r)
+    fs.check()
+
+
+def test_lru_eviction_under_pressure_skips_pinned_and_open_files(tmp_path):
+    fs, io = make_fs(tmp_path, num_pages=7, host_pages=1)  # 6 usable pages
+    _named(fs, io, A, "old", [1, 2, 3, 4])  # 1 page each
+    _named(fs, io, B, "pinned", [5, 6, 7, 8])
+    fs.pin("bravo", "pinned", True)
+    _named(fs, io, A, "mid", [9, 10, 11, 12])
+    _named(fs, io, B, "new", [13, 14, 15, 16])
+    hold = fs.open(A, "mid", "w")  # open: never evicted
+    fs.close(A, hold)
+    fs._named[("acme", "mid")].use_seq = 0  # least recently used, but kept open below
+    hold = fs.open(A, "mid", "w")
+    h = fs.create(A)
+    append(fs, io, A, h, list(range(100, 100 + 3 * BLOCK)))  # needs 3 pages, 2 free
+    res = _residency(fs)
+    assert res["acme/old"] == "host"  # least recently used idle file went first (to host)
+    assert res["bravo/pinned"] == "device" and res["acme/mid"] == "device" and res["bravo/new"] == "device"
+    append(fs, io, A, h, list(range(BLOCK)))  # one more page: host is full -> old moves to disk
+    res = _residency(fs)
+    assert res["acme/old"] == "disk" and res["bravo/new"] == "host" and res["bravo/pinned"] == "device"
+    with pytest.raises(NoSpace):
+        append(fs, io, A, h, list(range(2 * BLOCK)))  # only pinned/open files remain on device
+    fs.close(A, hold)
+    fs.close(A, h)
+    r = fs.open(A, "old")
+    assert io.kv_of(fs, A, r) == expected_kv([1, 2, 3, 4])
+    fs.close(A, r)
+    fs.check()
+
+
+def test_tenant_device_budget_never_touches_other_tenants_pinned_files(tmp_path):
+    fs, io = make_fs(tmp_path, num_pages=16, device_pages_per_tenant=3)
+    _named(fs, io, B, "keep", list(range(12)))  # 3 pages of bravo
+    fs.pin("bravo", "keep", True)
+    _named(fs, io, A, "mine", [1, 2, 3, 4])  # 1 page of acme, unpinned
+    h = fs.create(A)
+    append(fs, io, A, h, list(range(8)))  # acme: 1 + 2 = 3 pages, at budget
+    append(fs, io, A, h, [1])  # 4th page: acme's own idle unpinned file is spilled first
+    assert _residency(fs) == {"acme/mine": "host", "bravo/keep": "device"}
+    with pytest.raises(NoSpace) as exc:
+        append(fs, io, A, h, list(range(BLOCK)))
+    assert "device KV page budget of tenant exceeded" in exc.value.message
+    assert _residency(fs)["bravo/keep"] == "device"
+    assert fs.stats().pages_per_tenant == {"acme": 3, "bravo": 3}
+    fs.close(A, h)
+    fs.check()
+
+
+def test_stored_bytes_budget(tmp_path):
+    fs, io = make_fs(tmp_path)
+    page_bytes = fs.page_bytes
+    fs.limits = KVFSLimits(stored_bytes_per_tenant=2 * page_bytes)
+    h = fs.create(A, "big")
+    append(fs, io, A, h, list(range(2 * BLOCK)))
+    with pytest.raises(NoSpace) as exc:
+        fs.plan_append(A, h, [1])
+    assert "stored KV budget" in exc.value.message
+    anon = fs.create(A)  # anonymous files are not stored and not charged
+    append(fs, io, A, anon, list(range(3 * BLOCK)))
+    assert [r.bytes for r in fs.list_files("acme")] == [2 * page_bytes]
+    fs.close_session(A)
+    fs.check()
+
+
+def test_plan_stored_bytes_budget_is_per_tenant_and_overrides_the_default(tmp_path):
+    fs, io = make_fs(tmp_path)
+    page_bytes = fs.page_bytes
+    fs.limits = KVFSLimits(stored_bytes_per_tenant=page_bytes)
+    fs.set_tenant_stored_limit("acme", 3 * page_bytes)  # acme's plan allows more
+    h = fs.create(A, "doc")
+    append(fs, io, A, h, list(range(3 * BLOCK)))
+    with pytest.raises(NoSpace):
+        fs.plan_append(A, h, [1])
+    b = fs.create(B, "doc")
+    with pytest.raises(NoSpace):  # bravo keeps the worker default of one page
+        append(fs, io, B, b, list(range(2 * BLOCK)))
+    fs.set_tenant_stored_limit("acme", None)
+    with pytest.raises(NoSpace):  # back to the default
+        fs.plan_append(A, h, [1])
+    fs.close_session(A)
+    fs.close_session(B)
+    fs.check()
+
+
+def test_swap_out_and_in_keeps_private_kv(tmp_path):
+    fs, io = make_fs(tmp_path)
+    h = fs.create(A)
+    append(fs, io, A, h, list(range(1, 10)))
+    child = fs.fork(A, h)
+    other = fs.create(B)
+    append(fs, io, B, other, [5, 6])
+    assert fs.session_usage(A) == 3
+    a_pages = list(fs._handles.get(A, h).file.pages)
+    freed = fs.swap_out(A)
+    assert freed == 3 and fs.session_usage(A) == 0 and fs.stats().pages_per_tenant == {"bravo": 1}
+    io.pages[a_pages] = -1.0  # the freed device pages get reused while A waits
+    append(fs, io, B, other, [7, 8, 9])
+    fs.swap_in(A)
+    assert io.kv_of(fs, B, other) == expected_kv([5, 6, 7, 8, 9])
+    assert io.kv_of(fs, A, h) == expected_kv(list(range(1, 10)))
+    assert io.kv_of(fs, A, child) == expected_kv(list(range(1, 10)))
+    fs.close_session(A)
+    fs.close_session(B)
+    fs.check()
+    assert fs.stats().used_pages == 0 and fs.stats().host_pages == 0
+
+
+def test_flush_and_load_index_survive_a_restart(tmp_path):
+    fs, io = make_fs(tmp_path)
+    _named(fs, io, A, "sys", [1, 2, 3, 4, 5])
+    _named(fs, io, B, "sys", [9, 8])
+    fs.pin("bravo", "sys", True)
+    fs.flush()
+    io2 = MemPageIO(32)
+    fs2 = KVFS(32, BLOCK, fs.page_bytes, io2, LocalKVStore(tmp_path / "kvstore"), host_pages=4)
+    assert fs2.load_index() == 2
+    rows = {(r.tenant, r.name): r for r in fs2.list_files()}
+    assert rows[("acme", "sys")].residency == "disk" and rows[("acme", "sys")].tokens == 5
+    assert rows[("bravo", "sys")].pinned
+    h = fs2.open(A, "sys")
+    assert io2.kv_of(fs2, A, h) == expected_kv([1, 2, 3, 4, 5])
+    fs2.close(A, h)
+    fs2.remove("bravo", "sys")
+    assert not (tmp_path / "kvstore" / "bravo" / "sys.safetensors").exists()
+    fs2.check()
+
+
+def test_page_bytes_match_page_shape(tmp_path):
+    fs, _io = make_fs(tmp_path)
+    assert fs.page_bytes == torch.zeros(PAGE_SHAPE).nbytes
+
+
+def test_named_file_is_written_through_when_its_last_handle_closes(tmp_path):
+    fs, io = make_fs(tmp_path)
+    h = fs.create(A, "doc")
+    append(fs, io, A, h, [3, 1, 4, 1, 5])
+    assert fs.store.list() == []
+    reader = fs.fork(A, h)
+    fs.close(A, h)  # the file itself has no handle left: persisted now, still on device
+    assert fs.store.list() == ["acme/doc.safetensors"]
+    assert _residency(fs)["acme/doc"] == "device"
+    fs.close(A, reader)
+    again = fs.open(A, "doc", "r")
+    fs.close(A, again)  # unchanged: not written again
+    fs.check()
+
+
+class FullStore(LocalKVStore):
+    """A store whose disk is full."""
+
+    def put(self, key: str, data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_full_store_on_close_loses_nothing_and_is_retried(tmp_path):
+    fs, io = make_fs(tmp_path)
+    real_store = fs.store
+    fs.store = fs.tiers.store = FullStore(tmp_path / "full")
+    h = fs.create(A, "doc")
+    append(fs, io, A, h, list(range(2 * BLOCK + 1)))
+    fs.close(A, h)  # logged, not raised: the run keeps going
+    assert _residency(fs)["acme/doc"] == "device"
+    fs.store = fs.tiers.store = real_store
+    fs.flush()
+    r = fs.open(A, "doc", "r")
+    assert fs.tokens(A, r) == list(range(2 * BLOCK + 1))
+    assert real_store.list() == ["acme/doc.safetensors"]
+    fs.close(A, r)
+    fs.check()
