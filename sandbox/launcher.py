@@ -1,0 +1,471 @@
+"""Run one LIP in a gVisor container against its worker session (DESIGN.md §6).
+
+The container gets: runtime ``runsc``, no network, read-only root, a small ``/tmp`` tmpfs, no
+capabilities, ``no-new-privileges``, pids/memory/CPU limits, a non-root user, and exactly two
+mounts: the run's staging dir (program + args, read-only) and the session socket. Output is
+streamed through an attach socket into a capped :class:`~sandbox.output.OutputCollector` (the
+container's log driver is ``none``, so a flood never reaches the disk). The wall-clock deadline
+and the output cap are enforced by killing the container. The container and the staging dir
+are removed on every path; containers left by a crashed launcher are found by label and
+removed by :func:`reap`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandbox import image as sandbox_image
+from sandbox.output import OutputCollector
+
+log = logging.getLogger(__name__)
+
+LABEL = "symphony.sandbox"
+LABEL_RUN = "symphony.run_id"
+LABEL_TENANT = "symphony.tenant"
+LABEL_OWNER = "symphony.launcher"  # "<hostname>:<pid>" of the launcher process
+LABEL_EXPIRES = "symphony.expires"  # unix time after which the container is garbage
+#: Extra time past the deadline before the reaper treats a container as abandoned.
+REAP_GRACE_S = 60.0
+#: Host threads gVisor itself needs (sentry + gofer Go runtimes) on top of the program's own
+#: processes/threads. The docker pids limit is a host cgroup limit, so ``spec.pids`` alone would
+#: starve runsc: with a host limit of 32 ``runsc start`` hangs forever (measured).
+RUNSC_HOST_PIDS = 64
+SOCKET_IN_SANDBOX = "/run/symphony/session.sock"
+LIP_DIR = "/lip"
+#: The sandbox's private tmpfs (inside the container, not the host's /tmp).
+SANDBOX_TMP = "/tmp"  # noqa: S108
+
+
+LABEL_POOL = "symphony.pool"  # "1" on warm-pool containers (sandbox/pool.py)
+LABEL_SLOT_DIR = "symphony.slot_dir"  # host dir of a pool slot; the reaper removes it too
+#: Prefix of a pool slot's host dir (the reaper only removes dirs whose name has it).
+SLOT_DIR_PREFIX = "symphony-slot-"
+
+
+class SandboxUnavailable(RuntimeError):
+    """dockerd, the runsc runtime or the sandbox image is missing (an infrastructure fault)."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """The resource limits fixed at container creation (a warm container serves only equal ones)."""
+
+    memory_mb: int = 512
+    cpus: float = 1.0
+    pids: int = 128
+    tmpfs_mb: int = 64
+    #: Image tag; default: the tag of the current SDK (``sandbox.image.image_tag()``).
+    image: str | None = None
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """One run: what to execute, how to reach its session, and its resource limits."""
+
+    program_path: str
+    args: Any
+    session_socket: str
+    session_token: str
+    run_id: str
+    tenant: str
+    deadline_s: float = 60.0
+    memory_mb: int = 512
+    cpus: float = 1.0
+    pids: int = 128
+    output_limit_bytes: int = 1 << 20
+    tmpfs_mb: int = 64
+    #: Image tag; default: the tag of the current SDK (``sandbox.image.image_tag()``).
+    image: str | None = None
+
+    @property
+    def limits(self) -> SandboxLimits:
+        return SandboxLimits(self.memory_mb, self.cpus, self.pids, self.tmpfs_mb, self.image)
+
+
+@dataclass
+class SandboxResult:
+    """Outcome of one run. ``status``: succeeded | failed | timed_out | killed."""
+
+    status: str
+    result: Any = None
+    error: str | None = None
+    exit_code: int | None = None
+    stdout: str = ""
+    stderr: str = ""
+    output_bytes: int = 0
+    #: Seconds from ``run()`` until the container was started, and until it exited.
+    start_s: float = 0.0
+    duration_s: float = 0.0
+    container: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _docker_client(timeout: int = 120):
+    import docker
+
+    try:
+        client = docker.from_env(timeout=timeout)
+        info = client.info()
+    except Exception as exc:
+        raise SandboxUnavailable(f"dockerd is not reachable: {exc}") from exc
+    if "runsc" not in (info.get("Runtimes") or {}):
+        raise SandboxUnavailable("dockerd has no runsc runtime registered (scripts/bootstrap.sh services)")
+    return client
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _stage(spec: SandboxSpec) -> tuple[Path, str]:
+    """Copy program + args into a fresh dir readable by the sandbox user; returns (dir, program)."""
+    src = Path(spec.program_path)
+    if not src.is_file():
+        raise FileNotFoundError(f"program {src} does not exist")
+    name = "program.zip" if zipfile.is_zipfile(src) else "program.py"
+    staging = Path(tempfile.mkdtemp(prefix="symphony-lip-"))
+    try:
+        shutil.copyfile(src, staging / name)
+        (staging / "args.json").write_text(json.dumps(spec.args if spec.args is not None else {}))
+        for f in staging.iterdir():
+            f.chmod(0o444)
+        staging.chmod(0o755)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return staging, name
+
+
+class SandboxLauncher:
+    """Runs LIPs in gVisor containers. Thread-safe: one ``run`` per calling thread."""
+
+    def __init__(self, client: Any = None, image: str | None = None, runtime: str = "runsc") -> None:
+        self.client = client or _docker_client()
+        self.image = image
+        self.runtime = runtime
+
+    def image_for(self, limits: SandboxLimits) -> str:
+        """The image tag ``limits`` resolve to; raises :class:`SandboxUnavailable` if not built."""
+        tag = limits.image or self.image or sandbox_image.image_tag()
+        if not sandbox_image.image_exists(self.client, tag):
+            raise SandboxUnavailable(f"sandbox image {tag} is not built; run `make sandbox-image`")
+        return tag
+
+    def container_config(
+        self,
+        limits: SandboxLimits,
+        tag: str,
+        *,
+        command: list[str],
+        environment: dict[str, str],
+        mounts: list[Any],
+        labels: dict[str, str],
+        name_prefix: str = "symphony-lip-",
+    ) -> dict[str, Any]:
+        """``containers.create`` kwargs with every isolation setting of DESIGN.md §6.
+
+        One place for the limits, so the cold path and the warm pool cannot drift apart.
+        """
+        from docker.types import LogConfig
+
+        return {
+            "image": tag,
+            "command": command,
+            "name": f"{name_prefix}{uuid.uuid4().hex[:12]}",
+            "user": f"{sandbox_image.LIP_UID}:{sandbox_image.LIP_UID}",
+            "runtime": self.runtime,
+            "network_mode": "none",
+            "read_only": True,
+            "tmpfs": {SANDBOX_TMP: f"rw,noexec,nosuid,nodev,size={int(limits.tmpfs_mb)}m,mode=1777"},
+            "cap_drop": ["ALL"],
+            "security_opt": ["no-new-privileges"],
+            "pids_limit": int(limits.pids) + RUNSC_HOST_PIDS,
+            "mem_limit": f"{int(limits.memory_mb)}m",
+            "memswap_limit": f"{int(limits.memory_mb)}m",
+            "nano_cpus": int(float(limits.cpus) * 1e9),
+            "working_dir": SANDBOX_TMP,
+            "environment": {**environment, "HOME": SANDBOX_TMP},
+            "mounts": mounts,
+            "labels": {LABEL: "1", LABEL_OWNER: _owner(), **labels},
+            "log_config": LogConfig(type="none"),
+            "stdin_open": False,
+            "tty": False,
+            "detach": True,
+        }
+
+    def _create(self, spec: SandboxSpec, tag: str, staging: Path, program: str):
+        from docker.types import Mount
+
+        config = self.container_config(
+            spec.limits,
+            tag,
+            command=["python3", "-I", "-B", "-m", "symphony.run", f"{LIP_DIR}/{program}"],
+            environment={
+                "SYMPHONY_SOCKET": SOCKET_IN_SANDBOX,
+                "SYMPHONY_TOKEN": spec.session_token,
+                "SYMPHONY_ARGS_FILE": f"{LIP_DIR}/args.json",
+                "SYMPHONY_RUN_ID": spec.run_id,
+            },
+            mounts=[
+                Mount(LIP_DIR, str(staging), type="bind", read_only=True),
+                Mount(SOCKET_IN_SANDBOX, str(spec.session_socket), type="bind", read_only=False),
+            ],
+            labels={
+                LABEL_RUN: str(spec.run_id)[:200],
+                LABEL_TENANT: str(spec.tenant)[:200],
+                LABEL_EXPIRES: str(int(time.time() + spec.deadline_s + REAP_GRACE_S)),
+            },
+        )
+        return self.client.containers.create(**config)
+
+    def run(self, spec: SandboxSpec) -> SandboxResult:
+        """Run to completion (or deadline); never leaves the container or staging dir behind."""
+        t0 = time.monotonic()
+        if not Path(spec.session_socket).exists():
+            raise FileNotFoundError(f"session socket {spec.session_socket} does not exist")
+        tag = self.image_for(spec.limits)
+        staging, program = _stage(spec)
+        container = None
+        try:
+            container = self._create(spec, tag, staging, program)
+            return self._run_container(spec, container, t0)
+        finally:
+            if container is not None:
+                self._remove(container)
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def watch(self, container: Any, output_limit_bytes: int) -> OutputWatch:
+        """Attach to ``container`` (before it starts) and pump its output into a capped collector."""
+        return OutputWatch(self.client, container, output_limit_bytes)
+
+    def _run_container(self, spec: SandboxSpec, container: Any, t0: float) -> SandboxResult:
+        watch = self.watch(container, spec.output_limit_bytes)
+        container.start()
+        started = time.monotonic()
+        exit_code = self._wait(container, started + spec.deadline_s, lambda: watch.kill("deadline"))
+        ended = time.monotonic()
+        watch.close()
+        res = SandboxResult(
+            status="failed",
+            start_s=started - t0,
+            duration_s=ended - started,
+            container=container.name,
+            timings={"create_and_start_s": started - t0, "run_s": ended - started},
+        )
+        finish_result(res, spec, watch, exit_code, container_state(container))
+        return res
+
+    @staticmethod
+    def _wait(container: Any, deadline: float, on_deadline) -> int | None:
+        """Wait for exit; past ``deadline`` call ``on_deadline`` (kill) and wait for the exit."""
+        import requests
+
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                on_deadline()
+                left = 30.0
+                deadline = float("inf")
+            try:
+                out = container.wait(timeout=max(1, min(left, 3600)))
+                return int(out.get("StatusCode", -1))
+            except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+                if deadline == float("inf"):
+                    return None
+                continue
+
+    @staticmethod
+    def _remove(container: Any) -> None:
+        try:
+            container.remove(force=True)
+        except Exception as exc:
+            log.warning("event=sandbox_remove_failed container=%s error=%s", getattr(container, "name", "?"), exc)
+
+
+class OutputWatch:
+    """A container's output stream pumped into a capped collector, and the one way to kill it.
+
+    Attach before ``start`` (``logs=False`` never replays). Past the cap the pump keeps draining
+    (the collector discards) and the container is killed from another thread: runsc cannot finish
+    a kill while the program is blocked writing to an output pipe nobody reads.
+    """
+
+    def __init__(self, client: Any, container: Any, output_limit_bytes: int) -> None:
+        self.container = container
+        self.collector = OutputCollector(output_limit_bytes)
+        #: The first kill reason ("deadline", "output"); later reasons are ignored.
+        self.killed: dict[str, str] = {}
+        self._kill_lock = threading.Lock()
+        self._stream = client.api.attach(container.id, stdout=True, stderr=True, stream=True, logs=False, demux=True)
+        self._reader = threading.Thread(target=self._pump, name=f"sandbox-output-{container.name}", daemon=True)
+        self._reader.start()
+
+    def kill(self, reason: str) -> None:
+        with self._kill_lock:
+            if self.killed:
+                return
+            self.killed[reason] = reason
+        try:
+            self.container.kill()
+        except Exception as exc:  # already exited, or dockerd trouble (then remove() finishes it)
+            log.warning("event=sandbox_kill_failed container=%s reason=%s error=%s", self.container.name, reason, exc)
+
+    def _pump(self) -> None:
+        try:
+            for out, err in self._stream:
+                if out:
+                    self.collector.feed_stdout(out)
+                if err:
+                    self.collector.feed_stderr(err)
+                if self.collector.exceeded and not self.killed:
+                    threading.Thread(target=self.kill, args=("output",), daemon=True).start()
+        except Exception as exc:
+            log.debug("attach stream of %s ended: %s", self.container.name, exc)
+
+    def close(self, join_s: float = 10.0) -> None:
+        """Wait (bounded) for the stream to end, then close it."""
+        if join_s > 0:
+            self._reader.join(timeout=join_s)
+        try:
+            self._stream.close()
+        except Exception:  # noqa: S110 - best effort; the container is removed next
+            pass
+
+
+def container_state(container: Any) -> dict[str, Any]:
+    """``State`` of an exited container (``{}`` if dockerd cannot say)."""
+    try:
+        container.reload()
+        return container.attrs.get("State", {}) or {}
+    except Exception as exc:
+        log.debug("inspect %s: %s", getattr(container, "name", "?"), exc)
+        return {}
+
+
+def finish_result(
+    res: SandboxResult, spec: SandboxSpec, watch: OutputWatch, exit_code: int | None, state: dict[str, Any]
+) -> None:
+    """Fill ``res`` from the captured output and the exit: one classification for cold and warm runs."""
+    cap = watch.collector.result()
+    killed = watch.killed
+    res.exit_code, res.stdout, res.stderr, res.output_bytes = exit_code, cap.stdout, cap.stderr, cap.total_bytes
+    record = cap.record or {}
+    if "deadline" in killed:
+        res.status, res.error = "timed_out", f"deadline of {spec.deadline_s:g}s exceeded; the sandbox was killed"
+    elif "output" in killed or cap.exceeded:
+        res.status = "killed"
+        res.error = f"output limit of {spec.output_limit_bytes} bytes exceeded; the sandbox was killed"
+    elif state.get("OOMKilled"):
+        res.status, res.error = "killed", f"memory limit of {spec.memory_mb} MiB exceeded; the sandbox was killed"
+    elif exit_code == 0 and record.get("ok"):
+        res.status, res.result = "succeeded", record.get("result")
+    elif exit_code == 0:
+        res.error = "the program exited without reporting a result"
+    elif record.get("error"):
+        res.error = str(record["error"])
+    elif exit_code is not None and exit_code >= 128:
+        res.status = "killed"
+        res.error = (
+            f"the sandbox was killed by signal {exit_code - 128} (memory limit of {spec.memory_mb} MiB?)"
+            + _tail(cap.stderr)
+        )
+    elif cap.record is None:
+        # The runner always prints a record unless the whole sandbox died under it.
+        res.error = (
+            f"the sandbox died with status {exit_code} before the program finished"
+            f" (killed or crashed; e.g. its process limit of {spec.pids} was hit)" + _tail(cap.stderr)
+        )
+    else:
+        res.error = f"the sandbox exited with status {exit_code}" + _tail(cap.stderr)
+    log.info(
+        "event=sandbox_done run=%s tenant=%s status=%s exit=%s start_s=%.3f run_s=%.3f output_bytes=%d warm=%s",
+        spec.run_id,
+        spec.tenant,
+        res.status,
+        exit_code,
+        res.start_s,
+        res.duration_s,
+        res.output_bytes,
+        bool(res.timings.get("warm")),
+    )
+
+
+def _tail(text: str, n: int = 2000) -> str:
+    text = text.strip()
+    return f": {text[-n:]}" if text else ""
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_slot_dir(path: str) -> None:
+    """Remove a dead pool slot's host dir (only a dir named like one: the label is our own,
+    but a bad path must never turn into ``rm -rf`` of something else)."""
+    if path and os.path.isabs(path) and Path(path).name.startswith(SLOT_DIR_PREFIX):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def reap(client: Any = None, now: float | None = None) -> list[str]:
+    """Remove sandbox containers whose launcher died or whose deadline (+ grace) passed.
+
+    Warm-pool containers carry the same labels (their expiry covers the pool's idle age plus its
+    longest deadline), so an orphaned pool is reaped like a crashed run, slot dirs included.
+
+    Run periodically (``python -m sandbox.launcher reap``) and at worker/executor start-up.
+    """
+    client = client or _docker_client()
+    now = time.time() if now is None else now
+    host = socket.gethostname()
+    removed: list[str] = []
+    for c in client.containers.list(all=True, filters={"label": LABEL}):
+        labels = c.labels or {}
+        owner_host, _, pid = labels.get(LABEL_OWNER, "").rpartition(":")
+        try:
+            expires = float(labels.get(LABEL_EXPIRES, "0"))
+        except ValueError:
+            expires = 0.0
+        orphan = owner_host == host and pid.isdigit() and not _pid_alive(int(pid))
+        if orphan or expires < now:
+            try:
+                c.remove(force=True)
+                removed.append(c.name)
+            except Exception as exc:
+                log.warning("event=reap_failed container=%s error=%s", c.name, exc)
+                continue
+            _remove_slot_dir(labels.get(LABEL_SLOT_DIR, ""))
+    if removed:
+        log.info("event=sandbox_reaped count=%d containers=%s", len(removed), ",".join(removed))
+    return removed
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sandbox.launcher")
+    parser.add_argument("command", choices=["reap"])
+    parser.parse_args(argv)
+    print(json.dumps({"removed": reap()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

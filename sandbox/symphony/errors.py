@@ -1,0 +1,112 @@
+"""Exceptions a LIP sees. Every worker error reply carries a protocol ``ErrorCode``; the SDK
+raises the subclass registered for that code so programs can ``except KVNotFound`` instead of
+parsing messages."""
+
+from __future__ import annotations
+
+from symphony.wire import protocol
+
+ErrorCode = protocol.ErrorCode
+
+
+class SymphonyError(Exception):
+    """Base of every SDK error; ``code`` is the protocol error code, ``op`` the failed call."""
+
+    code: str = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, *, code: str | None = None, op: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        if code is not None:
+            self.code = code
+        self.op = op
+
+    def __str__(self) -> str:
+        where = f" ({self.op})" if self.op else ""
+        return f"{self.code}{where}: {self.message}"
+
+
+class BadFrame(SymphonyError):
+    code = ErrorCode.BAD_FRAME
+
+
+class InvalidArgument(SymphonyError, ValueError):
+    code = ErrorCode.BAD_ARGS
+
+
+class UnknownOp(SymphonyError):
+    code = ErrorCode.UNKNOWN_OP
+
+
+class NotAuthenticated(SymphonyError):
+    code = ErrorCode.NOT_AUTHENTICATED
+
+
+class PermissionDenied(SymphonyError, PermissionError):
+    code = ErrorCode.PERMISSION
+
+
+class KVNotFound(SymphonyError, LookupError):
+    code = ErrorCode.NOT_FOUND
+
+
+class KVExists(SymphonyError):
+    code = ErrorCode.EXISTS
+
+
+class NoSpace(SymphonyError):
+    code = ErrorCode.NO_SPACE
+
+
+class QuotaExceeded(SymphonyError):
+    code = ErrorCode.QUOTA
+
+
+class Busy(SymphonyError):
+    code = ErrorCode.BUSY
+
+
+class DeadlineExceeded(SymphonyError, TimeoutError):
+    code = ErrorCode.TIMEOUT
+
+
+class IOFailed(SymphonyError, OSError):
+    code = ErrorCode.IO
+
+
+class InternalError(SymphonyError):
+    code = ErrorCode.INTERNAL
+
+
+class ConnectionLost(SymphonyError, ConnectionError):
+    """The session socket closed (the worker ended the session, or the connection failed)."""
+
+    code = "ECONNLOST"
+
+
+_BY_CODE: dict[str, type[SymphonyError]] = {
+    cls.code: cls
+    for cls in (
+        BadFrame,
+        InvalidArgument,
+        UnknownOp,
+        NotAuthenticated,
+        PermissionDenied,
+        KVNotFound,
+        KVExists,
+        NoSpace,
+        QuotaExceeded,
+        Busy,
+        DeadlineExceeded,
+        IOFailed,
+        InternalError,
+    )
+}
+
+
+def from_wire(code: str, message: str, op: str | None = None) -> SymphonyError:
+    """The exception for an error reply; unknown codes become a plain :class:`SymphonyError`."""
+    cls = _BY_CODE.get(code)
+    if cls is None:
+        return SymphonyError(message, code=code, op=op)
+    return cls(message, op=op)

@@ -1,0 +1,168 @@
+"""Every example LIP runs through sandbox + worker and does what its docstring promises."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+import symphony as sy
+
+pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.vllm, pytest.mark.timeout(300)]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def run_example(lip_runner, name: str, args: dict, **kw):
+    run = lip_runner.run(EXAMPLES / f"{name}.py", args, **kw)
+    assert run.result.status == "succeeded", (run.result.error, run.result.stderr[-2000:])
+    return run
+
+
+def reference_greedy(worker, tokens_text: str, n: int) -> list[int]:
+    """Plain greedy decoding through the SDK on the host (no fork, no rollback)."""
+    with worker.session() as info:
+        s = sy.connect(info.socket_path, info.token)
+        try:
+            return s.generate(s.kv_create(), s.tokenize(tokens_text), n)
+        finally:
+            s.close()
+
+
+def test_completion(lip_runner, gpu_worker_process) -> None:
+    run = run_example(lip_runner, "completion", {"prompt": "The quick brown fox", "max_tokens": 12})
+    assert run.result.result["tokens"] == reference_greedy(gpu_worker_process, "The quick brown fox", 12)
+    assert run.session_end.usage["decode_tokens"] >= 11
+
+
+def test_parallel_fork_branches_equal_independent_decoding(lip_runner, gpu_worker_process) -> None:
+    args = {"prefix": "Tell me a story about", "suffixes": [" a cat", " a dog", " the sea", " space"], "max_tokens": 6}
+    run = run_example(lip_runner, "parallel_fork", args)
+    branches = run.result.result["branches"]
+    assert [b["suffix"] for b in branches] == args["suffixes"]
+    with gpu_worker_process.session() as info:
+        s = sy.connect(info.socket_path, info.token)
+        for b in branches:
+            ids = s.tokenize(args["prefix"]) + s.tokenize(b["suffix"])
+            assert b["tokens"] == s.generate(s.kv_create(), ids, 6), b
+        s.close()
+
+
+def test_speculative_rollback_equals_greedy(lip_runner, gpu_worker_process) -> None:
+    prompt = "one two three one two three one two"
+    run = run_example(lip_runner, "speculative", {"prompt": prompt, "max_tokens": 20, "k": 4})
+    out = run.result.result
+    assert out["tokens"] == reference_greedy(gpu_worker_process, prompt, 20)
+    # Drafts were accepted, so fewer forwards than tokens: rollback really happened and mattered.
+    assert out["accepted_draft_tokens"] > 0
+    assert out["forwards"] < len(out["tokens"])
+
+
+def test_json_schema_output_parses(lip_runner) -> None:
+    for seed in (0, 1):
+        out = run_example(lip_runner, "json_output", {"question": "Is water wet?", "seed": seed}).result.result
+        assert set(out) == {"answer", "confidence"}
+        assert out["answer"] in ("yes", "no") and out["confidence"] in ("low", "medium", "high")
+        json.dumps(out)
+
+
+def test_rag_reuses_the_persistent_document_file(lip_runner, gpu_worker_process) -> None:
+    tenant = f"rag-{uuid.uuid4().hex[:6]}"
+    args = {
+        "corpus": "cities",
+        "documents": ["Paris is the capital of France.", "Rome is the capital of Italy."],
+        "question": "What is the capital of Italy?",
+        "max_tokens": 8,
+    }
+    first = run_example(lip_runner, "rag", args, tenant=tenant).result.result
+    second = run_example(lip_runner, "rag", args, tenant=tenant).result.result
+    assert (first["reused"], second["reused"]) == (False, True)
+    assert first["tokens"] == second["tokens"]
+    assert first["doc_tokens"] == second["doc_tokens"] > 10
+    files = {(f["tenant"], f["name"]): f for f in gpu_worker_process.admin.kv_list(tenant)}
+    assert files[(tenant, "docs-cities")]["pinned"] is True
+    # Another tenant does not see it: its first run builds its own.
+    other = run_example(lip_runner, "rag", args).result.result
+    assert other["reused"] is False
+
+
+def test_react_calls_a_tool_through_brokered_http(lip_runner) -> None:
+    import http.server
+    import threading
+
+    calls: list[str] = []
+
+    class Tool(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"] or 0)).decode()
+            calls.append(body)
+            data = json.dumps({"n": len(calls), "echo": body[:20]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Tool)
+    port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        args = {"tool_url": f"http://127.0.0.1:{port}/tool", "question": "What is 2+2?", "steps": 2}
+        run = run_example(lip_runner, "react_tool", args, session_limits={"allowed_hosts": [f"127.0.0.1:{port}"]})
+        out = run.result.result
+        assert [o["n"] for o in out["observations"]] == [1, 2]
+        assert len(calls) == 2
+        # Without the allowlist entry the same program is refused by the worker.
+        denied = lip_runner.run(EXAMPLES / "react_tool.py", args).result
+        assert denied.status == "failed" and denied.error.startswith("PermissionDenied"), denied.error
+        assert len(calls) == 2
+    finally:
+        server.shutdown()
+
+
+def test_beam_search_scores_are_exact_and_width_one_is_greedy(lip_runner, gpu_worker_process) -> None:
+    prompt = "The weather today is"
+    greedy = run_example(lip_runner, "beam_search", {"prompt": prompt, "beams": 1, "max_tokens": 6})
+    assert greedy.result.result["beams"][0]["tokens"] == reference_greedy(gpu_worker_process, prompt, 6)
+    beams = run_example(lip_runner, "beam_search", {"prompt": prompt, "beams": 3, "max_tokens": 6})
+    found = beams.result.result["beams"]
+    assert len(found) == 3 and len({tuple(b["tokens"]) for b in found}) == 3
+    assert [b["logprob"] for b in found] == sorted((b["logprob"] for b in found), reverse=True)
+    with gpu_worker_process.session() as info:
+        s = sy.connect(info.socket_path, info.token)
+        prompt_ids = s.tokenize(prompt)
+        for beam in found:  # rescore each hypothesis from scratch in one multi-position pred
+            ids = prompt_ids + beam["tokens"]
+            rows = list(range(len(prompt_ids) - 1, len(ids) - 1))
+            dists = s.pred(s.kv_create(), ids, positions=rows)
+            total = sum(d.logprob([t])[0] for d, t in zip(dists, beam["tokens"], strict=True))
+            assert total == pytest.approx(beam["logprob"], abs=1e-2), beam
+        s.close()
+
+
+def test_graph_of_thought_generates_scores_and_merges(lip_runner, gpu_worker_process) -> None:
+    args = {
+        "question": "Why is the sky blue?",
+        "seeds": [" Because", " Light", " The sun"],
+        "thought_tokens": 5,
+        "final_tokens": 4,
+    }
+    run = run_example(lip_runner, "graph_of_thought", args)
+    out = run.result.result
+    assert len(out["thoughts"]) == 3 and len(set(out["chosen"])) == 2
+    scores = [t["score"] for t in out["thoughts"]]
+    assert scores[out["chosen"][0]] == max(scores)
+    with gpu_worker_process.session() as info:
+        s = sy.connect(info.socket_path, info.token)
+        question = s.tokenize(args["question"])
+        for thought, seed in zip(out["thoughts"], args["seeds"], strict=True):
+            assert thought["text"] == s.detokenize(s.generate(s.kv_create(), question + s.tokenize(seed), 5))
+        chosen_seeds = [s.tokenize(args["seeds"][i]) for i in out["chosen"]]
+        s.close()
+    assert out["merged_tokens"] == len(question) + sum(len(seed) + 5 for seed in chosen_seeds)
+    assert out["answer"]

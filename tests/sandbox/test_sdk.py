@@ -1,0 +1,250 @@
+"""The ``symphony`` SDK against a real worker process over its real session socket (no sandbox:
+the SDK is plain Python, so the host can import it and exercise the protocol quickly)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import symphony as sy
+from symphony import aio
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(180)]
+
+PROMPT = "The capital of France is a city where"
+
+
+@pytest.fixture
+def session(gpu_worker_process):
+    info = gpu_worker_process.create_session()
+    s = sy.connect(info.socket_path, info.token)
+    try:
+        yield s
+    finally:
+        s.close()
+        gpu_worker_process.end_session(info.session_id)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+
+
+def hf_greedy(model, ids: list[int], n: int) -> tuple[list[int], list[float]]:
+    """Greedy decoding with full-sequence forwards; also the top-2 logit margin per step."""
+    toks, out, margins = list(ids), [], []
+    with torch.no_grad():
+        for _ in range(n):
+            logits = model(torch.tensor([toks])).logits[0, -1]
+            top = torch.topk(logits, 2).values
+            margins.append(float(top[0] - top[1]))
+            nxt = int(logits.argmax())
+            out.append(nxt)
+            toks.append(nxt)
+    return out, margins
+
+
+def test_hello_reports_session_and_model(session, gpu_worker_process) -> None:
+    info = session.info
+    assert info.session_id.startswith("s-")
+    assert info.vocab_size == 49152
+    vocab = session.vocab_info()
+    assert vocab.vocab_size == info.vocab_size and vocab.eos_token_ids == info.eos_token_ids
+
+
+def test_greedy_generation_matches_transformers(session, hf_model) -> None:
+    ids = session.tokenize(PROMPT)
+    kv = session.kv_create()
+    got = session.generate(kv, ids, max_tokens=12, stop=[])
+    want, margins = hf_greedy(hf_model, ids, 12)
+    # Where transformers' top-2 logits are closer than float noise, either choice is greedy.
+    first_diff = next((i for i, (a, b) in enumerate(zip(got, want, strict=True)) if a != b), None)
+    assert first_diff is None or margins[first_diff] < 1e-4, (got, want, margins)
+    assert len(kv) == len(ids) + 12
+    assert session.kv_tokens(kv) == ids + got
+
+
+def test_dist_operations_agree_with_each_other(session) -> None:
+    kv = session.kv_create()
+    ids = session.tokenize(PROMPT)
+    d0, d1 = session.pred(kv, ids, positions=[0, -1])
+    top = d1.topk(5)
+    assert len(top.ids) == 5 and list(top.logprobs) == sorted(top.logprobs, reverse=True)
+    assert d1.argmax() == top.ids[0]
+    assert d1.sample(temperature=0) == top.ids[0]
+    assert d1.logprob([top.ids[0]])[0] == pytest.approx(top.logprobs[0], abs=1e-5)
+    full = d1.full()
+    assert len(full) == session.info.vocab_size
+    assert full[top.ids[0]] == pytest.approx(top.logprobs[0], abs=1e-2)
+    # A mask restricts the choice; a bias moves it.
+    assert d1.argmax(mask=[top.ids[3], top.ids[4]]) == top.ids[3]
+    assert d1.argmax(bias={top.ids[2]: 100.0}) == top.ids[2]
+    # Seeded sampling is reproducible.
+    assert d1.sample(temperature=1.0, seed=7) == d1.sample(temperature=1.0, seed=7)
+    d0.release()
+    with pytest.raises(sy.SymphonyError):
+        d0.argmax()  # released
+
+
+def test_threads_keep_many_calls_in_flight_on_one_connection(session, gpu_worker_process) -> None:
+    """Eight threads decode forks of one prefix at once; each gets its own correct answer."""
+    ids = session.tokenize(PROMPT)
+    root = session.kv_create()
+    session.pred(root, ids[:-1])[0].release()
+    suffixes = [session.tokenize(f" number {i}") for i in range(8)]
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    before = gpu_worker_process.admin.stats()["scheduler"]["multi_session_forwards"]
+
+    def branch(i: int) -> None:
+        try:
+            kv = session.kv_fork(root)
+            results[i] = session.generate(kv, ids[-1:] + suffixes[i], max_tokens=6, stop=[])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=branch, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    stats = gpu_worker_process.admin.stats()["scheduler"]
+    assert stats["multi_session_forwards"] >= before  # counter sanity
+    # Same answers as decoding each branch alone from scratch.
+    for i in range(8):
+        kv = session.kv_create()
+        assert session.generate(kv, ids + suffixes[i], max_tokens=6, stop=[]) == results[i]
+
+
+def test_many_in_flight_calls_resolve_to_their_own_replies(session) -> None:
+    """Replies are routed by id: 64 concurrent tokenize calls each get their own text back."""
+    texts = [f"item {i} " * (i % 5 + 1) for i in range(64)]
+    futures = [session.conn.submit("tokenize", {"text": t}) for t in texts]
+    for t, f in zip(texts, futures, strict=True):
+        assert session.detokenize(f.result(30)) == t
+
+
+def test_kv_edit_operations(session) -> None:
+    ids = session.tokenize("one two three four five six seven eight")
+    kv = session.kv_create()
+    session.release(session.pred(kv, ids))
+    assert len(kv) == len(ids)
+    part = kv.extract(0, 4)
+    assert session.kv_tokens(part) == ids[:4]
+    fork = kv.fork()
+    fork.truncate(3)
+    assert len(fork) == 3 and len(kv) == len(ids)
+    merged = session.kv_merge(part, fork)
+    assert session.kv_tokens(merged) == ids[:4] + ids[:3]
+    for h in (part, fork, merged, kv):
+        h.close()
+    with pytest.raises(sy.KVNotFound):
+        session.kv_len(kv)
+
+
+def test_named_files_persist_and_errors_map_to_exceptions(session, gpu_worker_process) -> None:
+    name = f"sdk-{time.monotonic_ns()}"
+    kv = session.kv_create(name)
+    session.release(session.pred(kv, session.tokenize("persistent prefix")))
+    with pytest.raises(sy.KVExists):
+        session.kv_create(name)
+    kv.close()
+    session.kv_pin(name)
+    reader = session.kv_open(name, "r")
+    assert len(reader) == len(session.tokenize("persistent prefix"))
+    reader.close()
+    listed = {f["name"]: f for f in gpu_worker_process.admin.kv_list()}
+    assert listed[name]["pinned"] is True
+    session.kv_remove(name)
+    with pytest.raises(sy.KVNotFound):
+        session.kv_open(name)
+    with pytest.raises(sy.InvalidArgument):
+        session.kv_create("../escape")
+    with pytest.raises(sy.KVNotFound):
+        session.kv_fork(123456789)  # a forged handle looks like a missing one
+    with pytest.raises(sy.PermissionDenied):
+        session.http_fetch("http://127.0.0.1:9/")  # not on this run's allowlist
+    with pytest.raises(sy.InvalidArgument):
+        session.pred(session.kv_create(), [session.info.vocab_size + 5])
+
+
+def test_quota_exceeded_is_its_own_exception(gpu_worker_process) -> None:
+    with gpu_worker_process.session(max_tokens=8) as info:
+        s = sy.connect(info.socket_path, info.token)
+        kv = s.kv_create()
+        with pytest.raises(sy.QuotaExceeded):
+            s.pred(kv, list(range(100, 120)))
+        s.close()
+
+
+def test_wrong_token_is_refused(gpu_worker_process) -> None:
+    with gpu_worker_process.session() as info:
+        with pytest.raises(sy.NotAuthenticated):
+            sy.connect(info.socket_path, "not-the-token")
+
+
+def test_grammar_constrains_output_to_the_schema(session) -> None:
+    import json
+
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}, "n": {"type": "string", "enum": ["a", "b"]}},
+        "required": ["ok", "n"],
+        "additionalProperties": False,
+    }
+    g = session.grammar(schema)
+    for seed in range(3):
+        kv = session.kv_create()
+        out = session.generate(kv, session.tokenize("JSON:"), 64, grammar=g, temperature=1.0, seed=seed)
+        value = json.loads(session.detokenize(out))
+        assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and value["n"] in ("a", "b")
+    with pytest.raises(sy.InvalidArgument):
+        session.grammar(regex="(unclosed")
+
+
+def test_send_to_user_and_sleep(session) -> None:
+    session.send_to_user("hello")
+    session.send_to_user({"step": 1, "items": [1, 2]})
+    t0 = time.monotonic()
+    session.sleep(0.2)
+    assert time.monotonic() - t0 >= 0.19
+
+
+def test_connection_lost_fails_waiting_calls(gpu_worker_process) -> None:
+    info = gpu_worker_process.create_session()
+    s = sy.connect(info.socket_path, info.token)
+    fut = s.conn.submit("sleep", {"seconds": 30})
+    gpu_worker_process.end_session(info.session_id)
+    with pytest.raises(sy.ConnectionLost):
+        fut.result(10)
+    with pytest.raises(sy.ConnectionLost):
+        s.tokenize("after the end")
+
+
+def test_asyncio_flavour_gathers_concurrent_calls(gpu_worker_process) -> None:
+    info = gpu_worker_process.create_session()
+
+    async def run() -> tuple[list[list[int]], list[int]]:
+        s = await aio.connect(info.socket_path, info.token)
+        ids = await s.tokenize(PROMPT)
+        root = await s.kv_create()
+        await s.release(await s.pred(root, ids[:-1]))
+        forks = [await root.fork() for _ in range(4)]
+        outs = await asyncio.gather(*(s.generate(k, ids[-1:], 5, stop=[]) for k in forks))
+        ref = await s.generate(await s.kv_create(), ids, 5, stop=[])
+        s.close()
+        return list(outs), ref
+
+    try:
+        outs, ref = asyncio.run(run())
+    finally:
+        gpu_worker_process.end_session(info.session_id)
+    assert all(o == ref for o in outs)
