@@ -5,3 +5,6 @@ class ApiConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "api"
     verbose_name = "Symphony API"
+
+    def ready(self) -> None:
+        from api import schema  # noqa: F401 - registers the OpenAPI auth extension

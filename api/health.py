@@ -30,6 +30,35 @@ def check_dependencies() -> dict[str, str]:
     return status
 
 
+def health_report() -> tuple[dict, int]:
+    """The probe's body and HTTP status: 200 when every dependency answers, 503 otherwise."""
+    checks = check_dependencies()
+    healthy = all(value == "ok" for value in checks.values())
+    return {"status": "ok" if healthy else "degraded", "checks": checks}, 200 if healthy else 503
+
+
+class HealthProbeMiddleware:
+    """Answers ``GET /api/v1/health`` before host validation and the HTTPS redirect.
+
+    Load balancer probes address a task by IP over plain HTTP inside the VPC, so they carry a
+    Host header that ``ALLOWED_HOSTS`` rightly rejects. The probe reveals only whether the
+    database and Redis answer, so serving it to any host is safe. First in ``MIDDLEWARE``.
+    """
+
+    PATH = "/api/v1/health"
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if request.path != self.PATH or request.method not in ("GET", "HEAD"):
+            return self.get_response(request)
+        from django.http import JsonResponse
+
+        body, status = health_report()
+        return JsonResponse(body, status=status)
+
+
 class HealthView(APIView):
     """``GET /api/v1/health``: 200 when every dependency answers, 503 otherwise."""
 
@@ -40,6 +69,5 @@ class HealthView(APIView):
         responses=inline_serializer("Health", {"status": serializers.CharField(), "checks": serializers.DictField()})
     )
     def get(self, request: Request) -> Response:
-        checks = check_dependencies()
-        healthy = all(value == "ok" for value in checks.values())
-        return Response({"status": "ok" if healthy else "degraded", "checks": checks}, status=200 if healthy else 503)
+        body, status = health_report()
+        return Response(body, status=status)

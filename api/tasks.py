@@ -1,6 +1,23 @@
 """Celery tasks of the control plane. Tasks stay thin: business logic lives in api/services."""
 
+import logging
+
 from celery import shared_task
+from celery.signals import worker_ready
+
+log = logging.getLogger(__name__)
+
+
+@worker_ready.connect
+def reap_leftover_sandboxes(**_kwargs) -> None:
+    """A Celery worker that (re)starts removes sandbox containers a crashed executor on this
+    host left behind (their launcher pid is gone, or their deadline passed)."""
+    try:
+        from sandbox.launcher import reap
+
+        reap()
+    except Exception as exc:  # docker down: runs will fail with a clear error instead
+        log.warning("sandbox_reap_skipped error=%s", exc)
 
 
 @shared_task(name="api.ping")
@@ -9,3 +26,28 @@ def ping(payload: str = "pong") -> dict[str, str]:
     import socket
 
     return {"payload": payload, "hostname": socket.gethostname()}
+
+
+@shared_task(name="api.run_lip", acks_late=True)
+def run_lip(run_id: str) -> str:
+    """Execute one run on this worker; see api/services/execution.py. Idempotent: a run that is
+    not queued any more (already started, cancelled) is left alone."""
+    from api.services.execution import execute_run
+
+    return execute_run(run_id)
+
+
+@shared_task(name="api.reap_orphaned_runs")
+def reap_orphaned_runs() -> dict[str, int]:
+    """Periodic (Celery beat): fail runs of dead workers, re-route runs queued on them."""
+    from api.services.runs import reap_orphaned_runs as reap
+
+    return reap()
+
+
+@shared_task(name="api.meter_kv_storage")
+def meter_kv_storage() -> int:
+    """Periodic (Celery beat): bill stored KV files for the current period."""
+    from api.services.billing import meter_kv_storage as meter
+
+    return meter()

@@ -46,6 +46,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "api.health.HealthProbeMiddleware",  # before host validation and HTTPS redirect (LB probes)
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -105,6 +106,15 @@ STATICFILES_DIRS = [FRONTEND_DIST] if FRONTEND_DIST.is_dir() else []
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/1")
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "redis://127.0.0.1:6379/2")
+#: Shared cache (throttle counters, the API-key brute-force guard): Redis, so every web process
+#: counts against the same limits. Its own database, since tests clear it.
+CACHES = {
+    "default": {
+        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        "LOCATION": os.environ.get("SYMPHONY_CACHE_URL", "redis://127.0.0.1:6379/3"),
+        "KEY_PREFIX": "symphony",
+    }
+}
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_DEFAULT_QUEUE", "symphony")
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
@@ -113,6 +123,11 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+#: One ``celery beat`` per deployment sends these to the default queue.
+CELERY_BEAT_SCHEDULE = {
+    "reap-orphaned-runs": {"task": "api.reap_orphaned_runs", "schedule": 30.0},
+    "meter-kv-storage": {"task": "api.meter_kv_storage", "schedule": 300.0},  # billing.KV_METER_PERIOD_S
+}
 
 # --- Symphony -----------------------------------------------------------------------------
 #: Admin socket of the local gpu_worker (control plane → worker; never mounted in a sandbox).
@@ -151,3 +166,29 @@ if not DEBUG:
     SECURE_HSTS_INCLUDE_SUBDOMAINS = True
     SECURE_HSTS_PRELOAD = True
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# --- Control plane (api/) ---------------------------------------------------------------------
+SYMPHONY_WORKER_NAME = os.environ.get("SYMPHONY_WORKER_NAME", "local")
+#: "heartbeat": runs go to the live worker with the best KV affinity (api/services/routing.py);
+#: "static": always to SYMPHONY_WORKER_NAME (one-host deployments, tests).
+SYMPHONY_ROUTING = os.environ.get("SYMPHONY_ROUTING", "heartbeat")
+#: The model name the OpenAI-compatible endpoints report (the worker's model directory name).
+SYMPHONY_MODEL_NAME = (
+    os.environ.get("SYMPHONY_MODEL_NAME") or Path(os.environ.get("SYMPHONY_MODEL") or "SmolLM2-135M-Instruct").name
+)
+REST_FRAMEWORK.update(
+    {
+        "DEFAULT_AUTHENTICATION_CLASSES": [
+            "api.authentication.ApiKeyAuthentication",
+            "rest_framework.authentication.SessionAuthentication",
+        ],
+        "EXCEPTION_HANDLER": "api.errors.exception_handler",
+        "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+        "PAGE_SIZE": 50,
+        "DEFAULT_THROTTLE_RATES": {
+            "auth": os.environ.get("SYMPHONY_AUTH_THROTTLE", "20/min"),
+            # Wrong bearer keys per client address before it is refused outright (api/authentication.py).
+            "bad_api_key": os.environ.get("SYMPHONY_BAD_KEY_THROTTLE", "30/min"),
+        },
+    }
+)

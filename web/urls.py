@@ -1,12 +1,43 @@
-"""Top-level URL map: admin, API (v1), OpenAPI schema and docs, health."""
+"""Top-level URL map: admin, API (v1), OpenAPI schema and docs, health, and the web console."""
 
+from django.conf import settings
 from django.contrib import admin
-from django.urls import include, path
+from django.http import HttpResponse, JsonResponse
+from django.urls import include, path, re_path
+from django.views.decorators.cache import never_cache
+from django.views.defaults import page_not_found
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+
+@never_cache
+def console(request, route: str = ""):
+    """The React console's index.html for ``/`` and every client-side route (frontend/dist)."""
+    index = settings.FRONTEND_DIST / "index.html"
+    if not index.is_file():
+        return HttpResponse("Console not built: run `make frontend`.\n", status=503, content_type="text/plain")
+    return HttpResponse(index.read_bytes(), content_type="text/html; charset=utf-8")
+
+
+def not_found(request, exception=None):
+    """404 for a URL no route matches. API clients get the API's error shape (the REST API's
+    envelope under /api/, OpenAI's under /v1/) instead of Django's HTML page."""
+    if request.path.startswith("/api/"):
+        body = {"error": {"code": "not_found", "message": f"no API route {request.path}", "detail": None}}
+        return JsonResponse(body, status=404)
+    if request.path.startswith("/v1/"):
+        from api.services.openai_compat import error_body
+
+        return JsonResponse(error_body(f"no route {request.path}", "invalid_request_error", "not_found"), status=404)
+    return page_not_found(request, exception)
+
+
+handler404 = not_found
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
+    path("v1/", include("api.openai_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    re_path(r"^(?!api/|v1/|admin/?$|admin/|static/)(?P<route>.*)$", console, name="console"),
 ]

@@ -37,3 +37,24 @@ class Command(BaseCommand):
         creds_path.chmod(0o600)
         verb = "created" if created else "updated"
         self.stdout.write(f"demo: admin user '{username}' {verb}; credentials in {creds_path}")
+        self._demo_tenant(settings.VAR_DIR / "demo-api-key.txt")
+
+    def _demo_tenant(self, key_path) -> None:
+        """Tenant "demo" owned by demo@example.com with one API key kept in ``key_path`` (0600);
+        a key file whose key no longer verifies is replaced."""
+        from api.models import Membership, Tenant
+        from api.services.keys import issue_key, verify_key
+        from api.tenancy import KEY_SCOPES
+
+        user, _ = get_user_model().objects.get_or_create(
+            username="demo@example.com", defaults={"email": "demo@example.com"}
+        )
+        tenant, _ = Tenant.objects.get_or_create(slug="demo", defaults={"name": "Demo"})
+        Membership.objects.get_or_create(user=user, tenant=tenant, defaults={"role": "owner"})
+        if key_path.exists() and verify_key(key_path.read_text().strip()) is not None:
+            self.stdout.write(f"demo: tenant 'demo' ready; API key in {key_path}")
+            return
+        secret = issue_key(tenant, "demo", list(KEY_SCOPES), user).secret
+        key_path.write_text(secret + "\n")
+        key_path.chmod(0o600)
+        self.stdout.write(f"demo: tenant 'demo' ready; new API key in {key_path}")

@@ -1,0 +1,66 @@
+"""Django admin for operators: read-mostly views of tenants, keys, programs, runs, usage, audit."""
+
+from django.contrib import admin, messages
+
+from api.models import (
+    ApiKey,
+    AuditLog,
+    KVFile,
+    Membership,
+    Plan,
+    Program,
+    ProgramVersion,
+    Run,
+    Tenant,
+    UsageRecord,
+)
+from api.services import kvfiles
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ["slug", "name", "plan", "created_at"]
+    search_fields = ["slug", "name"]
+
+
+@admin.register(Plan)
+class PlanAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "max_concurrent_runs",
+        "max_tokens_per_run",
+        "tokens_per_month",
+        "max_run_seconds",
+        "max_device_pages_per_run",
+        "kv_bytes_stored",
+    ]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ["prefix", "name", "tenant", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["prefix", "secret_hash", "last_used_at"]
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "tenant", "status", "worker", "created_at", "finished_at"]
+    list_filter = ["status"]
+
+
+@admin.register(KVFile)
+class KVFileAdmin(admin.ModelAdmin):
+    list_display = ["name", "tenant", "worker", "tokens", "residency", "pinned", "synced_at"]
+    list_filter = ["residency", "pinned"]
+    actions = ["evict"]
+
+    @admin.action(description="Evict from worker memory (audited)")
+    def evict(self, request, queryset) -> None:
+        for kv in queryset.select_related("tenant"):
+            try:
+                kvfiles.staff_evict(kv, request.user)
+            except kvfiles.WorkerUnavailable as exc:
+                self.message_user(request, f"{kv.name}: {exc}", messages.ERROR)
+
+
+admin.site.register([Membership, Program, ProgramVersion, UsageRecord, AuditLog])

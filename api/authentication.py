@@ -1,0 +1,83 @@
+"""``Authorization: Bearer sk_...`` authentication. request.auth is the ApiKey; the active tenant
+of such a request is the key's tenant.
+
+Wrong keys are counted per client address (rate ``bad_api_key`` in DEFAULT_THROTTLE_RATES, in the
+shared Redis cache). Past the limit that address gets 429 before any key is looked at, so a
+guesser learns nothing more, valid key or not, until the window ends. DRF's own throttles cannot
+do this: they run after authentication, and a failed authentication ends the request first.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.contrib.auth.models import AnonymousUser
+from django.core.cache import cache
+from rest_framework import authentication, exceptions
+from rest_framework.settings import api_settings
+
+from api.services.keys import verify_key
+
+
+class ApiKeyUser(AnonymousUser):
+    """The principal of an API-key request: authenticated, tied to one tenant, never staff."""
+
+    def __init__(self, key) -> None:
+        self.key = key
+
+    @property
+    def is_authenticated(self) -> bool:  # type: ignore[override]
+        return True
+
+
+_PERIODS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _parse_rate(rate: str) -> tuple[int, int]:
+    """DRF's rate syntax: ``"<count>/<s|sec|m|min|h|hour|d|day>"`` -> (count, window seconds)."""
+    count, period = rate.split("/")
+    return int(count), _PERIODS[period[0]]
+
+
+class BadKeyGuard:
+    """Fixed-window count of failed bearer keys per client address."""
+
+    scope = "bad_api_key"
+
+    def __init__(self, request) -> None:
+        rate = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # "30/min"; None disables
+        self.limit, self.window = _parse_rate(rate) if rate else (None, None)
+        self.window_start = int(time.time() // self.window * self.window) if self.window else 0
+        self.key = f"throttle_{self.scope}_{request.META.get('REMOTE_ADDR', '')}_{self.window_start}"
+
+    def check(self) -> None:
+        if self.limit is not None and cache.get(self.key, 0) >= self.limit:
+            wait = self.window_start + self.window - time.time()
+            raise exceptions.Throttled(wait=max(1, wait), detail="too many invalid API keys from this address")
+
+    def record_failure(self) -> None:
+        if self.limit is not None:
+            cache.add(self.key, 0, timeout=self.window)
+            cache.incr(self.key)
+
+
+class ApiKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).decode(errors="replace").split()
+        if not header or header[0] != self.keyword:
+            return None
+        guard = BadKeyGuard(request)
+        guard.check()
+        if len(header) != 2:
+            guard.record_failure()
+            raise exceptions.AuthenticationFailed("malformed Authorization header")
+        key = verify_key(header[1])
+        if key is None:
+            guard.record_failure()
+            raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
+        return ApiKeyUser(key), key
+
+    def authenticate_header(self, request) -> str:
+        return self.keyword

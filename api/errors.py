@@ -1,0 +1,39 @@
+"""One error shape for every API response: ``{"error": {"code", "message", "detail"}}``."""
+
+from __future__ import annotations
+
+from django.db.models import ProtectedError
+from rest_framework import status
+from rest_framework.exceptions import APIException
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_handler
+
+from api.services.kvfiles import WorkerUnavailable
+from api.services.programs import ProgramInvalid
+from api.services.quotas import QuotaExceeded
+from api.services.runs import RunConflict
+
+DOMAIN_ERRORS = {
+    ProgramInvalid: (status.HTTP_400_BAD_REQUEST, "invalid_program"),
+    QuotaExceeded: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
+    RunConflict: (status.HTTP_409_CONFLICT, "conflict"),
+    ProtectedError: (status.HTTP_409_CONFLICT, "conflict"),
+    WorkerUnavailable: (status.HTTP_503_SERVICE_UNAVAILABLE, "worker_unavailable"),
+}
+
+
+def exception_handler(exc: Exception, context: dict) -> Response | None:
+    for cls, (code_status, code) in DOMAIN_ERRORS.items():
+        if isinstance(exc, cls):
+            message = "still referenced by runs" if isinstance(exc, ProtectedError) else str(exc)
+            return Response({"error": {"code": code, "message": message, "detail": None}}, status=code_status)
+    response = drf_handler(exc, context)
+    if response is None:
+        return None
+    code = exc.get_codes() if isinstance(exc, APIException) else "error"
+    if not isinstance(code, str):
+        code = "invalid" if response.status_code == 400 else "error"
+    detail = response.data
+    message = detail.get("detail", "request failed") if isinstance(detail, dict) else "request failed"
+    response.data = {"error": {"code": code, "message": str(message), "detail": detail}}
+    return response

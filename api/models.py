@@ -1,0 +1,199 @@
+"""Control-plane data: tenants and members, API keys, programs and versions, runs, usage, audit."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class Plan(models.Model):
+    """What a tenant may use; checked at run admission and passed to the worker as session limits.
+
+    ``None`` in a limit field means unlimited. Plans are rows (editable in the Django admin) so an
+    operator can change a price tier without a deploy; "free" and "pro" are created by migration.
+    """
+
+    name = models.SlugField(max_length=32, unique=True)
+    max_concurrent_runs = models.PositiveIntegerField(default=2)
+    max_tokens_per_run = models.PositiveIntegerField(default=4096)
+    tokens_per_month = models.BigIntegerField(null=True, blank=True)
+    max_run_seconds = models.PositiveIntegerField(default=120)
+    #: Device KV pages one run may hold at once (the worker answers ENOSPC beyond).
+    max_device_pages_per_run = models.PositiveIntegerField(null=True, blank=True)
+    #: Bytes of persistent KV files the tenant may keep stored.
+    kv_bytes_stored = models.BigIntegerField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tenant(models.Model):
+    """A billing and isolation unit; every tenant resource carries a foreign key to one."""
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=64, unique=True)
+    plan = models.CharField(max_length=32, default="free")
+    #: ``host`` or ``host:port`` entries a LIP of this tenant may reach through ``http_fetch``.
+    allowed_tool_hosts = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class Membership(models.Model):
+    ROLES = [("owner", "owner"), ("member", "member")]
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
+    role = models.CharField(max_length=16, choices=ROLES, default="member")
+
+    class Meta:
+        unique_together = [("user", "tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}@{self.tenant_id}:{self.role}"
+
+
+class ApiKey(models.Model):
+    """A bearer secret for one tenant; only an HMAC of the secret is stored."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"sk_{self.prefix}_… ({self.name})"
+
+
+class Program(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="programs")
+    name = models.CharField(max_length=200)
+    description = models.TextField(blank=True, default="")
+    default_args = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        unique_together = [("tenant", "name")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}/{self.name}"
+
+
+class ProgramVersion(models.Model):
+    """An immutable upload: a single .py source or a zip archive with a main module."""
+
+    program = models.ForeignKey(Program, on_delete=models.CASCADE, related_name="versions")
+    number = models.PositiveIntegerField()
+    kind = models.CharField(max_length=8)  # "py" | "zip"
+    content = models.BinaryField()
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        unique_together = [("program", "number")]
+
+    def __str__(self) -> str:
+        return f"{self.program_id}@v{self.number}"
+
+
+class Run(models.Model):
+    STATUSES = ["queued", "running", "succeeded", "failed", "timed_out", "cancelled"]
+    TERMINAL = {"succeeded", "failed", "timed_out", "cancelled"}
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
+    program_version = models.ForeignKey(ProgramVersion, on_delete=models.PROTECT, related_name="runs")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL)
+    status = models.CharField(max_length=16, default="queued", db_index=True)
+    args = models.JSONField(default=dict)
+    limits = models.JSONField(default=dict)
+    idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL keeps the unique constraint off unkeyed runs
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    exit_code = models.IntegerField(null=True, blank=True)
+    worker = models.CharField(max_length=100, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="run_idempotency_per_tenant")]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.status})"
+
+
+class UsageRecord(models.Model):
+    """What one run consumed (written once per run, even when the run failed), or, with no run,
+    one metering period of a tenant's stored KV files."""
+
+    #: The metered counters, in the order invoices list them.
+    METERED = (
+        "prefill_tokens",
+        "decode_tokens",
+        "pred_calls",
+        "page_seconds",
+        "io_calls",
+        "sandbox_seconds",
+        "kv_gib_hours",
+    )
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage")
+    run = models.OneToOneField(Run, null=True, on_delete=models.SET_NULL, related_name="usage")
+    prefill_tokens = models.BigIntegerField(default=0)
+    decode_tokens = models.BigIntegerField(default=0)
+    pred_calls = models.BigIntegerField(default=0)
+    page_seconds = models.FloatField(default=0.0)
+    io_calls = models.BigIntegerField(default=0)
+    sandbox_seconds = models.FloatField(default=0.0)
+    #: Persistent KV files kept in storage; rows without a run are written by the storage meter.
+    kv_gib_hours = models.FloatField(default=0.0)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"usage run={self.run_id}"
+
+
+class AuditLog(models.Model):
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
+    tenant = models.ForeignKey(Tenant, null=True, on_delete=models.SET_NULL)
+    action = models.CharField(max_length=64)
+    target = models.CharField(max_length=200)
+    detail = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.target}"
+
+
+class KVFile(models.Model):
+    """Control-plane mirror of one named KV file on a worker (the worker is the source of truth;
+    rows are refreshed from its kv_list on listing and at run end)."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="kv_files")
+    worker = models.CharField(max_length=100)
+    name = models.CharField(max_length=255)
+    tokens = models.BigIntegerField(default=0)
+    bytes = models.BigIntegerField(default=0)
+    residency = models.CharField(max_length=8)
+    pinned = models.BooleanField(default=False)
+    last_used = models.FloatField(null=True, blank=True)
+    synced_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        unique_together = [("tenant", "worker", "name")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}:{self.name}@{self.worker}"

@@ -1,0 +1,137 @@
+"""``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` for OpenAI clients.
+
+Async Django views (served by the ASGI app): a request becomes a run of the built-in LIP
+(api/services/openai_compat.py); the response waits on the run's Redis stream, so a streaming
+client receives each token as the worker publishes it and nothing holds a thread meanwhile.
+Authentication is an API key with the ``runs`` scope; errors use OpenAI's error envelope.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from asgiref.sync import sync_to_async
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
+
+from api.events import stream_entries
+from api.models import ApiKey, Run
+from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
+from api.services import openai_compat
+from api.services.keys import verify_key
+from api.services.openai_compat import CompletionRequest, chunk_body, completion_body, error_body
+from api.services.quotas import QuotaExceeded
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, body: dict) -> None:
+        self.status = status
+        self.body = body
+
+
+def _key(request: HttpRequest) -> ApiKey:
+    header = request.headers.get("Authorization", "")
+    key = verify_key(header.removeprefix("Bearer ").strip()) if header.startswith("Bearer ") else None
+    if key is None:
+        message = "invalid, revoked or expired API key"
+        raise _Refused(401, error_body(message, "invalid_request_error", "invalid_api_key"))
+    if "runs" not in key.scopes:
+        raise _Refused(403, error_body("this API key lacks the 'runs' scope", "invalid_request_error"))
+    return key
+
+
+def _parse(request: HttpRequest, serializer_class: type) -> CompletionRequest:
+    try:
+        body = json.loads(request.body or b"{}")
+    except ValueError:
+        raise _Refused(400, error_body("request body is not valid JSON", "invalid_request_error")) from None
+    serializer = serializer_class(data=body)
+    if not serializer.is_valid():
+        field, problems = next(iter(serializer.errors.items()))
+        raise _Refused(400, error_body(f"{field}: {json.dumps(problems)}", "invalid_request_error"))
+    return serializer.to_completion_request()
+
+
+def _start(request: HttpRequest, serializer_class: type) -> tuple[CompletionRequest, Run]:
+    key = _key(request)
+    parsed = _parse(request, serializer_class)
+    try:
+        return parsed, openai_compat.start(key.tenant, key, parsed)
+    except QuotaExceeded as exc:
+        raise _Refused(429, error_body(str(exc), "insufficient_quota", "quota_exceeded")) from None
+
+
+async def _finished_run(run: Run) -> Run:
+    async for entry in stream_entries(run.pk):
+        if entry.type == "end":
+            break
+    return await Run.objects.aget(pk=run.pk)
+
+
+def _failure(run: Run) -> JsonResponse:
+    status = 408 if run.status == "timed_out" else 500
+    return JsonResponse(error_body(f"run {run.pk} {run.status}: {run.error[:2000]}", "server_error"), status=status)
+
+
+async def _chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[bytes]:
+    def sse(body: dict) -> bytes:
+        return f"data: {json.dumps(body)}\n\n".encode()
+
+    async for entry in stream_entries(run.pk):
+        if entry.type is None:
+            yield b": keep-alive\n\n"
+        elif entry.type == "message":
+            message = json.loads(entry.data).get("data") or {}
+            if isinstance(message, dict) and "delta" in message:
+                yield sse(chunk_body(parsed, run, int(message.get("index", 0)), str(message["delta"]), None))
+        elif entry.type == "end":
+            break
+    done = await Run.objects.aget(pk=run.pk)
+    if done.status != "succeeded":
+        yield sse(error_body(f"run {done.pk} {done.status}: {done.error[:2000]}", "server_error"))
+        return
+    for choice in (done.result or {}).get("choices", []):
+        yield sse(chunk_body(parsed, done, choice["index"], None, choice["finish_reason"]))
+    yield b"data: [DONE]\n\n"
+
+
+async def _complete(request: HttpRequest, serializer_class: type):
+    try:
+        parsed, run = await sync_to_async(_start)(request, serializer_class)
+    except _Refused as refused:
+        return JsonResponse(refused.body, status=refused.status)
+    if parsed.stream:
+        response = StreamingHttpResponse(_chunks(parsed, run), content_type="text/event-stream")
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+    else:
+        done = await _finished_run(run)
+        if done.status != "succeeded":
+            return _failure(done)
+        response = JsonResponse(completion_body(parsed, done))
+    response["X-Symphony-Run-Id"] = str(run.pk)
+    return response
+
+
+@csrf_exempt
+@require_POST
+async def chat_completions(request: HttpRequest):
+    return await _complete(request, ChatCompletionSerializer)
+
+
+@csrf_exempt
+@require_POST
+async def completions(request: HttpRequest):
+    return await _complete(request, CompletionSerializer)
+
+
+@require_GET
+async def models(request: HttpRequest):
+    try:
+        await sync_to_async(_key)(request)
+    except _Refused as refused:
+        return JsonResponse(refused.body, status=refused.status)
+    name = openai_compat.model_name()
+    return JsonResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "symphony"}]})

@@ -1,0 +1,101 @@
+"""Request validation and response shapes; no business logic (that lives in api/services)."""
+
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from api.models import ApiKey, KVFile, Program, ProgramVersion, Run
+from api.tenancy import KEY_SCOPES
+
+
+class SignupSerializer(serializers.Serializer):
+    email = serializers.EmailField()
+    password = serializers.CharField(min_length=8, write_only=True)
+    tenant_name = serializers.CharField(max_length=200)
+
+
+class LoginSerializer(serializers.Serializer):
+    email = serializers.EmailField()
+    password = serializers.CharField(write_only=True)
+
+
+class SwitchTenantSerializer(serializers.Serializer):
+    tenant = serializers.IntegerField(min_value=1)
+
+
+class ApiKeySerializer(serializers.ModelSerializer):
+    scopes = serializers.ListField(
+        child=serializers.ChoiceField(choices=KEY_SCOPES), required=False, default=lambda: list(KEY_SCOPES)
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "scopes", "created_at", "expires_at", "last_used_at", "revoked_at"]
+        read_only_fields = ["id", "prefix", "created_at", "last_used_at", "revoked_at"]
+
+
+class ProgramVersionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ProgramVersion
+        fields = ["number", "kind", "sha256", "size", "created_at"]
+
+
+class ProgramSerializer(serializers.ModelSerializer):
+    file = serializers.FileField(write_only=True)
+    latest_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Program
+        fields = ["id", "name", "description", "default_args", "created_at", "latest_version", "file"]
+        read_only_fields = ["id", "created_at", "latest_version"]
+
+    def get_latest_version(self, obj: Program) -> int | None:
+        return obj.versions.order_by("-number").values_list("number", flat=True).first()
+
+
+class VersionUploadSerializer(serializers.Serializer):
+    file = serializers.FileField()
+
+
+class RunCreateSerializer(serializers.Serializer):
+    program = serializers.IntegerField()
+    version = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    args = serializers.DictField(required=False, default=dict)
+    limits = serializers.DictField(required=False, default=dict)
+
+
+class RunSerializer(serializers.ModelSerializer):
+    program = serializers.IntegerField(source="program_version.program_id", read_only=True)
+    version = serializers.IntegerField(source="program_version.number", read_only=True)
+
+    class Meta:
+        model = Run
+        fields = [
+            "id",
+            "program",
+            "version",
+            "status",
+            "args",
+            "limits",
+            "result",
+            "error",
+            "exit_code",
+            "worker",
+            "created_at",
+            "started_at",
+            "finished_at",
+        ]
+        read_only_fields = fields
+
+
+class KVFileSerializer(serializers.ModelSerializer):
+    tenant = serializers.SlugRelatedField(slug_field="slug", read_only=True)
+
+    class Meta:
+        model = KVFile
+        fields = ["id", "tenant", "worker", "name", "tokens", "bytes", "residency", "pinned", "last_used", "synced_at"]
+        read_only_fields = fields
+
+
+class PinSerializer(serializers.Serializer):
+    pinned = serializers.BooleanField()

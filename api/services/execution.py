@@ -1,0 +1,117 @@
+"""Execute a queued run on this worker: gpu_worker session -> gVisor sandbox -> end session ->
+finish_run. Whatever fails, finish_run is called, so status and usage are never lost."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+from django.conf import settings
+
+from api.models import Run
+from api.services import kvfiles
+from api.services.quotas import session_limits
+from api.services.runs import RunOutcome, finish_run, start_run
+
+log = logging.getLogger(__name__)
+
+#: Launcher status -> run status. ``killed`` (OOM, pids) is a failure of the program.
+SANDBOX_STATUS = {"succeeded": "succeeded", "failed": "failed", "timed_out": "timed_out", "killed": "failed"}
+#: Sandbox resources a run may ask for in its limits, with their defaults and upper bounds.
+SANDBOX_RESOURCES = {
+    "memory_mb": (512, 4096),
+    "pids": (128, 1024),
+    "output_limit_bytes": (1 << 20, 16 << 20),
+}
+
+
+def _handle_redelivery(run_id: str) -> str:
+    """The task arrived for a run that is not queued. Tasks are acked late, so a run still
+    "running" here was started by an executor that died (the broker redelivered its task):
+    fail it with a clear error instead of leaving it running forever."""
+    if Run.objects.filter(pk=run_id, status="running").exists():
+        error = "the worker executing this run died before it finished (task redelivered)"
+        return finish_run(run_id, RunOutcome(status="failed", error=error)).status
+    return "skipped"
+
+
+def _resource(limits: dict, key: str) -> int:
+    default, cap = SANDBOX_RESOURCES[key]
+    return max(1, min(int(limits.get(key) or default), cap))
+
+
+def _sandbox_spec(run: Run, program_path: Path, session, worker_limits: dict):
+    from sandbox.launcher import SandboxSpec
+
+    return SandboxSpec(
+        program_path=str(program_path),
+        args=run.args,
+        session_socket=session.socket_path,
+        session_token=session.token,
+        run_id=str(run.pk),
+        tenant=run.tenant.slug,
+        # The worker ends the session at the same deadline; the container gets a little
+        # longer so a LIP can report the worker's ETIMEDOUT as its own error.
+        deadline_s=worker_limits["deadline_s"] + 5,
+        memory_mb=_resource(run.limits, "memory_mb"),
+        pids=_resource(run.limits, "pids"),
+        output_limit_bytes=_resource(run.limits, "output_limit_bytes"),
+        image=settings.SYMPHONY_SANDBOX_IMAGE or None,
+    )
+
+
+def _end_session(client, session_id: str) -> tuple[dict, str]:
+    """The worker's usage for the session, or ``({}, why)`` when the worker is gone."""
+    try:
+        return dict(client.end_session(session_id).usage), ""
+    except Exception as exc:
+        name = settings.SYMPHONY_WORKER_NAME
+        return {}, f"gpu_worker {name!r} became unreachable during the run ({type(exc).__name__}: {exc})"
+
+
+def _outcome(result, usage: dict, worker_error: str) -> RunOutcome:
+    """Map the sandbox result; a lost worker fails the run whatever the LIP reported."""
+    usage = {**usage, "sandbox_seconds": result.duration_s}
+    if worker_error:
+        lip_error = f"; the program reported: {result.error}" if result.error else ""
+        return RunOutcome("failed", result.result, worker_error + lip_error, result.exit_code, usage)
+    status = SANDBOX_STATUS.get(result.status, "failed")
+    return RunOutcome(status, result.result, result.error or "", result.exit_code, usage)
+
+
+def execute_run(run_id: str) -> str:
+    run = start_run(run_id, settings.SYMPHONY_WORKER_NAME)
+    if run is None:
+        return _handle_redelivery(run_id)
+    tenant = run.tenant.slug
+    try:
+        from gpu_worker.admin_client import AdminClient
+        from sandbox.launcher import SandboxLauncher
+        from sandbox.pool import shared_pool
+
+        client = AdminClient(settings.SYMPHONY_WORKER_ADMIN_SOCKET, timeout=30)
+        worker_limits = session_limits(run)
+        session = client.create_session(tenant, str(run.pk), worker_limits)
+        version = run.program_version
+        with tempfile.TemporaryDirectory(prefix="symphony-run-") as tmp:
+            program_path = Path(tmp) / ("program.zip" if version.kind == "zip" else "program.py")
+            program_path.write_bytes(bytes(version.content))
+            try:
+                spec = _sandbox_spec(run, program_path, session, worker_limits)
+                # Warm pool (SYMPHONY_SANDBOX_POOL_SIZE > 0) when it has a slot with these limits;
+                # otherwise, or when it declines the run, the cold path as before.
+                pool = shared_pool(settings.SYMPHONY_SANDBOX_IMAGE or None)
+                result = (pool.run(spec) if pool is not None else None) or SandboxLauncher().run(spec)
+            finally:
+                usage, worker_error = _end_session(client, session.session_id)
+        outcome = _outcome(result, usage, worker_error)
+    except Exception as exc:
+        log.exception("run_failed run=%s tenant=%s", run.pk, tenant)
+        outcome = RunOutcome(status="failed", error=f"{type(exc).__name__}: {exc}")
+    status = finish_run(str(run.pk), outcome).status
+    try:
+        kvfiles.sync(run.tenant)
+    except kvfiles.WorkerUnavailable:
+        log.warning("kv_sync_skipped run=%s tenant=%s", run.pk, tenant)
+    return status

@@ -1,0 +1,174 @@
+"""Run lifecycle: create (quota + idempotency), start (exactly once), cancel, finish (status,
+result, usage record and stream events written together, never lost on failure)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+
+import redis
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from api.models import ApiKey, Program, Run, Tenant, UsageRecord
+from api.services import routing
+from api.services.quotas import check_can_start
+
+log = logging.getLogger(__name__)
+
+USAGE_FIELDS = UsageRecord.METERED
+
+
+class RunConflict(Exception):
+    """The requested state change is not allowed from the run's current state."""
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """What the executor reports when a run ends, whatever the way it ended."""
+
+    status: str
+    result: object = None
+    error: str = ""
+    exit_code: int | None = None
+    usage: dict = field(default_factory=dict)
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL)
+
+
+def publish_event(run_id: str, type_: str, data: dict) -> None:
+    """XADD one event to the run's live stream (same shape the worker writes)."""
+    _redis().xadd(f"run:{run_id}", {"type": type_, "data": json.dumps(data)}, maxlen=10000, approximate=True)
+
+
+def create_run(
+    tenant: Tenant,
+    program: Program,
+    version: int | None,
+    args: dict,
+    limits: dict,
+    idempotency_key: str | None = None,
+    api_key: ApiKey | None = None,
+) -> tuple[Run, bool]:
+    """Create a queued run (or return the earlier one with the same Idempotency-Key).
+
+    Returns (run, created). The Celery task is enqueued only after the row is committed.
+    """
+    if idempotency_key:
+        existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+        if existing is not None:
+            return existing, False
+    versions = program.versions.order_by("-number")
+    pv = versions.filter(number=version).first() if version else versions.first()
+    if pv is None:
+        raise RunConflict(f"program {program.pk} has no version {version or '(any)'}")
+    check_can_start(tenant, limits)
+    try:
+        with transaction.atomic():
+            run = Run.objects.create(
+                tenant=tenant,
+                program_version=pv,
+                args={**program.default_args, **args},
+                limits=limits,
+                idempotency_key=idempotency_key or None,
+                api_key=api_key,
+            )
+    except IntegrityError:
+        return Run.objects.get(tenant=tenant, idempotency_key=idempotency_key), False
+    transaction.on_commit(lambda: _enqueue(run))
+    log.info("run_created run=%s tenant=%s program=%s version=%s", run.pk, tenant.slug, program.pk, pv.number)
+    return run, True
+
+
+def _enqueue(run: Run, worker: str | None = None) -> None:
+    """Send the run to a worker's queue (chosen by heartbeat and KV affinity unless given)."""
+    from api.tasks import run_lip
+
+    worker = worker or routing.choose_worker(run.tenant)
+    Run.objects.filter(pk=run.pk, status="queued").update(worker=worker)
+    run_lip.apply_async(args=[str(run.pk)], queue=f"worker.{worker}")
+    log.info("run_enqueued run=%s tenant=%s worker=%s", run.pk, run.tenant.slug, worker)
+
+
+#: A run whose worker has not heartbeated is reaped only after this long (worker restarts and
+#: Redis hiccups shorter than this leave runs alone).
+ORPHAN_GRACE_S = 60
+
+
+def reap_orphaned_runs() -> dict[str, int]:
+    """Fail running runs whose worker is gone and re-route queued ones waiting on a dead
+    worker's queue. Idempotent (start/finish are row-locked), safe to run from several beats.
+    Does nothing when worker liveness cannot be read (Redis down): never reap on no evidence."""
+    try:
+        _redis().ping()
+    except redis.RedisError:
+        return {"failed": 0, "rerouted": 0}
+    live = {w.name for w in routing.live_workers() if w.ok}
+    cutoff = timezone.now() - timezone.timedelta(seconds=ORPHAN_GRACE_S)
+    failed = rerouted = 0
+    for run in Run.objects.filter(status="running", started_at__lt=cutoff).exclude(worker__in=live):
+        error = f"worker {run.worker!r} stopped heartbeating while the run was executing; the run was lost"
+        finish_run(str(run.pk), RunOutcome(status="failed", error=error))
+        failed += 1
+    if live:
+        stale = Run.objects.filter(status="queued", created_at__lt=cutoff).exclude(worker__in=live).exclude(worker="")
+        for run in stale.select_related("tenant"):
+            _enqueue(run)
+            rerouted += 1
+    if failed or rerouted:
+        log.warning("runs_reaped failed=%d rerouted=%d live_workers=%s", failed, rerouted, sorted(live))
+    return {"failed": failed, "rerouted": rerouted}
+
+
+def start_run(run_id: str, worker: str) -> Run | None:
+    """Move queued -> running exactly once (row lock); None when the run must not start."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        if run is None or run.status != "queued":
+            return None
+        run.status = "running"
+        run.worker = worker
+        run.started_at = timezone.now()
+        run.save(update_fields=["status", "worker", "started_at"])
+    publish_event(str(run.pk), "status", {"status": "running"})
+    return run
+
+
+def cancel_run(run: Run) -> Run:
+    """Cancel a queued or running run; terminal runs raise RunConflict."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status in Run.TERMINAL:
+            raise RunConflict(f"run is already {locked.status}")
+        locked.status = "cancelled"
+        locked.finished_at = timezone.now()
+        locked.save(update_fields=["status", "finished_at"])
+    publish_event(str(locked.pk), "status", {"status": "cancelled"})
+    publish_event(str(locked.pk), "end", {"status": "cancelled"})
+    return locked
+
+
+def finish_run(run_id: str, outcome: RunOutcome) -> Run:
+    """Record the end of a run and its usage in one transaction, then publish status/end.
+
+    A run cancelled meanwhile keeps its status but still gets its usage billed.
+    """
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        if run.status not in Run.TERMINAL:
+            run.status = outcome.status
+        run.result = outcome.result
+        run.error = outcome.error
+        run.exit_code = outcome.exit_code
+        run.finished_at = run.finished_at or timezone.now()
+        run.save()
+        usage = {k: outcome.usage.get(k, 0) or 0 for k in USAGE_FIELDS}
+        UsageRecord.objects.update_or_create(run=run, defaults={"tenant": run.tenant, **usage})
+    publish_event(str(run.pk), "status", {"status": run.status, "error": run.error})
+    publish_event(str(run.pk), "end", {"status": run.status, "result": run.result})
+    log.info("run_finished run=%s tenant=%s status=%s", run.pk, run.tenant.slug, run.status)
+    return run

@@ -1,0 +1,359 @@
+"""Thin DRF views: validate with serializers, call api/services, shape responses."""
+
+from __future__ import annotations
+
+from datetime import date
+
+from django.contrib.auth import authenticate, get_user_model, login, logout
+from django.db import transaction
+from django.db.models import Count, Q
+from django.http import HttpResponse
+from django.middleware.csrf import get_token
+from django.shortcuts import get_object_or_404
+from django.utils.text import slugify
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.permissions import AllowAny, IsAdminUser
+from rest_framework.response import Response
+from rest_framework.throttling import ScopedRateThrottle
+from rest_framework.views import APIView
+
+from api import serializers as s
+from api.authentication import ApiKeyUser
+from api.models import ApiKey, KVFile, Membership, Program, Run, Tenant
+from api.services import billing, keys, kvfiles, programs, quotas, routing, runs
+from api.tenancy import SESSION_TENANT_KEY, IsTenantMember, TenantScopedViewSet, active_tenant
+
+
+def _unique_slug(name: str) -> str:
+    base = slugify(name)[:50] or "tenant"
+    slug, n = base, 1
+    while Tenant.objects.filter(slug=slug).exists():
+        n += 1
+        slug = f"{base}-{n}"
+    return slug
+
+
+def _me(request) -> dict:
+    user = request.user
+    tenant = active_tenant(request)
+    if isinstance(user, ApiKeyUser):
+        return {
+            "user": None,
+            "tenants": [{"id": tenant.pk, "name": tenant.name, "slug": tenant.slug, "role": "api-key"}],
+            "active_tenant": tenant.pk,
+        }
+    members = Membership.objects.filter(user=user).select_related("tenant").order_by("id")
+    return {
+        "user": {"id": user.pk, "email": user.email, "is_staff": user.is_staff},
+        "tenants": [{"id": m.tenant.pk, "name": m.tenant.name, "slug": m.tenant.slug, "role": m.role} for m in members],
+        "active_tenant": tenant.pk,
+    }
+
+
+class SignupView(APIView):
+    permission_classes = [AllowAny]
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=s.SignupSerializer, responses=OpenApiTypes.OBJECT)
+    @transaction.atomic
+    def post(self, request):
+        data = s.SignupSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        email = data.validated_data["email"].lower()
+        users = get_user_model().objects
+        if users.filter(username=email).exists():
+            return Response(
+                {"error": {"code": "exists", "message": "email already registered", "detail": None}}, status=409
+            )
+        user = users.create_user(username=email, email=email, password=data.validated_data["password"])
+        name = data.validated_data["tenant_name"]
+        tenant = Tenant.objects.create(name=name, slug=_unique_slug(name))
+        Membership.objects.create(user=user, tenant=tenant, role="owner")
+        login(request, user)
+        request.session[SESSION_TENANT_KEY] = tenant.pk
+        return Response(_me(request), status=status.HTTP_201_CREATED)
+
+
+class LoginView(APIView):
+    permission_classes = [AllowAny]
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=s.LoginSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        data = s.LoginSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        user = authenticate(
+            request, username=data.validated_data["email"].lower(), password=data.validated_data["password"]
+        )
+        if user is None:
+            return Response(
+                {"error": {"code": "invalid_credentials", "message": "wrong email or password", "detail": None}},
+                status=401,
+            )
+        login(request, user)
+        return Response(_me(request))
+
+
+class LogoutView(APIView):
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        logout(request)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MeView(APIView):
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        return Response(_me(request))
+
+
+class SwitchTenantView(APIView):
+    @extend_schema(request=s.SwitchTenantSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request):
+        if isinstance(request.user, ApiKeyUser):
+            return Response(
+                {"error": {"code": "forbidden", "message": "API keys are bound to one tenant", "detail": None}},
+                status=403,
+            )
+        data = s.SwitchTenantSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = get_object_or_404(Membership, user=request.user, tenant_id=data.validated_data["tenant"])
+        request.session[SESSION_TENANT_KEY] = membership.tenant_id
+        return Response(_me(request))
+
+
+class CsrfView(APIView):
+    permission_classes = [AllowAny]
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        return Response({"csrftoken": get_token(request)})
+
+
+class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    queryset = ApiKey.objects.order_by("-created_at")
+    serializer_class = s.ApiKeySerializer
+
+    def create(self, request):
+        data = s.ApiKeySerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        creator = None if isinstance(request.user, ApiKeyUser) else request.user
+        issued = keys.issue_key(
+            self.tenant,
+            data.validated_data["name"],
+            data.validated_data["scopes"],
+            creator,
+            data.validated_data.get("expires_at"),
+        )
+        body = {**s.ApiKeySerializer(issued.key).data, "secret": issued.secret}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        keys.revoke_key(self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, TenantScopedViewSet):
+    queryset = Program.objects.order_by("-created_at")
+    serializer_class = s.ProgramSerializer
+    required_scope = "programs"
+
+    @transaction.atomic
+    def create(self, request):
+        data = s.ProgramSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        upload = data.validated_data.pop("file")
+        if Program.objects.filter(tenant=self.tenant, name=data.validated_data["name"]).exists():
+            return Response(
+                {"error": {"code": "exists", "message": "a program with this name exists", "detail": None}}, status=409
+            )
+        program = Program.objects.create(tenant=self.tenant, **data.validated_data)
+        programs.add_version(program, upload.name, upload.read())
+        return Response(s.ProgramSerializer(program).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["get", "post"])
+    def versions(self, request, pk=None):
+        program = self.get_object()
+        if request.method == "POST":
+            data = s.VersionUploadSerializer(data=request.data)
+            data.is_valid(raise_exception=True)
+            upload = data.validated_data["file"]
+            version = programs.add_version(program, upload.name, upload.read())
+            return Response(s.ProgramVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+        return Response(s.ProgramVersionSerializer(program.versions.order_by("number"), many=True).data)
+
+    @action(detail=True, methods=["get"], url_path=r"versions/(?P<number>\d+)/source")
+    def source(self, request, pk=None, number=None):
+        version = get_object_or_404(self.get_object().versions, number=number)
+        content_type = "application/zip" if version.kind == "zip" else "text/x-python; charset=utf-8"
+        return HttpResponse(bytes(version.content), content_type=content_type)
+
+
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    queryset = Run.objects.select_related("program_version")
+    serializer_class = s.RunSerializer
+    required_scope = "runs"
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if status_filter := self.request.query_params.get("status"):
+            qs = qs.filter(status=status_filter)
+        if program := self.request.query_params.get("program"):
+            qs = qs.filter(program_version__program_id=program)
+        return qs
+
+    def create(self, request):
+        data = s.RunCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        program = get_object_or_404(Program, pk=data.validated_data["program"], tenant=self.tenant)
+        run, created = runs.create_run(
+            self.tenant,
+            program,
+            data.validated_data.get("version"),
+            data.validated_data["args"],
+            data.validated_data["limits"],
+            idempotency_key=request.headers.get("Idempotency-Key"),
+            api_key=request.auth if isinstance(request.auth, ApiKey) else None,
+        )
+        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        return Response(s.RunSerializer(runs.cancel_run(self.get_object())).data)
+
+
+class QuotaView(APIView):
+    permission_classes = [IsTenantMember]
+    required_scope = "usage"
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        return Response(quotas.quota_view(active_tenant(request)))
+
+
+class UsageView(APIView):
+    permission_classes = [IsTenantMember]
+    required_scope = "usage"
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        try:
+            start = date.fromisoformat(request.query_params["from"]) if "from" in request.query_params else None
+            end = date.fromisoformat(request.query_params["to"]) if "to" in request.query_params else None
+        except ValueError as exc:
+            raise ValidationError({"from/to": "dates must be YYYY-MM-DD"}) from exc
+        return Response({"days": billing.usage_by_day(active_tenant(request), start, end)})
+
+
+class StaffWorkersView(APIView):
+    """Staff only: every worker with a live heartbeat, as its ``health`` op reports itself
+    (pages, sessions, batch occupancy, queue depth, forward time)."""
+
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        return Response(sorted((w.health for w in routing.live_workers()), key=lambda h: str(h.get("name"))))
+
+
+class StaffTenantsView(APIView):
+    """Staff only: every tenant with its member, program and active-run counts."""
+
+    permission_classes = [IsAdminUser]
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        tenants = Tenant.objects.annotate(
+            members=Count("memberships", distinct=True),
+            program_count=Count("programs", distinct=True),
+            active_runs=Count("runs", filter=Q(runs__status__in=["queued", "running"]), distinct=True),
+        ).order_by("slug")
+        return Response(
+            [
+                {
+                    "id": t.pk,
+                    "slug": t.slug,
+                    "name": t.name,
+                    "plan": t.plan,
+                    "members": t.members,
+                    "programs": t.program_count,
+                    "active_runs": t.active_runs,
+                }
+                for t in tenants
+            ]
+        )
+
+
+class InvoiceListView(APIView):
+    permission_classes = [IsTenantMember]
+    required_scope = "usage"
+
+    @extend_schema(operation_id="invoices_list", request=None, responses=OpenApiTypes.OBJECT)
+    def get(self, request):
+        tenant = active_tenant(request)
+        return Response([billing.invoice(tenant, month) for month in billing.invoice_months(tenant)])
+
+
+class InvoiceDetailView(APIView):
+    permission_classes = [IsTenantMember]
+    required_scope = "usage"
+
+    @extend_schema(operation_id="invoices_retrieve", request=None, responses=OpenApiTypes.OBJECT)
+    def get(self, request, month: str):
+        try:
+            return Response(billing.invoice(active_tenant(request), month))
+        except ValueError as exc:  # the URL admits months outside datetime.date (0000-01, 9999-12)
+            raise NotFound(f"no invoice for month {month}") from exc
+
+
+class KVFileViewSet(mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """The tenant's KV files. Listing refreshes the mirror from the worker first; when the worker
+    cannot be reached the last mirror is returned with ``X-Symphony-Stale: 1``."""
+
+    queryset = KVFile.objects.select_related("tenant").order_by("name")
+    serializer_class = s.KVFileSerializer
+    required_scope = "kv"
+
+    def list(self, request):
+        stale = False
+        try:
+            kvfiles.sync(self.tenant)
+        except kvfiles.WorkerUnavailable:
+            stale = True
+        page = self.paginate_queryset(self.get_queryset())
+        response = self.get_paginated_response(self.get_serializer(page, many=True).data)
+        if stale:
+            response["X-Symphony-Stale"] = "1"
+        return response
+
+    def destroy(self, request, pk=None):
+        kvfiles.delete(self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=s.PinSerializer, responses=s.KVFileSerializer)
+    @action(detail=True, methods=["post"])
+    def pin(self, request, pk=None):
+        kv = self.get_object()
+        data = s.PinSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(s.KVFileSerializer(kvfiles.pin(kv, data.validated_data["pinned"])).data)
+
+
+class StaffKVFileViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Staff: every tenant's mirrored KV files, and audited eviction."""
+
+    permission_classes = [IsAdminUser]
+    queryset = KVFile.objects.select_related("tenant").order_by("tenant__slug", "name")
+    serializer_class = s.KVFileSerializer
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @action(detail=True, methods=["post"])
+    def evict(self, request, pk=None):
+        kvfiles.staff_evict(self.get_object(), request.user)
+        return Response({"evicted": True})

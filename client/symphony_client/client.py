@@ -1,0 +1,129 @@
+"""``Client``: typed calls over the REST API plus an SSE reader for run events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+
+class ApiError(Exception):
+    """A non-2xx answer; carries the API's error code and message."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass(frozen=True)
+class Event:
+    id: str
+    type: str
+    data: object
+
+
+class Client:
+    def __init__(self, base_url: str, api_key: str, timeout: float = 30.0) -> None:
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/") + "/api/v1/",
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+        )
+
+    def _call(self, method: str, path: str, **kwargs) -> object:
+        response = self._http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            try:
+                error = response.json()["error"]
+                raise ApiError(response.status_code, error["code"], error["message"])
+            except (ValueError, KeyError):
+                raise ApiError(response.status_code, "http_error", response.text[:500]) from None
+        return response.json() if response.content else None
+
+    def _all(self, path: str, **params: object) -> list[dict]:
+        """Every item of a paginated listing."""
+        items: list[dict] = []
+        offset = 0
+        while True:
+            page = self._call("GET", path, params={**params, "limit": 200, "offset": offset})
+            items.extend(page["results"])
+            if not page.get("next"):
+                return items
+            offset += len(page["results"])
+
+    def me(self) -> dict:
+        return self._call("GET", "auth/me")
+
+    def upload_program(self, path: str | Path, name: str, description: str = "") -> dict:
+        path = Path(path)
+        files = {"file": (path.name, path.read_bytes())}
+        return self._call("POST", "programs", data={"name": name, "description": description}, files=files)
+
+    def list_programs(self) -> list[dict]:
+        return self._all("programs")
+
+    def add_version(self, program: int, path: str | Path) -> dict:
+        path = Path(path)
+        return self._call("POST", f"programs/{program}/versions", files={"file": (path.name, path.read_bytes())})
+
+    def push_program(self, path: str | Path, name: str | None = None) -> tuple[dict, int]:
+        """Upload ``path`` as a new program, or as the next version of the program of that
+        name; returns ``(program, version_number)``."""
+        name = name or Path(path).stem
+        existing = next((p for p in self.list_programs() if p["name"] == name), None)
+        if existing is None:
+            program = self.upload_program(path, name)
+            return program, program["latest_version"]
+        version = self.add_version(existing["id"], path)
+        return existing, version["number"]
+
+    def list_kv_files(self) -> list[dict]:
+        return self._all("kv-files")
+
+    def delete_kv_file(self, name: str) -> None:
+        match = next((kv for kv in self.list_kv_files() if kv["name"] == name), None)
+        if match is None:
+            raise ApiError(404, "not_found", f"no KV file named {name!r}")
+        self._call("DELETE", f"kv-files/{match['id']}")
+
+    def usage(self) -> dict:
+        return self._call("GET", "usage")
+
+    def quota(self) -> dict:
+        return self._call("GET", "quota")
+
+    def create_run(
+        self, program: int, args: dict | None = None, limits: dict | None = None, idempotency_key: str | None = None
+    ) -> dict:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        body = {"program": program, "args": args or {}, "limits": limits or {}}
+        return self._call("POST", "runs", json=body, headers=headers)
+
+    def get_run(self, run_id: str) -> dict:
+        return self._call("GET", f"runs/{run_id}")
+
+    def cancel_run(self, run_id: str) -> dict:
+        return self._call("POST", f"runs/{run_id}/cancel")
+
+    def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[Event]:
+        """Yield the run's events until ``end`` (server closes the stream)."""
+        headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
+        with self._http.stream("GET", f"runs/{run_id}/events", headers=headers, timeout=None) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise ApiError(response.status_code, "http_error", response.text[:500])
+            fields: dict[str, str] = {}
+            for line in response.iter_lines():
+                if line == "":
+                    if "data" in fields:
+                        yield Event(fields.get("id", ""), fields.get("event", "message"), json.loads(fields["data"]))
+                    fields = {}
+                elif not line.startswith(":") and ":" in line:
+                    key, _, value = line.partition(":")
+                    fields[key] = value.removeprefix(" ")
+
+    def close(self) -> None:
+        self._http.close()

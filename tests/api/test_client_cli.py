@@ -1,0 +1,73 @@
+"""The ``symphony`` CLI against the real ASGI app: login (saved 0600), programs push (new program,
+then a new version), idempotent run, events, cancel, kv ls/rm, usage, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from api.models import KVFile, ProgramVersion, Run
+from api.services.runs import publish_event
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+
+
+@pytest.fixture
+def cli(tmp_path, settings):
+    settings.SYMPHONY_WORKER_ADMIN_SOCKET = str(tmp_path / "absent.sock")
+    config = tmp_path / "config.json"
+
+    def run(*argv: str, key: str | None = None, url: str | None = None) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SYMPHONY_")}
+        env.update(PYTHONPATH=str(ROOT / "client"), SYMPHONY_CONFIG=str(config))
+        flags = [*(["--url", url] if url else []), *(["--api-key", key] if key else [])]
+        cmd = [sys.executable, "-m", "symphony_client", *flags, *argv]
+        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+
+    run.config = config
+    return run
+
+
+def test_cli_round_trip(cli, api_asgi_server, api_tenant_a, tmp_path):
+    assert cli("programs", "ls").returncode == 2  # no key anywhere yet
+    login = cli("login", url=api_asgi_server, key=api_tenant_a.key_secret)
+    assert login.returncode == 0, login.stderr
+    assert stat.S_IMODE(cli.config.stat().st_mode) == 0o600
+
+    source = tmp_path / "hello.py"
+    source.write_text("def main(args):\n    return args\n")
+    first = json.loads(cli("programs", "push", str(source)).stdout)
+    source.write_text("def main(args):\n    return {'v': 2}\n")
+    second = json.loads(cli("programs", "push", str(source)).stdout)
+    assert (first["name"], first["version"], second["version"]) == ("hello", 1, 2)
+    assert second["program"] == first["program"]
+    assert ProgramVersion.objects.filter(program_id=first["program"]).count() == 2
+    assert [p["name"] for p in json.loads(cli("programs", "ls").stdout)] == ["hello"]
+
+    run_one = cli("run", str(first["program"]), "--args", '{"x": 1}', "--idempotency-key", "k1")
+    again = cli("run", str(first["program"]), "--idempotency-key", "k1")
+    run_id = json.loads(run_one.stdout)["id"]
+    assert json.loads(again.stdout)["id"] == run_id and Run.objects.count() == 1
+    publish_event(run_id, "token", {"text": "Hi"})
+    publish_event(run_id, "end", {"status": "succeeded"})
+    events = cli("events", run_id)
+    assert events.stdout.startswith("Hi") and '"event": "end"' in events.stdout
+    assert json.loads(cli("cancel", run_id).stdout)["status"] == "cancelled"
+
+    KVFile.objects.create(tenant=api_tenant_a.tenant, worker="local", name="doc", residency="disk")
+    assert [kv["name"] for kv in json.loads(cli("kv", "ls").stdout)] == ["doc"]
+    missing = cli("kv", "rm", "nope")
+    assert missing.returncode == 1 and "no KV file named 'nope'" in missing.stderr
+    usage = json.loads(cli("usage").stdout)
+    assert usage["plan"] == "free" and "days" in usage
+
+    bad = cli("get", run_id, key="sk_bad_bad")
+    assert bad.returncode == 1 and "401" in bad.stderr
+    unreachable = cli("programs", "ls", url="http://127.0.0.1:9")
+    assert unreachable.returncode == 1 and "cannot reach" in unreachable.stderr

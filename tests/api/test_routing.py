@@ -1,0 +1,110 @@
+"""Run routing by worker heartbeats and KV affinity, and the reaper for runs of dead workers.
+
+Heartbeats are written in the worker's own format (gpu_worker.events) to a private Redis
+database, so workers running elsewhere on this machine cannot influence the outcome.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+import redis
+from django.utils import timezone
+
+from api.models import KVFile, Program, Run
+from api.services import programs, routing
+from api.services.runs import create_run, reap_orphaned_runs, start_run
+from gpu_worker.events import HEARTBEAT_PREFIX
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def heartbeats(settings):
+    settings.REDIS_URL = "redis://127.0.0.1:6379/9"
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+
+    def beat(name: str, pages_free: int, ok: bool = True) -> None:
+        info = {"name": name, "ok": ok, "pages_free": pages_free, "pages_total": 100, "sessions": 0}
+        client.set(HEARTBEAT_PREFIX + name, json.dumps(info), ex=10)
+
+    yield beat
+    client.flushdb()
+
+
+@pytest.fixture
+def program(api_tenant_a):
+    prog = Program.objects.create(tenant=api_tenant_a.tenant, name="p")
+    programs.add_version(prog, "p.py", b"def main(a):\n    return 1\n")
+    return prog
+
+
+def test_without_heartbeats_or_with_static_routing_runs_go_to_the_configured_worker(heartbeats, api_tenant_a, settings):
+    settings.SYMPHONY_WORKER_NAME = "local"
+    assert routing.choose_worker(api_tenant_a.tenant) == "local"
+    heartbeats("w1", pages_free=10)
+    assert routing.choose_worker(api_tenant_a.tenant) == "w1"
+    settings.SYMPHONY_ROUTING = "static"
+    assert routing.choose_worker(api_tenant_a.tenant) == "local"
+
+
+def test_kv_affinity_beats_free_pages_and_unhealthy_workers_are_skipped(heartbeats, api_tenant_a, api_tenant_b):
+    heartbeats("w1", pages_free=10)
+    heartbeats("w2", pages_free=90)
+    heartbeats("sick", pages_free=100, ok=False)
+    KVFile.objects.create(tenant=api_tenant_a.tenant, worker="w1", name="doc", residency="device", pinned=True)
+    assert routing.choose_worker(api_tenant_a.tenant) == "w1"
+    assert routing.choose_worker(api_tenant_b.tenant) == "w2"
+
+
+def test_created_runs_record_their_target_worker(heartbeats, api_tenant_a, program, django_capture_on_commit_callbacks):
+    heartbeats("w2", pages_free=50)
+    with django_capture_on_commit_callbacks(execute=True):
+        run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    run.refresh_from_db()
+    assert run.worker == "w2"
+    redis.Redis.from_url("redis://127.0.0.1:6379/1").delete("worker.w2")
+
+
+def test_reaper_fails_runs_of_dead_workers_and_reroutes_their_queue(heartbeats, api_tenant_a, program, settings):
+    heartbeats("w1", pages_free=50)
+    api_tenant_a.tenant.plan = "pro"  # three runs at once
+    api_tenant_a.tenant.save()
+    old = timezone.now() - timedelta(minutes=5)
+    lost, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(lost.pk), "ghost")
+    Run.objects.filter(pk=lost.pk).update(started_at=old)
+    alive, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(alive.pk), "w1")
+    Run.objects.filter(pk=alive.pk).update(started_at=old)
+    waiting, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    Run.objects.filter(pk=waiting.pk).update(worker="ghost", created_at=old)
+
+    assert reap_orphaned_runs() == {"failed": 1, "rerouted": 1}
+    lost.refresh_from_db()
+    alive.refresh_from_db()
+    waiting.refresh_from_db()
+    assert lost.status == "failed" and "ghost" in lost.error
+    assert alive.status == "running"
+    assert (waiting.status, waiting.worker) == ("queued", "w1")
+    assert reap_orphaned_runs() == {"failed": 0, "rerouted": 0}
+    redis.Redis.from_url("redis://127.0.0.1:6379/1").delete("worker.w1")
+
+
+def test_reaper_does_nothing_without_evidence(settings, api_tenant_a, program):
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(run.pk), "ghost")
+    Run.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(hours=1))
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # unreachable: liveness unknown
+    assert reap_orphaned_runs() == {"failed": 0, "rerouted": 0}
+
+
+def test_staff_see_worker_health_from_heartbeats(heartbeats, api_tenant_a, admin_client):
+    heartbeats("w2", pages_free=5)
+    heartbeats("w1", pages_free=50)
+    workers = admin_client.get("/api/v1/admin/workers").json()
+    assert [(w["name"], w["pages_free"]) for w in workers] == [("w1", 50), ("w2", 5)]
+    assert api_tenant_a.session_client().get("/api/v1/admin/workers").status_code == 403

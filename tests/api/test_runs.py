@@ -1,0 +1,98 @@
+"""Run creation (idempotency, quota), cancel, exactly-once start, finish with usage and events."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import redis
+from django.conf import settings
+
+from api.models import Program, Run, UsageRecord
+from api.services import programs
+from api.services.runs import RunOutcome, create_run, finish_run, start_run
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def program(api_tenant_a):
+    prog = Program.objects.create(tenant=api_tenant_a.tenant, name="p", default_args={"a": 1, "b": 2})
+    programs.add_version(prog, "p.py", b"def main(args):\n    return args\n")
+    return prog
+
+
+def test_create_is_idempotent_and_merges_default_args(api_tenant_a, program):
+    client = api_tenant_a.key_client()
+    body = {"program": program.pk, "args": {"b": 3}, "limits": {"max_tokens": 64}}
+    first = client.post("/api/v1/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="abc")
+    again = client.post("/api/v1/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="abc")
+    assert first.status_code == 201 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    assert first.json()["args"] == {"a": 1, "b": 3}
+    assert Run.objects.count() == 1
+
+
+def test_quota_rejects_over_plan_requests(api_tenant_a, program):
+    client = api_tenant_a.key_client()
+    response = client.post("/api/v1/runs", {"program": program.pk, "limits": {"max_tokens": 10**9}}, format="json")
+    assert response.status_code == 429 and response.json()["error"]["code"] == "quota_exceeded"
+    for _ in range(2):
+        create_run(api_tenant_a.tenant, program, None, {}, {})
+    assert client.post("/api/v1/runs", {"program": program.pk}, format="json").status_code == 429
+    assert client.get("/api/v1/quota").json()["use"]["active_runs"] == 2
+
+
+def test_start_once_finish_writes_usage_and_events(api_tenant_a, program):
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    assert start_run(str(run.pk), "local") is not None
+    assert start_run(str(run.pk), "local") is None
+    finish_run(str(run.pk), RunOutcome(status="failed", error="boom", exit_code=1, usage={"decode_tokens": 7}))
+    run.refresh_from_db()
+    assert (run.status, run.error, run.exit_code) == ("failed", "boom", 1)
+    assert UsageRecord.objects.get(run=run).decode_tokens == 7
+    entries = redis.Redis.from_url(settings.REDIS_URL).xrange(f"run:{run.pk}")
+    types = [e[1][b"type"].decode() for e in entries]
+    assert types == ["status", "status", "end"]
+    assert json.loads(entries[-1][1][b"data"])["status"] == "failed"
+
+
+def test_cancel_then_cancel_again_conflicts(api_tenant_a, program):
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    client = api_tenant_a.key_client()
+    assert client.post(f"/api/v1/runs/{run.pk}/cancel").json()["status"] == "cancelled"
+    assert client.post(f"/api/v1/runs/{run.pk}/cancel").status_code == 409
+    assert start_run(str(run.pk), "local") is None
+
+
+def test_monthly_token_quota_refuses_new_runs_once_used_up(api_tenant_a, program):
+    from api.models import Plan
+
+    Plan.objects.filter(name="free").update(tokens_per_month=100)
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(run.pk), "local")
+    finish_run(str(run.pk), RunOutcome(status="succeeded", usage={"prefill_tokens": 80, "decode_tokens": 20}))
+    response = api_tenant_a.key_client().post("/api/v1/runs", {"program": program.pk}, format="json")
+    assert response.status_code == 429
+    assert "monthly token quota" in response.json()["error"]["message"]
+    assert api_tenant_a.key_client().get("/api/v1/quota").json()["use"]["tokens_this_month"] == 100
+
+
+def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_tenant_a, program):
+    from api.models import Plan
+    from api.services.quotas import session_limits
+
+    Plan.objects.filter(name="free").update(tokens_per_month=1000, max_device_pages_per_run=32)
+    api_tenant_a.tenant.allowed_tool_hosts = ["127.0.0.1:8765"]
+    api_tenant_a.tenant.save()
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {"max_tokens": 2000, "deadline_s": 30})
+    limits = session_limits(run)
+    assert limits == {
+        "max_tokens": 1000,
+        "deadline_s": 30.0,
+        "allowed_hosts": ["127.0.0.1:8765"],
+        "max_pages": 32,
+        "max_stored_bytes": 1 << 30,
+    }
+    unbounded, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    assert session_limits(unbounded)["deadline_s"] == 60.0
