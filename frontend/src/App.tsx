@@ -1,0 +1,59 @@
+import type { ReactNode } from "react";
+import { Navigate, Route, Routes, useLocation } from "react-router";
+import { useAuth } from "./auth/AuthContext";
+import { Layout } from "./components/Layout";
+import { ErrorBanner, Loading } from "./components/Status";
+import { AdminPage } from "./pages/AdminPage";
+import { ApiKeysPage } from "./pages/ApiKeysPage";
+import { LoginPage, SignupPage } from "./pages/AuthPages";
+import { KVFilesPage } from "./pages/KVFilesPage";
+import { ProgramDetailPage } from "./pages/ProgramDetailPage";
+import { ProgramsPage } from "./pages/ProgramsPage";
+import { RunPage } from "./pages/RunPage";
+import { RunsPage } from "./pages/RunsPage";
+import { UsagePage } from "./pages/UsagePage";
+
+function RequireAuth({ children }: { children: ReactNode }) {
+  const { me, loading, error, refresh } = useAuth();
+  const location = useLocation();
+  if (loading) return <Loading label="Loading console…" />;
+  if (error && !me) return <ErrorBanner error={error} onRetry={() => void refresh()} />;
+  if (!me) return <Navigate to="/login" replace state={{ from: location.pathname }} />;
+  return <>{children}</>;
+}
+
+function NotFound() {
+  return (
+    <>
+      <h1>Not found</h1>
+      <p>There is no page at this address.</p>
+    </>
+  );
+}
+
+export function App() {
+  return (
+    <Routes>
+      <Route path="/login" element={<LoginPage />} />
+      <Route path="/signup" element={<SignupPage />} />
+      <Route
+        element={
+          <RequireAuth>
+            <Layout />
+          </RequireAuth>
+        }
+      >
+        <Route index element={<Navigate to="/programs" replace />} />
+        <Route path="/programs" element={<ProgramsPage />} />
+        <Route path="/programs/:id" element={<ProgramDetailPage />} />
+        <Route path="/runs" element={<RunsPage />} />
+        <Route path="/runs/:id" element={<RunPage />} />
+        <Route path="/kv-files" element={<KVFilesPage />} />
+        <Route path="/usage" element={<UsagePage />} />
+        <Route path="/api-keys" element={<ApiKeysPage />} />
+        <Route path="/admin" element={<AdminPage />} />
+        <Route path="*" element={<NotFound />} />
+      </Route>
+    </Routes>
+  );
+}

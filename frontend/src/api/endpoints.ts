@@ -1,0 +1,194 @@
+// One function per API operation the console uses; pages call these, tests mock fetch beneath.
+import { http, rawFetch, unwrap } from "./client";
+import { ApiError } from "./errors";
+import type {
+  AdminTenant,
+  ApiKey,
+  Invoice,
+  KeyScope,
+  KVFile,
+  Me,
+  NewApiKey,
+  Program,
+  ProgramVersion,
+  Quota,
+  Run,
+  ServiceHealth,
+  UsageDay,
+  WorkerHealth,
+} from "./types";
+
+const PAGE = { limit: 200 };
+// Multipart bodies go through as FormData (the browser sets the boundary).
+const formData = (body: unknown) => body as FormData;
+
+// ---- auth ------------------------------------------------------------------------------
+export async function ensureCsrf(): Promise<void> {
+  await unwrap(http.GET("/api/v1/auth/csrf"));
+}
+export async function getMe(): Promise<Me | null> {
+  const { data, response } = await http.GET("/api/v1/auth/me");
+  if (response.status === 401 || response.status === 403) return null;
+  if (!response.ok) throw new ApiError(response.status, "error", `HTTP ${response.status}`);
+  return data as unknown as Me;
+}
+export async function login(email: string, password: string): Promise<Me> {
+  await ensureCsrf();
+  return (await unwrap(http.POST("/api/v1/auth/login", { body: { email, password } }))) as unknown as Me;
+}
+export async function signup(email: string, password: string, tenant_name: string): Promise<Me> {
+  await ensureCsrf();
+  return (await unwrap(
+    http.POST("/api/v1/auth/signup", { body: { email, password, tenant_name } }),
+  )) as unknown as Me;
+}
+export async function logout(): Promise<void> {
+  await unwrap(http.POST("/api/v1/auth/logout"));
+}
+export async function switchTenant(tenant: number): Promise<Me> {
+  return (await unwrap(http.POST("/api/v1/auth/switch-tenant", { body: { tenant } }))) as unknown as Me;
+}
+
+// ---- programs --------------------------------------------------------------------------
+export async function listPrograms(): Promise<Program[]> {
+  const page = await unwrap(http.GET("/api/v1/programs", { params: { query: PAGE } }));
+  return page.results;
+}
+export async function getProgram(id: number): Promise<Program> {
+  return unwrap(http.GET("/api/v1/programs/{id}", { params: { path: { id } } }));
+}
+export async function uploadProgram(file: File, name: string, description: string): Promise<Program> {
+  const body = new FormData();
+  body.append("file", file);
+  body.append("name", name);
+  body.append("description", description);
+  return unwrap(http.POST("/api/v1/programs", { body: body as never, bodySerializer: formData }));
+}
+export async function deleteProgram(id: number): Promise<void> {
+  await unwrap(http.DELETE("/api/v1/programs/{id}", { params: { path: { id } } }));
+}
+export async function listVersions(id: number): Promise<ProgramVersion[]> {
+  return (await unwrap(
+    http.GET("/api/v1/programs/{id}/versions", { params: { path: { id } } }),
+  )) as unknown as ProgramVersion[];
+}
+export async function uploadVersion(id: number, file: File): Promise<ProgramVersion> {
+  const body = new FormData();
+  body.append("file", file);
+  return (await unwrap(
+    http.POST("/api/v1/programs/{id}/versions", {
+      params: { path: { id } },
+      body: body as never,
+      bodySerializer: formData,
+    }),
+  )) as unknown as ProgramVersion;
+}
+export function sourceUrl(id: number, version: number): string {
+  return `/api/v1/programs/${id}/versions/${version}/source`;
+}
+export async function getSource(id: number, version: number): Promise<string> {
+  return (await rawFetch(sourceUrl(id, version))).text();
+}
+
+// ---- runs ------------------------------------------------------------------------------
+export async function createRun(
+  program: number,
+  version: number | null,
+  args: Record<string, unknown>,
+  limits: Record<string, unknown>,
+): Promise<Run> {
+  return (await unwrap(
+    http.POST("/api/v1/runs", { body: { program, version, args, limits } as never }),
+  )) as unknown as Run;
+}
+export async function listRuns(program?: number): Promise<Run[]> {
+  const query = program === undefined ? PAGE : { ...PAGE, program };
+  const page = await unwrap(http.GET("/api/v1/runs", { params: { query: query as typeof PAGE } }));
+  return page.results;
+}
+export async function getRun(id: string): Promise<Run> {
+  return unwrap(http.GET("/api/v1/runs/{id}", { params: { path: { id } } }));
+}
+export async function cancelRun(id: string): Promise<Run> {
+  return unwrap(http.POST("/api/v1/runs/{id}/cancel", { params: { path: { id } } }));
+}
+export function runEventsUrl(id: string): string {
+  return `/api/v1/runs/${id}/events`;
+}
+
+// ---- KV files --------------------------------------------------------------------------
+export interface KVListing {
+  files: KVFile[];
+  /** True when the worker was unreachable and the last mirror was served. */
+  stale: boolean;
+}
+export async function listKVFiles(): Promise<KVListing> {
+  const { data, error, response } = await http.GET("/api/v1/kv-files", { params: { query: PAGE } });
+  if (!response.ok || !data) throw new ApiError(response.status, "error", errorText(error, response));
+  return { files: data.results, stale: response.headers.get("X-Symphony-Stale") === "1" };
+}
+export async function pinKVFile(id: number, pinned: boolean): Promise<KVFile> {
+  return unwrap(http.POST("/api/v1/kv-files/{id}/pin", { params: { path: { id } }, body: { pinned } }));
+}
+export async function deleteKVFile(id: number): Promise<void> {
+  await unwrap(http.DELETE("/api/v1/kv-files/{id}", { params: { path: { id } } }));
+}
+
+// ---- usage & billing -------------------------------------------------------------------
+export async function getUsage(from: string, to: string): Promise<UsageDay[]> {
+  const body = (await unwrap(http.GET("/api/v1/usage"/* from/to are documented query params */, {
+    params: { query: { from, to } as never },
+  }))) as unknown as { days: UsageDay[] };
+  return body.days;
+}
+export async function getQuota(): Promise<Quota> {
+  return (await unwrap(http.GET("/api/v1/quota"))) as unknown as Quota;
+}
+export async function listInvoices(): Promise<Invoice[]> {
+  return (await unwrap(http.GET("/api/v1/invoices"))) as unknown as Invoice[];
+}
+
+// ---- API keys --------------------------------------------------------------------------
+export async function listApiKeys(): Promise<ApiKey[]> {
+  const page = await unwrap(http.GET("/api/v1/api-keys", { params: { query: PAGE } }));
+  return page.results;
+}
+export async function createApiKey(name: string, scopes: KeyScope[]): Promise<NewApiKey> {
+  return (await unwrap(http.POST("/api/v1/api-keys", { body: { name, scopes } as never }))) as unknown as NewApiKey;
+}
+export async function revokeApiKey(id: number): Promise<void> {
+  await unwrap(http.DELETE("/api/v1/api-keys/{id}", { params: { path: { id } } }));
+}
+
+// ---- staff -----------------------------------------------------------------------------
+export async function listAllKVFiles(): Promise<KVFile[]> {
+  const page = await unwrap(http.GET("/api/v1/admin/kv-files", { params: { query: PAGE } }));
+  return page.results;
+}
+export async function evictKVFile(id: number): Promise<void> {
+  await unwrap(http.POST("/api/v1/admin/kv-files/{id}/evict", { params: { path: { id } } }));
+}
+export async function listTenants(): Promise<AdminTenant[]> {
+  return (await unwrap(http.GET("/api/v1/admin/tenants"))) as unknown as AdminTenant[];
+}
+export async function getServiceHealth(): Promise<ServiceHealth> {
+  const response = await globalThis.fetch(new URL("/api/v1/health", window.location.origin));
+  return (await response.json()) as ServiceHealth;
+}
+/** Worker health (`GET /api/v1/admin/workers`); null while the control plane does not serve it. */
+export async function listWorkers(): Promise<WorkerHealth[] | null> {
+  try {
+    const body = (await (await rawFetch("/api/v1/admin/workers")).json()) as unknown;
+    if (Array.isArray(body)) return body as WorkerHealth[];
+    const wrapped = body as { results?: WorkerHealth[]; workers?: WorkerHealth[] };
+    return wrapped.results ?? wrapped.workers ?? [];
+  } catch (err) {
+    if (err instanceof ApiError && err.status === 404) return null;
+    throw err;
+  }
+}
+
+function errorText(error: unknown, response: Response): string {
+  const env = (error as { error?: { message?: string } } | undefined)?.error;
+  return env?.message ?? `HTTP ${response.status}`;
+}

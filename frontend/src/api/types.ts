@@ -1,0 +1,119 @@
+// Response shapes. Models come from the generated OpenAPI types (src/api/schema.d.ts, made by
+// `npm run gen:api` from openapi/schema.yml). The few endpoints the schema describes only as a
+// free-form object (auth/me, usage, quota, invoices, admin tenants) are typed here after
+// docs/API.md.
+import type { components } from "./schema";
+
+type Schemas = components["schemas"];
+export type ApiKey = Schemas["ApiKey"];
+export type NewApiKey = ApiKey & { secret: string };
+export type KeyScope = Schemas["ScopesEnum"];
+/** Every scope an API key can carry (same order as the server's KEY_SCOPES). */
+export const KEY_SCOPES: readonly KeyScope[] = ["programs", "runs", "kv", "usage"];
+export type Program = Schemas["Program"];
+export type Run = Schemas["Run"];
+export type KVFile = Schemas["KVFile"];
+
+/** `GET /programs/<id>/versions` (the schema leaves this action's response untyped). */
+export interface ProgramVersion {
+  number: number;
+  kind: "py" | "zip" | string;
+  sha256: string;
+  size: number;
+  created_at: string;
+}
+
+export type RunStatus = "queued" | "running" | "succeeded" | "failed" | "timed_out" | "cancelled";
+export const TERMINAL_STATUSES: readonly string[] = ["succeeded", "failed", "timed_out", "cancelled"];
+
+export interface TenantRef {
+  id: number;
+  name: string;
+  slug: string;
+  role: string;
+}
+
+export interface Me {
+  user: { id: number; email: string; is_staff: boolean } | null;
+  tenants: TenantRef[];
+  active_tenant: number;
+}
+
+export interface UsageDay {
+  day: string;
+  runs: number;
+  prefill_tokens: number;
+  decode_tokens: number;
+  pred_calls: number;
+  page_seconds: number;
+  io_calls: number;
+}
+
+/** `GET /quota`. Fields beyond the first version of the API are optional (null = unlimited). */
+export interface Quota {
+  plan: string;
+  limits: {
+    max_concurrent_runs: number;
+    max_tokens_per_run: number;
+    max_run_seconds?: number;
+    /** Older name of max_run_seconds. */
+    max_deadline_s?: number;
+    tokens_per_month?: number | null;
+    max_device_pages_per_run?: number | null;
+    kv_bytes_stored?: number | null;
+  };
+  use: { active_runs: number; tokens_this_month?: number; kv_bytes_stored?: number };
+  allowed_tool_hosts?: string[];
+}
+
+export interface InvoiceLine {
+  item: string;
+  description: string;
+  quantity: string | number;
+  unit_price: string;
+  amount: string;
+}
+
+export interface Invoice {
+  id: string;
+  period_start: string;
+  period_end: string;
+  runs: number;
+  currency: string;
+  lines: InvoiceLine[];
+  total: string;
+}
+
+export interface AdminTenant {
+  id: number;
+  slug: string;
+  name: string;
+  plan: string;
+  members: number;
+  programs: number;
+  active_runs: number;
+}
+
+/** Worker health as the worker's admin `health` op reports it (served at /admin/workers). */
+export interface WorkerHealth {
+  name: string;
+  ok: boolean;
+  device?: string;
+  model?: string;
+  pages_total?: number;
+  pages_free?: number;
+  sessions?: number;
+  error?: string;
+  metrics?: {
+    batch_occupancy?: number;
+    queued_calls?: number;
+    queued_tokens?: number;
+    forwards?: number;
+    forward_ms_avg?: number;
+  };
+}
+
+export interface ServiceHealth {
+  status: string;
+  checks: Record<string, string>;
+}

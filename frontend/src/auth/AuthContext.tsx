@@ -1,0 +1,68 @@
+import { createContext, useCallback, useContext, useEffect, useMemo, useState, type ReactNode } from "react";
+import * as api from "../api/endpoints";
+import type { Me, TenantRef } from "../api/types";
+
+export interface AuthValue {
+  me: Me | null;
+  loading: boolean;
+  error: unknown;
+  activeTenant: TenantRef | undefined;
+  isStaff: boolean;
+  login: (email: string, password: string) => Promise<void>;
+  signup: (email: string, password: string, tenantName: string) => Promise<void>;
+  logout: () => Promise<void>;
+  switchTenant: (id: number) => Promise<void>;
+  refresh: () => Promise<void>;
+}
+
+const AuthContext = createContext<AuthValue | null>(null);
+
+export function AuthProvider({ children }: { children: ReactNode }) {
+  const [me, setMe] = useState<Me | null>(null);
+  const [loading, setLoading] = useState(true);
+  const [error, setError] = useState<unknown>(null);
+
+  const refresh = useCallback(async () => {
+    try {
+      setMe(await api.getMe());
+      setError(null);
+    } catch (err) {
+      setError(err);
+    } finally {
+      setLoading(false);
+    }
+  }, []);
+
+  useEffect(() => {
+    void refresh();
+  }, [refresh]);
+
+  const value = useMemo<AuthValue>(
+    () => ({
+      me,
+      loading,
+      error,
+      activeTenant: me?.tenants.find((t) => t.id === me.active_tenant),
+      isStaff: Boolean(me?.user?.is_staff),
+      login: async (email, password) => setMe(await api.login(email, password)),
+      signup: async (email, password, tenantName) => setMe(await api.signup(email, password, tenantName)),
+      logout: async () => {
+        await api.logout();
+        setMe(null);
+      },
+      switchTenant: async (id) => setMe(await api.switchTenant(id)),
+      refresh,
+    }),
+    [me, loading, error, refresh],
+  );
+  return <AuthContext.Provider value={value}>{children}</AuthContext.Provider>;
+}
+
+export function useAuth(): AuthValue {
+  const value = useContext(AuthContext);
+  if (!value) throw new Error("useAuth outside AuthProvider");
+  return value;
+}
+
+/** For tests and stories: provide a fixed auth value. */
+export const AuthContextProvider = AuthContext.Provider;

@@ -1,0 +1,105 @@
+// Pure state of a run's live event stream (GET /api/v1/runs/<id>/events), so the reducer is
+// testable without EventSource. Event types and payloads (api/events.py, gpu_worker):
+//   token   {text}                         text the LIP sent with send_to_user(str)
+//   message {data}                         JSON the LIP sent with send_to_user(obj)
+//   kv      {device_pages, host_pages, disk_pages, tenant_device_pages, tokens}
+//   status  {status, error?}
+//   end     {status, result?}              last event; the stream closes after it
+
+export interface KVSample {
+  t: number; // ms since the stream opened
+  device_pages: number;
+  host_pages: number;
+  disk_pages: number;
+  tenant_device_pages: number;
+  tokens: number;
+}
+
+export interface RunStreamState {
+  text: string;
+  tokens: number;
+  messages: unknown[];
+  kv: KVSample[];
+  status: string | null;
+  error: string | null;
+  result: unknown;
+  ended: boolean;
+  firstTokenAt: number | null;
+  lastEventId: string | null;
+}
+
+export const initialStreamState: RunStreamState = {
+  text: "",
+  tokens: 0,
+  messages: [],
+  kv: [],
+  status: null,
+  error: null,
+  result: undefined,
+  ended: false,
+  firstTokenAt: null,
+  lastEventId: null,
+};
+
+export interface StreamEvent {
+  type: string;
+  data: string;
+  id?: string | null;
+  t: number;
+}
+
+export const MAX_KV_SAMPLES = 600;
+
+function num(v: unknown): number {
+  return typeof v === "number" && Number.isFinite(v) ? v : 0;
+}
+
+export function reduceRunEvent(state: RunStreamState, ev: StreamEvent): RunStreamState {
+  let payload: Record<string, unknown> = {};
+  try {
+    const parsed: unknown = JSON.parse(ev.data);
+    if (parsed && typeof parsed === "object") payload = parsed as Record<string, unknown>;
+  } catch {
+    return state;
+  }
+  const next: RunStreamState = { ...state, lastEventId: ev.id ?? state.lastEventId };
+  switch (ev.type) {
+    case "token": {
+      const text = typeof payload.text === "string" ? payload.text : "";
+      return {
+        ...next,
+        text: state.text + text,
+        tokens: state.tokens + 1,
+        firstTokenAt: state.firstTokenAt ?? ev.t,
+      };
+    }
+    case "message":
+      return { ...next, messages: [...state.messages, payload.data] };
+    case "kv": {
+      const sample: KVSample = {
+        t: ev.t,
+        device_pages: num(payload.device_pages),
+        host_pages: num(payload.host_pages),
+        disk_pages: num(payload.disk_pages),
+        tenant_device_pages: num(payload.tenant_device_pages),
+        tokens: num(payload.tokens),
+      };
+      return { ...next, kv: [...state.kv, sample].slice(-MAX_KV_SAMPLES) };
+    }
+    case "status":
+      return {
+        ...next,
+        status: typeof payload.status === "string" ? payload.status : state.status,
+        error: typeof payload.error === "string" && payload.error ? payload.error : state.error,
+      };
+    case "end":
+      return {
+        ...next,
+        ended: true,
+        status: typeof payload.status === "string" ? payload.status : state.status,
+        result: "result" in payload ? payload.result : state.result,
+      };
+    default:
+      return next;
+  }
+}

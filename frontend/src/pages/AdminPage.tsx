@@ -1,0 +1,153 @@
+import { useState } from "react";
+import { Navigate } from "react-router";
+import { evictKVFile, getServiceHealth, listAllKVFiles, listTenants, listWorkers } from "../api/endpoints";
+import type { AdminTenant, WorkerHealth } from "../api/types";
+import { useAuth } from "../auth/AuthContext";
+import { ConfirmButton } from "../components/ConfirmButton";
+import { KVFileTable } from "../components/KVFileTable";
+import { Meter } from "../components/Meter";
+import { PageHeader } from "../components/PageHeader";
+import { AsyncBlock, Empty, ErrorBanner, Notice } from "../components/Status";
+import { useAsync } from "../hooks/useAsync";
+import { formatNumber } from "../lib/format";
+
+function WorkerCard({ worker }: { worker: WorkerHealth }) {
+  const total = worker.pages_total ?? 0;
+  const used = total - (worker.pages_free ?? 0);
+  const occupancy = Math.round((worker.metrics?.batch_occupancy ?? 0) * 100);
+  return (
+    <article className="card worker" aria-label={`Worker ${worker.name}`}>
+      <h3>
+        {worker.name} <span className={`badge badge-${worker.ok ? "ok" : "bad"}`}>{worker.ok ? "healthy" : "unhealthy"}</span>
+      </h3>
+      {worker.error && <p className="field-error">{worker.error}</p>}
+      <Meter label="KV pages used" used={used} limit={total} />
+      <Meter label="Batch occupancy (%)" used={occupancy} limit={100} />
+      <dl className="facts">
+        <dt>Queue depth</dt>
+        <dd>{formatNumber(worker.metrics?.queued_calls ?? 0)} calls / {formatNumber(worker.metrics?.queued_tokens ?? 0)} tokens</dd>
+        <dt>Sessions</dt>
+        <dd>{worker.sessions ?? "—"}</dd>
+        <dt>Device</dt>
+        <dd>{worker.device ?? "—"}</dd>
+        <dt>Forward (avg)</dt>
+        <dd>{worker.metrics?.forward_ms_avg !== undefined ? `${worker.metrics.forward_ms_avg.toFixed(1)} ms` : "—"}</dd>
+      </dl>
+    </article>
+  );
+}
+
+function WorkersSection() {
+  const workers = useAsync(listWorkers);
+  const health = useAsync(getServiceHealth);
+  return (
+    <section aria-labelledby="workers-title">
+      <h2 id="workers-title">Worker health</h2>
+      <AsyncBlock state={health} label="Checking services…">
+        {(h) => (
+          <p className="muted">
+            Control plane: <span className={`badge badge-${h.status === "ok" ? "ok" : "bad"}`}>{h.status}</span>{" "}
+            {Object.entries(h.checks).map(([k, v]) => `${k}: ${v}`).join(" · ")}
+          </p>
+        )}
+      </AsyncBlock>
+      <AsyncBlock state={workers} label="Loading workers…">
+        {(list) =>
+          list === null ? (
+            <Notice tone="warn">This control plane does not serve worker health yet (GET /api/v1/admin/workers).</Notice>
+          ) : list.length ? (
+            <div className="grid-3">{list.map((w) => <WorkerCard key={w.name} worker={w} />)}</div>
+          ) : (
+            <Empty>No workers registered.</Empty>
+          )
+        }
+      </AsyncBlock>
+    </section>
+  );
+}
+
+function TenantTable({ tenants }: { tenants: AdminTenant[] }) {
+  return (
+    <div className="table-wrap">
+      <table>
+        <caption className="visually-hidden">Tenants</caption>
+        <thead>
+          <tr>
+            <th scope="col">Tenant</th>
+            <th scope="col">Plan</th>
+            <th scope="col" className="num">Members</th>
+            <th scope="col" className="num">Programs</th>
+            <th scope="col" className="num">Active runs</th>
+          </tr>
+        </thead>
+        <tbody>
+          {tenants.map((t) => (
+            <tr key={t.id}>
+              <td>
+                {t.name} <span className="muted mono">{t.slug}</span>
+              </td>
+              <td>{t.plan}</td>
+              <td className="num">{t.members}</td>
+              <td className="num">{t.programs}</td>
+              <td className="num">{t.active_runs}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
+  );
+}
+
+export function AdminPage() {
+  const { isStaff } = useAuth();
+  const files = useAsync(() => (isStaff ? listAllKVFiles() : Promise.resolve([])), [isStaff]);
+  const tenants = useAsync(() => (isStaff ? listTenants() : Promise.resolve([])), [isStaff]);
+  const [error, setError] = useState<unknown>(null);
+  const [evicted, setEvicted] = useState<string | null>(null);
+  if (!isStaff) return <Navigate to="/programs" replace />;
+  return (
+    <>
+      <PageHeader title="Admin">Staff view across all tenants.</PageHeader>
+      <WorkersSection />
+      <section aria-labelledby="tenants-title">
+        <h2 id="tenants-title">Tenants</h2>
+        <AsyncBlock state={tenants} label="Loading tenants…">
+          {(list) => <TenantTable tenants={list} />}
+        </AsyncBlock>
+      </section>
+      <section aria-labelledby="allkv-title">
+        <h2 id="allkv-title">All KV files</h2>
+        <ErrorBanner error={error} />
+        {evicted && <Notice tone="ok">Evicted {evicted} from device and host memory (it stays on disk until deleted).</Notice>}
+        <AsyncBlock state={files} label="Loading KV files…">
+          {(list) => (
+            <KVFileTable
+              caption="All tenants' KV files"
+              files={list}
+              showTenant
+              actions={(f) => (
+                <ConfirmButton
+                  ariaLabel={`Evict ${f.tenant}/${f.name}`}
+                  confirmLabel="Evict now"
+                  onConfirm={async () => {
+                    try {
+                      await evictKVFile(f.id);
+                      setError(null);
+                      setEvicted(`${f.tenant}/${f.name}`);
+                      files.reload();
+                    } catch (err) {
+                      setEvicted(null);
+                      setError(err);
+                    }
+                  }}
+                >
+                  Evict
+                </ConfirmButton>
+              )}
+            />
+          )}
+        </AsyncBlock>
+      </section>
+    </>
+  );
+}

@@ -1,0 +1,113 @@
+import { useState, type FormEvent } from "react";
+import { Link, Navigate, useLocation, useNavigate } from "react-router";
+import { useAuth } from "../auth/AuthContext";
+import { ErrorBanner } from "../components/Status";
+
+function AuthCard({ title, children }: { title: string; children: React.ReactNode }) {
+  return (
+    <main className="auth-page" id="main">
+      <section className="card auth-card" aria-labelledby="auth-title">
+        <p className="brand">Symphony</p>
+        <h1 id="auth-title">{title}</h1>
+        {children}
+      </section>
+    </main>
+  );
+}
+
+function useAfterAuth() {
+  const navigate = useNavigate();
+  const location = useLocation();
+  const from = (location.state as { from?: string } | null)?.from;
+  return () => navigate(from && from !== "/login" ? from : "/programs", { replace: true });
+}
+
+export function LoginPage() {
+  const { me, login } = useAuth();
+  const done = useAfterAuth();
+  const [email, setEmail] = useState("");
+  const [password, setPassword] = useState("");
+  const [error, setError] = useState<unknown>(null);
+  const [busy, setBusy] = useState(false);
+  if (me) return <Navigate to="/programs" replace />;
+  const submit = async (e: FormEvent) => {
+    e.preventDefault();
+    setBusy(true);
+    try {
+      await login(email, password);
+      done();
+    } catch (err) {
+      setError(err);
+      setBusy(false);
+    }
+  };
+  return (
+    <AuthCard title="Log in">
+      <form onSubmit={submit} className="form">
+        <ErrorBanner error={error} />
+        <label className="field">
+          Email
+          <input type="email" autoComplete="email" required value={email} onChange={(e) => setEmail(e.target.value)} />
+        </label>
+        <label className="field">
+          Password
+          <input type="password" autoComplete="current-password" required value={password} onChange={(e) => setPassword(e.target.value)} />
+        </label>
+        <button className="btn btn-primary" type="submit" disabled={busy}>
+          {busy ? "Logging in…" : "Log in"}
+        </button>
+      </form>
+      <p>
+        No account? <Link to="/signup">Sign up</Link>
+      </p>
+    </AuthCard>
+  );
+}
+
+export function SignupPage() {
+  const { me, signup } = useAuth();
+  const done = useAfterAuth();
+  const [email, setEmail] = useState("");
+  const [password, setPassword] = useState("");
+  const [tenant, setTenant] = useState("");
+  const [error, setError] = useState<unknown>(null);
+  const [busy, setBusy] = useState(false);
+  if (me) return <Navigate to="/programs" replace />;
+  const submit = async (e: FormEvent) => {
+    e.preventDefault();
+    setBusy(true);
+    try {
+      await signup(email, password, tenant);
+      done();
+    } catch (err) {
+      setError(err);
+      setBusy(false);
+    }
+  };
+  return (
+    <AuthCard title="Create an account">
+      <form onSubmit={submit} className="form">
+        <ErrorBanner error={error} />
+        <label className="field">
+          Email
+          <input type="email" autoComplete="email" required value={email} onChange={(e) => setEmail(e.target.value)} />
+        </label>
+        <label className="field">
+          Password
+          <input type="password" autoComplete="new-password" minLength={8} required value={password} onChange={(e) => setPassword(e.target.value)} />
+          <span className="hint">At least 8 characters.</span>
+        </label>
+        <label className="field">
+          Organisation (tenant) name
+          <input type="text" required maxLength={200} value={tenant} onChange={(e) => setTenant(e.target.value)} />
+        </label>
+        <button className="btn btn-primary" type="submit" disabled={busy}>
+          {busy ? "Creating…" : "Sign up"}
+        </button>
+      </form>
+      <p>
+        Already registered? <Link to="/login">Log in</Link>
+      </p>
+    </AuthCard>
+  );
+}

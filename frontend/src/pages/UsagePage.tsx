@@ -1,0 +1,181 @@
+import { useState } from "react";
+import { getQuota, getUsage, listInvoices } from "../api/endpoints";
+import type { Invoice, Quota, UsageDay } from "../api/types";
+import { BarChart } from "../components/BarChart";
+import { Meter } from "../components/Meter";
+import { PageHeader } from "../components/PageHeader";
+import { AsyncBlock, Empty } from "../components/Status";
+import { useAsync } from "../hooks/useAsync";
+import { formatBytes, formatNumber, formatUnitPrice, isoDay } from "../lib/format";
+
+/** Every day in [from, to], with zeros where the API returned no row. */
+export function fillDays(days: UsageDay[], from: string, to: string): UsageDay[] {
+  const byDay = new Map(days.map((d) => [d.day.slice(0, 10), d]));
+  const out: UsageDay[] = [];
+  for (let d = new Date(`${from}T00:00:00Z`); isoDay(d) <= to; d.setUTCDate(d.getUTCDate() + 1)) {
+    const key = isoDay(d);
+    out.push(byDay.get(key) ?? { day: key, runs: 0, prefill_tokens: 0, decode_tokens: 0, pred_calls: 0, page_seconds: 0, io_calls: 0 });
+  }
+  return out;
+}
+
+const RANGES = [7, 30, 90];
+
+function UsageChart({ days }: { days: UsageDay[] }) {
+  const total = days.reduce((s, d) => s + d.prefill_tokens + d.decode_tokens, 0);
+  const runs = days.reduce((s, d) => s + d.runs, 0);
+  return (
+    <>
+      <BarChart
+        title="Tokens per day"
+        labels={days.map((d) => d.day)}
+        series={[
+          { key: "prefill", label: "Prefill tokens", color: "#2563eb", values: days.map((d) => d.prefill_tokens) },
+          { key: "decode", label: "Decode tokens", color: "#059669", values: days.map((d) => d.decode_tokens) },
+        ]}
+      />
+      <p className="muted" data-testid="usage-totals">
+        {formatNumber(total)} tokens · {formatNumber(runs)} runs ·{" "}
+        {formatNumber(days.reduce((s, d) => s + d.page_seconds, 0))} KV page-seconds in this range
+      </p>
+    </>
+  );
+}
+
+function QuotaMeters({ quota, tokensToday }: { quota: Quota; tokensToday: number }) {
+  const { limits, use } = quota;
+  const deadline = limits.max_run_seconds ?? limits.max_deadline_s;
+  return (
+    <section className="card" aria-labelledby="quota-title">
+      <h2 id="quota-title">
+        Quotas <span className="badge badge-neutral">plan: {quota.plan}</span>
+      </h2>
+      <Meter label="Concurrent runs" used={use.active_runs} limit={limits.max_concurrent_runs} />
+      {limits.tokens_per_month != null && (
+        <Meter label="Tokens this month" used={use.tokens_this_month ?? 0} limit={limits.tokens_per_month} format={formatNumber} />
+      )}
+      {limits.kv_bytes_stored != null && (
+        <Meter label="KV bytes stored" used={use.kv_bytes_stored ?? 0} limit={limits.kv_bytes_stored} format={formatBytes} />
+      )}
+      <dl className="facts">
+        <dt>Max tokens per run</dt>
+        <dd>{formatNumber(limits.max_tokens_per_run)}</dd>
+        {deadline !== undefined && (
+          <>
+            <dt>Max run time</dt>
+            <dd>{deadline} s</dd>
+          </>
+        )}
+        {limits.max_device_pages_per_run != null && (
+          <>
+            <dt>Max device KV pages per run</dt>
+            <dd>{formatNumber(limits.max_device_pages_per_run)}</dd>
+          </>
+        )}
+        {limits.tokens_per_month === null && (
+          <>
+            <dt>Tokens this month</dt>
+            <dd>{formatNumber(use.tokens_this_month ?? 0)} (unlimited)</dd>
+          </>
+        )}
+        <dt>Tokens today</dt>
+        <dd>{formatNumber(tokensToday)}</dd>
+        {quota.allowed_tool_hosts && (
+          <>
+            <dt>Brokered I/O hosts</dt>
+            <dd>{quota.allowed_tool_hosts.length ? quota.allowed_tool_hosts.join(", ") : "none"}</dd>
+          </>
+        )}
+      </dl>
+    </section>
+  );
+}
+
+function InvoiceCard({ invoice }: { invoice: Invoice }) {
+  return (
+    <details className="invoice">
+      <summary>
+        <span>
+          {invoice.period_start.slice(0, 7)} · {invoice.runs} runs
+        </span>
+        <strong>
+          {invoice.total} {invoice.currency}
+        </strong>
+      </summary>
+      <div className="table-wrap">
+        <table>
+          <caption className="visually-hidden">Line items for {invoice.period_start.slice(0, 7)}</caption>
+          <thead>
+            <tr>
+              <th scope="col">Item</th>
+              <th scope="col" className="num">Quantity</th>
+              <th scope="col" className="num">Unit price</th>
+              <th scope="col" className="num">Amount</th>
+            </tr>
+          </thead>
+          <tbody>
+            {invoice.lines.map((l) => (
+              <tr key={l.item}>
+                <td>{l.description}</td>
+                <td className="num">{formatNumber(Number(l.quantity))}</td>
+                <td className="num mono">{formatUnitPrice(l.unit_price)}</td>
+                <td className="num">{l.amount}</td>
+              </tr>
+            ))}
+          </tbody>
+          <tfoot>
+            <tr>
+              <th scope="row" colSpan={3}>Total</th>
+              <td className="num">
+                <strong>{invoice.total}</strong> {invoice.currency}
+              </td>
+            </tr>
+          </tfoot>
+        </table>
+      </div>
+    </details>
+  );
+}
+
+export function UsagePage() {
+  const [range, setRange] = useState(30);
+  const to = isoDay(new Date());
+  const from = isoDay(new Date(Date.now() - (range - 1) * 86400_000));
+  const usage = useAsync(() => getUsage(from, to).then((d) => fillDays(d, from, to)), [from, to]);
+  const quota = useAsync(getQuota);
+  const invoices = useAsync(listInvoices);
+  const today = usage.data?.find((d) => d.day === to);
+  return (
+    <>
+      <PageHeader title="Usage & billing">Metered usage of this tenant, plan limits and monthly invoices.</PageHeader>
+      <section className="card" aria-labelledby="usage-title">
+        <div className="card-head">
+          <h2 id="usage-title">Usage per day</h2>
+          <div role="group" aria-label="Range" className="segmented">
+            {RANGES.map((r) => (
+              <button key={r} type="button" className="btn btn-small" aria-pressed={range === r} onClick={() => setRange(r)}>
+                {r} days
+              </button>
+            ))}
+          </div>
+        </div>
+        <AsyncBlock state={usage} label="Loading usage…">
+          {(days) => <UsageChart days={days} />}
+        </AsyncBlock>
+      </section>
+      <div className="grid-2">
+        <AsyncBlock state={quota} label="Loading quotas…">
+          {(q) => <QuotaMeters quota={q} tokensToday={today ? today.prefill_tokens + today.decode_tokens : 0} />}
+        </AsyncBlock>
+        <section className="card" aria-labelledby="invoices-title">
+          <h2 id="invoices-title">Invoices</h2>
+          <AsyncBlock state={invoices} label="Loading invoices…">
+            {(list) =>
+              list.length ? list.map((inv) => <InvoiceCard key={inv.id} invoice={inv} />) : <Empty>No invoices yet: they appear after the first metered run.</Empty>
+            }
+          </AsyncBlock>
+        </section>
+      </div>
+    </>
+  );
+}

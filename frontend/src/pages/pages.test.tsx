@@ -1,0 +1,268 @@
+import { fireEvent, screen, waitFor, within, act } from "@testing-library/react";
+import { describe, expect, it, vi } from "vitest";
+import { App } from "../App";
+import type { Run } from "../api/types";
+import { ME, mockApi, page } from "../test/mockApi";
+import { renderAt } from "../test/render";
+
+const PROGRAM = { id: 3, name: "hello", description: "demo", default_args: { prompt: "hi" }, created_at: "2026-01-01T00:00:00Z", latest_version: 1 };
+const VERSION = { number: 1, kind: "py", sha256: "ab".repeat(32), size: 40, created_at: "2026-01-01T00:00:00Z" };
+const RUN: Run = {
+  id: "0f0e0d0c-0000-4000-8000-000000000001", program: 3, version: 1, status: "running", args: {}, limits: {},
+  result: null, error: "", exit_code: null, worker: "local", created_at: "2026-01-01T00:00:00Z", started_at: "2026-01-01T00:00:01Z", finished_at: null,
+};
+
+describe("auth", () => {
+  it("sends an anonymous visitor to the login page and logs in", async () => {
+    let loggedIn = false;
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": () => (loggedIn ? { body: ME } : { status: 403, body: { error: { code: "not_authenticated", message: "no", detail: null } } }),
+      "GET /api/v1/auth/csrf": { csrftoken: "t" },
+      "POST /api/v1/auth/login": () => {
+        loggedIn = true;
+        return { body: ME };
+      },
+      "GET /api/v1/programs": page([]),
+    });
+    renderAt(<App />, "/programs");
+    expect(await screen.findByRole("heading", { name: "Log in" })).toBeTruthy();
+    fireEvent.change(screen.getByLabelText("Email"), { target: { value: "ada@example.com" } });
+    fireEvent.change(screen.getByLabelText("Password"), { target: { value: "pw-12345678" } });
+    fireEvent.click(screen.getByRole("button", { name: "Log in" }));
+    expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
+    expect(calls.find((c) => c.path === "/api/v1/auth/login")?.body).toEqual({ email: "ada@example.com", password: "pw-12345678" });
+    expect(screen.queryByRole("link", { name: "Admin" })).toBeNull();
+  });
+
+  it("shows the server's message when sign-up fails", async () => {
+    mockApi({
+      "GET /api/v1/auth/me": () => ({ status: 403, body: {} }),
+      "GET /api/v1/auth/csrf": { csrftoken: "t" },
+      "POST /api/v1/auth/signup": () => ({ status: 409, body: { error: { code: "exists", message: "email already registered", detail: null } } }),
+    });
+    renderAt(<App />, "/signup");
+    await screen.findByRole("heading", { name: "Create an account" });
+    fireEvent.change(screen.getByLabelText("Email"), { target: { value: "a@b.co" } });
+    fireEvent.change(screen.getByLabelText(/Password/), { target: { value: "pw-12345678" } });
+    fireEvent.change(screen.getByLabelText(/tenant/), { target: { value: "Acme" } });
+    fireEvent.click(screen.getByRole("button", { name: "Sign up" }));
+    expect((await screen.findByRole("alert")).textContent).toContain("email already registered");
+  });
+
+  it("switches tenant when the user has several", async () => {
+    const two = { ...ME, tenants: [...ME.tenants, { id: 8, name: "Beta", slug: "beta", role: "member" }] };
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": two,
+      "POST /api/v1/auth/switch-tenant": { ...two, active_tenant: 8 },
+      "GET /api/v1/programs": page([]),
+    });
+    renderAt(<App />, "/programs");
+    const select = (await screen.findByLabelText("Tenant")) as HTMLSelectElement;
+    fireEvent.change(select, { target: { value: "8" } });
+    await waitFor(() => expect(select.value).toBe("8"));
+    expect(calls.find((c) => c.path === "/api/v1/auth/switch-tenant")?.body).toEqual({ tenant: 8 });
+  });
+});
+
+describe("programs", () => {
+  it("uploads a dropped .py file as multipart and opens the program", async () => {
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/programs": page([]),
+      "POST /api/v1/programs": () => ({ status: 201, body: PROGRAM }),
+      "GET /api/v1/programs/3": PROGRAM,
+      "GET /api/v1/programs/3/versions": [VERSION],
+      "GET /api/v1/programs/3/versions/1/source": "def main(args):\n    return 'hi'\n",
+      "GET /api/v1/runs": page([]),
+    });
+    const append = vi.spyOn(FormData.prototype, "append");
+    renderAt(<App />, "/programs");
+    await screen.findByText(/No programs yet/);
+    const file = new File(["def main(args):\n    return 'hi'\n"], "hello.py", { type: "text/x-python" });
+    fireEvent.drop(screen.getByTestId("dropzone"), { dataTransfer: { files: [file] } });
+    expect((screen.getByLabelText("Name") as HTMLInputElement).value).toBe("hello");
+    fireEvent.click(screen.getByRole("button", { name: "Upload" }));
+    expect(await screen.findByRole("heading", { name: "hello" })).toBeTruthy();
+    const upload = calls.find((c) => c.method === "POST" && c.path === "/api/v1/programs");
+    expect(upload?.body).toBe("multipart");
+    const fields = Object.fromEntries(append.mock.calls.map(([k, v]) => [k, v]));
+    expect(fields.name).toBe("hello");
+    expect((fields.file as File).name).toBe("hello.py");
+    expect(await screen.findByText("def main(args):")).toBeTruthy();
+  });
+
+  it("refuses to start a run with non-object JSON args", async () => {
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/programs/3": PROGRAM,
+      "GET /api/v1/programs/3/versions": [VERSION],
+      "GET /api/v1/programs/3/versions/1/source": "x = 1\n",
+      "GET /api/v1/runs": page([]),
+    });
+    renderAt(<App />, "/programs/3");
+    const args = await screen.findByLabelText(/Arguments/);
+    fireEvent.change(args, { target: { value: "[1, 2]" } });
+    fireEvent.click(screen.getByRole("button", { name: "Run program" }));
+    expect((await screen.findByRole("alert")).textContent).toContain("must be a JSON object");
+    expect(calls.some((c) => c.method === "POST" && c.path === "/api/v1/runs")).toBe(false);
+  });
+});
+
+describe("API keys", () => {
+  it("shows a new secret once with a copy button, then revokes by prefix", async () => {
+    const keys = [{ id: 1, name: "ci", prefix: "abc123", scopes: ["runs"], created_at: "2026-01-01T00:00:00Z", expires_at: null, last_used_at: null, revoked_at: null as string | null }];
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/api-keys": () => ({ body: page(keys) }),
+      "POST /api/v1/api-keys": () => ({ status: 201, body: { ...keys[0], secret: "sk_abc123_SECRET" } }),
+      "DELETE /api/v1/api-keys/1": () => {
+        keys[0] = { ...keys[0], revoked_at: "2026-01-02T00:00:00Z" };
+        return { status: 204 };
+      },
+    });
+    const writeText = vi.fn().mockResolvedValue(undefined);
+    Object.defineProperty(navigator, "clipboard", { value: { writeText }, configurable: true });
+    renderAt(<App />, "/api-keys");
+    fireEvent.change(await screen.findByLabelText("Name"), { target: { value: "ci" } });
+    fireEvent.click(screen.getByRole("checkbox", { name: "usage" }));
+    fireEvent.click(screen.getByRole("button", { name: "Create key" }));
+    expect((await screen.findByTestId("api-key-secret")).textContent).toBe("sk_abc123_SECRET");
+    expect(calls.find((c) => c.method === "POST")?.body).toEqual({ name: "ci", scopes: ["programs", "runs", "kv"] });
+    fireEvent.click(screen.getByRole("button", { name: "Copy secret" }));
+    await waitFor(() => expect(writeText).toHaveBeenCalledWith("sk_abc123_SECRET"));
+    fireEvent.click(screen.getByRole("button", { name: "I have stored it" }));
+    expect(screen.queryByTestId("api-key-secret")).toBeNull();
+    const row = screen.getByText("sk_abc123_…").closest("tr")!;
+    fireEvent.click(within(row).getByRole("button", { name: "Revoke ci" }));
+    fireEvent.click(within(row).getByRole("button", { name: "Revoke now" }));
+    expect(await within(row).findByText("revoked")).toBeTruthy();
+  });
+});
+
+class FakeEventSource {
+  static last: FakeEventSource | null = null;
+  listeners: Record<string, ((e: MessageEvent) => void)[]> = {};
+  onopen: (() => void) | null = null;
+  onerror: (() => void) | null = null;
+  closed = false;
+  constructor(public url: string) {
+    FakeEventSource.last = this;
+  }
+  addEventListener(type: string, fn: (e: MessageEvent) => void) {
+    (this.listeners[type] ??= []).push(fn);
+  }
+  removeEventListener(type: string, fn: (e: MessageEvent) => void) {
+    this.listeners[type] = (this.listeners[type] ?? []).filter((f) => f !== fn);
+  }
+  close() {
+    this.closed = true;
+  }
+  emit(type: string, data: unknown, id = "1-0") {
+    for (const fn of this.listeners[type] ?? []) fn(new MessageEvent(type, { data: JSON.stringify(data), lastEventId: id }));
+  }
+}
+
+describe("run view", () => {
+  it("streams tokens and KV samples live, then shows the final status", async () => {
+    FakeEventSource.last = null;
+    vi.stubGlobal("EventSource", FakeEventSource);
+    let current = RUN;
+    mockApi({ "GET /api/v1/auth/me": ME, [`GET /api/v1/runs/${RUN.id}`]: () => ({ body: current }) });
+    renderAt(<App />, `/runs/${RUN.id}`);
+    await screen.findByRole("heading", { name: /Run 0f0e0d0c/ });
+    await waitFor(() => expect(FakeEventSource.last).not.toBeNull());
+    const es = FakeEventSource.last!;
+    expect(es.url).toBe(`/api/v1/runs/${RUN.id}/events`);
+    act(() => {
+      es.onopen?.();
+      es.emit("token", { text: "Hello" });
+      es.emit("token", { text: ", world" });
+      es.emit("kv", { device_pages: 4, host_pages: 1, disk_pages: 0, tenant_device_pages: 2, tokens: 37 });
+    });
+    expect(screen.getByTestId("token-stream").textContent).toBe("Hello, world");
+    expect(screen.getByTestId("token-count").textContent).toBe("2");
+    expect(screen.getByRole("img", { name: /KV pages over time/ })).toBeTruthy();
+    expect(screen.getByTestId("kv-latest").textContent).toContain("37 tokens");
+    current = { ...RUN, status: "succeeded", result: "Hello, world", finished_at: "2026-01-01T00:00:03Z" };
+    act(() => es.emit("end", { status: "succeeded", result: "Hello, world" }, "9-0"));
+    expect(es.closed).toBe(true);
+    await waitFor(() => expect(screen.getByTestId("run-status").textContent).toBe("succeeded"));
+    expect(screen.queryByRole("button", { name: "Cancel run" })).toBeNull();
+  });
+
+  it("cancels a running run", async () => {
+    vi.stubGlobal("EventSource", FakeEventSource);
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      [`GET /api/v1/runs/${RUN.id}`]: RUN,
+      [`POST /api/v1/runs/${RUN.id}/cancel`]: { ...RUN, status: "cancelled", finished_at: "2026-01-01T00:00:02Z" },
+    });
+    renderAt(<App />, `/runs/${RUN.id}`);
+    fireEvent.click(await screen.findByRole("button", { name: "Cancel run" }));
+    await waitFor(() => expect(screen.getByTestId("run-status").textContent).toBe("cancelled"));
+    expect(calls.some((c) => c.path.endsWith("/cancel"))).toBe(true);
+  });
+});
+
+describe("KV files, usage and admin", () => {
+  const KV = { id: 5, tenant: "acme", worker: "local", name: "sys-prompt", tokens: 512, bytes: 2 * 1024 * 1024, residency: "host", pinned: false, last_used: 1767225600, synced_at: "2026-01-01T00:00:00Z" };
+
+  it("pins a KV file and warns when the mirror is stale", async () => {
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/kv-files": () => ({ body: page([KV]), headers: { "X-Symphony-Stale": "1" } }),
+      "POST /api/v1/kv-files/5/pin": { ...KV, pinned: true },
+    });
+    renderAt(<App />, "/kv-files");
+    expect(await screen.findByText("sys-prompt")).toBeTruthy();
+    expect(screen.getByText(/worker is unreachable/)).toBeTruthy();
+    fireEvent.click(screen.getByRole("button", { name: "Pin sys-prompt" }));
+    await waitFor(() => expect(calls.find((c) => c.path === "/api/v1/kv-files/5/pin")?.body).toEqual({ pinned: true }));
+  });
+
+  it("renders usage, quota meters and invoice lines", async () => {
+    const today = new Date().toISOString().slice(0, 10);
+    mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/usage": { days: [{ day: today, runs: 2, prefill_tokens: 100, decode_tokens: 50, pred_calls: 60, page_seconds: 3, io_calls: 0 }] },
+      "GET /api/v1/quota": {
+        plan: "free",
+        limits: { max_concurrent_runs: 2, max_tokens_per_run: 4096, max_run_seconds: 120, tokens_per_month: 1000000, max_device_pages_per_run: 256, kv_bytes_stored: 1 << 30 },
+        use: { active_runs: 1, tokens_this_month: 150, kv_bytes_stored: 1 << 20 },
+        allowed_tool_hosts: [],
+      },
+      "GET /api/v1/invoices": [{ id: "2026-01", period_start: "2026-01-01", period_end: "2026-02-01", runs: 2, currency: "USD", total: "0.01", lines: [{ item: "decode_tokens", description: "Decode tokens", quantity: "50", unit_price: "0.0000004", amount: "0.00" }] }],
+    });
+    renderAt(<App />, "/usage");
+    expect((await screen.findByTestId("usage-totals")).textContent).toContain("150 tokens");
+    expect(screen.getByRole("meter", { name: "Concurrent runs" }).getAttribute("aria-valuenow")).toBe("1");
+    expect(screen.getByRole("meter", { name: "Tokens this month" }).getAttribute("aria-valuenow")).toBe("150");
+    expect(screen.getByRole("meter", { name: "KV bytes stored" })).toBeTruthy();
+    expect(screen.getByText("120 s")).toBeTruthy();
+    expect(screen.getByText("Decode tokens", { selector: "td" })).toBeTruthy();
+  });
+
+  it("hides admin from non-staff and lets staff evict", async () => {
+    const staff = { ...ME, user: { ...ME.user, is_staff: true } };
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": staff,
+      "GET /api/v1/admin/kv-files": page([KV]),
+      "POST /api/v1/admin/kv-files/5/evict": { evicted: true },
+      "GET /api/v1/admin/tenants": [{ id: 7, slug: "acme", name: "Acme", plan: "free", members: 1, programs: 2, active_runs: 0 }],
+      "GET /api/v1/health": { status: "ok", checks: { database: "ok", redis: "ok" } },
+    });
+    renderAt(<App />, "/admin");
+    expect(await screen.findByRole("heading", { name: "Admin" })).toBeTruthy();
+    expect(await screen.findByText(/does not serve worker health yet/)).toBeTruthy();
+    fireEvent.click(await screen.findByRole("button", { name: "Evict acme/sys-prompt" }));
+    fireEvent.click(screen.getByRole("button", { name: "Evict now" }));
+    expect((await screen.findByText(/Evicted acme\/sys-prompt/)).textContent).toContain("stays on disk");
+    expect(calls.some((c) => c.path === "/api/v1/admin/kv-files/5/evict")).toBe(true);
+  });
+
+  it("redirects non-staff away from /admin", async () => {
+    mockApi({ "GET /api/v1/auth/me": ME, "GET /api/v1/programs": page([]) });
+    renderAt(<App />, "/admin");
+    expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
+  });
+});

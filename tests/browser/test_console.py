@@ -1,0 +1,272 @@
+"""The React console in real headless Chromium against the real server (uvicorn + PostgreSQL +
+Redis on the test database). Scenarios live in tests/browser/console.mjs."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.browser
+
+HELLO_LIP = '''"""Greets without the model: enough for upload, listing and the code viewer."""
+
+
+def main(args):
+    return {"greeting": "hello " + str(args.get("name", "world"))}
+'''
+
+
+def test_console_is_served_for_client_routes(console_server):
+    import urllib.request
+
+    for route in ("/", "/programs", "/runs/00000000-0000-0000-0000-000000000000", "/usage"):
+        with urllib.request.urlopen(console_server + route) as resp:
+            body = resp.read().decode()
+            assert resp.status == 200
+            assert '<div id="root">' in body
+            asset = re.search(r'src="(/static/assets/[^"]+\.js)"', body).group(1)
+    with urllib.request.urlopen(console_server + asset) as resp:
+        assert resp.status == 200
+        assert "javascript" in resp.headers["Content-Type"]
+
+
+def test_tenant_signs_up_uploads_and_manages_keys(console_server, browser):
+    email = f"ada-{uuid.uuid4().hex[:8]}@example.com"
+    result = browser(
+        "tenant",
+        baseUrl=console_server,
+        email=email,
+        password="pw-correct-horse-1",
+        tenant="Analytical Engines",
+        programName="hello-lip",
+        programSource=HELLO_LIP,
+    )
+    # The key authenticated the REST API until it was revoked in the console.
+    assert result["keyStatusBefore"] == 200
+    assert result["keyStatusAfter"] == 401
+
+    from api.models import ApiKey, Program
+
+    program = Program.objects.get(name="hello-lip")
+    assert program.tenant.name == "Analytical Engines"
+    assert bytes(program.versions.get(number=1).content).decode() == HELLO_LIP
+    key = ApiKey.objects.get(prefix=result["prefix"])
+    assert key.revoked_at is not None
+
+
+def test_staff_sees_admin_page(console_server, browser):
+    from django.contrib.auth import get_user_model
+
+    from api.models import Membership, Tenant
+
+    ops = Tenant.objects.create(name="Operators", slug="operators")
+    Tenant.objects.create(name="Customer Co", slug="customer-co")
+    staff = get_user_model().objects.create_user(
+        username="ops@example.com", email="ops@example.com", password="pw-staff-12345", is_staff=True
+    )
+    Membership.objects.create(user=staff, tenant=ops, role="owner")
+    browser(
+        "staff",
+        baseUrl=console_server,
+        email="ops@example.com",
+        password="pw-staff-12345",
+        expectTenants=["operators", "customer-co"],
+    )
+
+
+STORY_LIP = '''"""Streams a short continuation of a prompt, one token at a time, keeping its KV as a file."""
+
+import symphony as sy
+
+
+def main(args):
+    kv = sy.kv_create(args.get("kv_name", "story-prefix"))
+    nxt = sy.pred_token(kv, sy.tokenize(args.get("prompt", "Once upon a time")))
+    out = []
+    for _ in range(int(args.get("max_tokens", 24))):
+        out.append(nxt)
+        sy.send_to_user(sy.detokenize([nxt]))
+        nxt = sy.pred_token(kv, [nxt])
+    sy.kv_close(kv)
+    return {"tokens": len(out), "text": sy.detokenize(out)}
+'''
+
+WORDS = ["Once", " upon", " a", " time", ",", " a", " program", " served", " tokens", " live", "."]
+
+
+def _seed_tenant():
+    """A staff owner of tenant 'acme' with a program, finished runs with usage on earlier days,
+    mirrored KV files and one running run; returns (user email, password, running run)."""
+    from datetime import timedelta
+
+    from django.contrib.auth import get_user_model
+    from django.utils import timezone
+
+    from api.models import KVFile, Membership, Program, Run, Tenant, UsageRecord
+    from api.services.programs import add_version
+
+    tenant = Tenant.objects.create(name="Acme Research", slug="acme")
+    Tenant.objects.create(name="Beta Labs", slug="beta")
+    user = get_user_model().objects.create_user(
+        username="grace@example.com", email="grace@example.com", password="pw-acme-12345", is_staff=True
+    )
+    Membership.objects.create(user=user, tenant=tenant, role="owner")
+    program = Program.objects.create(tenant=tenant, name="story", description="Streams a story")
+    version = add_version(program, "story.py", STORY_LIP.encode())
+    now = timezone.now()
+    for days_ago, (prefill, decode) in enumerate([(900, 2400), (400, 1300), (1500, 3100), (0, 0), (700, 900)]):
+        if not prefill:
+            continue
+        when = now - timedelta(days=days_ago + 1)
+        run = Run.objects.create(
+            tenant=tenant, program_version=version, status="succeeded", args={"prompt": "Hi"}, result={"tokens": decode}
+        )
+        Run.objects.filter(pk=run.pk).update(created_at=when, started_at=when, finished_at=when + timedelta(seconds=3))
+        usage = UsageRecord.objects.create(
+            tenant=tenant, run=run, prefill_tokens=prefill, decode_tokens=decode, pred_calls=decode, page_seconds=42.5
+        )
+        UsageRecord.objects.filter(pk=usage.pk).update(created_at=when)
+    for name, tokens, residency, pinned in [
+        ("story-prefix", 1536, "device", True),
+        ("chat-history", 412, "host", False),
+    ]:
+        KVFile.objects.create(
+            tenant=tenant,
+            worker="local",
+            name=name,
+            tokens=tokens,
+            bytes=tokens * 36864,
+            residency=residency,
+            pinned=pinned,
+            last_used=now.timestamp() - 300,
+        )
+    running = Run.objects.create(
+        tenant=tenant,
+        program_version=version,
+        status="running",
+        worker="local",
+        args={"prompt": "Once upon a time"},
+        started_at=now,
+    )
+    return "grace@example.com", "pw-acme-12345", running
+
+
+def _publish_run(run_id: str, ready_file, stop: threading.Event) -> None:
+    """What the worker and executor do during a run: token and kv events on the run's Redis
+    stream, then finish_run (status + end events, usage)."""
+    from api.services.runs import RunOutcome, finish_run, publish_event
+
+    deadline = time.monotonic() + 60
+    while not ready_file.exists() and time.monotonic() < deadline and not stop.is_set():
+        time.sleep(0.05)
+    for i, word in enumerate(WORDS):
+        if stop.is_set():
+            return
+        publish_event(run_id, "token", {"text": word})
+        publish_event(
+            run_id,
+            "kv",
+            {
+                "device_pages": 40 + 3 * i,
+                "host_pages": 8 + i // 3,
+                "disk_pages": 2,
+                "tenant_device_pages": 6 + i,
+                "tokens": 5 + i,
+            },
+        )
+        time.sleep(0.15)
+    finish_run(
+        run_id,
+        RunOutcome(
+            status="succeeded",
+            result={"tokens": len(WORDS), "text": "".join(WORDS)},
+            exit_code=0,
+            usage={"prefill_tokens": 5, "decode_tokens": len(WORDS), "pred_calls": len(WORDS)},
+        ),
+    )
+
+
+def test_live_run_view_and_populated_pages(console_server, browser, tmp_path):
+    """The run page follows the real SSE endpoint while events are published to Redis the way
+    the worker publishes them; usage, invoices, KV files and admin render seeded data."""
+    email, password, run = _seed_tenant()
+    ready = tmp_path / "ready"
+    stop = threading.Event()
+    publisher = threading.Thread(target=_publish_run, args=(str(run.pk), ready, stop), daemon=True)
+    publisher.start()
+    try:
+        result = browser(
+            "populated",
+            baseUrl=console_server,
+            email=email,
+            password=password,
+            runId=str(run.pk),
+            readyFile=str(ready),
+            kvTenant="acme",
+            kvName="chat-history",
+        )
+    finally:
+        stop.set()
+        publisher.join(timeout=30)
+    assert result["status"] == "succeeded"
+    assert result["text"] == "".join(WORDS)
+    assert result["liveSteps"] >= 3, "tokens should appear in several steps, not all at the end"
+    assert result["kvChart"] == 1
+    assert '"tokens": 11' in result["result"]
+    assert "runs" in result["usage"] and not result["usage"].startswith("0 tokens")
+    assert result["stale"] == 1  # no worker in this test: the KV mirror is served stale
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_real_run_streams_tokens_live_and_staff_evicts(symphony_stack, browser):
+    """End to end with a real run: console → API → Celery → gVisor sandbox → gpu_worker → Redis
+    → SSE → console. Tokens appear live, the KV panel fills, usage counts the tokens, and a staff
+    user evicts the KV file the run left behind."""
+    from django.contrib.auth import get_user_model
+
+    from api.models import AuditLog, KVFile, Membership, Program, Tenant
+    from api.services.programs import add_version
+
+    tenant = Tenant.objects.create(name="Live Co", slug="live-co")
+    user = get_user_model().objects.create_user(
+        username="live@example.com", email="live@example.com", password="pw-live-12345", is_staff=True
+    )
+    Membership.objects.create(user=user, tenant=tenant, role="owner")
+    program = Program.objects.create(tenant=tenant, name="story", description="Streams a story")
+    add_version(program, "story.py", STORY_LIP.encode())
+
+    result = browser(
+        "run",
+        timeout=400,
+        baseUrl=symphony_stack,
+        email="live@example.com",
+        password="pw-live-12345",
+        programName="story",
+        args={"prompt": "Once upon a time", "max_tokens": 64, "kv_name": "story-e2e"},
+        runTimeoutMs=300000,
+    )
+    assert result["status"] == "succeeded", result
+    assert result["text"].strip(), "no streamed text"
+    assert result["liveSteps"] >= 2, "tokens should appear while the run is going, not only at its end"
+    assert result["kvSamples"] == 1, "the KV panel got no kv events"
+    assert not result["usage"].startswith("0 tokens"), result["usage"]
+
+    assert KVFile.objects.filter(tenant=tenant, name="story-e2e").exists(), "run's KV file not mirrored"
+    browser(
+        "evict",
+        baseUrl=symphony_stack,
+        email="live@example.com",
+        password="pw-live-12345",
+        kvTenant="live-co",
+        kvName="story-e2e",
+    )
+    # Eviction spills the file out of device/host memory on the worker; the audit row is written
+    # only after the worker confirmed it.
+    assert AuditLog.objects.filter(tenant=tenant, action="kv_evict", target="story-e2e", actor=user).exists()
