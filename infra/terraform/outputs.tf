@@ -1,0 +1,74 @@
+output "alb_dns_name" {
+  description = "DNS name of the ALB; point domain_name at it (CNAME or Route 53 alias)."
+  value       = aws_lb.main.dns_name
+}
+
+output "alb_zone_id" {
+  description = "Hosted zone id of the ALB, for a Route 53 alias record."
+  value       = aws_lb.main.zone_id
+}
+
+output "vpc_id" {
+  description = "VPC id."
+  value       = aws_vpc.main.id
+}
+
+output "private_subnet_ids" {
+  description = "Private subnets (ECS tasks, GPU hosts, data stores)."
+  value       = aws_subnet.private[*].id
+}
+
+output "ecs_cluster_name" {
+  description = "ECS cluster running web and control-plane Celery."
+  value       = aws_ecs_cluster.main.name
+}
+
+output "migrate_task_definition" {
+  description = "Task definition to run once per release (aws ecs run-task) before updating services."
+  value       = aws_ecs_task_definition.migrate.arn
+}
+
+output "migrate_security_group_id" {
+  description = "Security group to run the migrate task with."
+  value       = aws_security_group.celery.id
+}
+
+output "ecr_repository_urls" {
+  description = "ECR repositories to push the web and worker images to."
+  value       = { for k, repo in aws_ecr_repository.this : k => repo.repository_url }
+}
+
+output "kv_bucket" {
+  description = "S3 bucket holding persistent KV files (SYMPHONY_KV_STORE=s3://<bucket>/kv)."
+  value       = aws_s3_bucket.kv.id
+}
+
+output "kv_store_url" {
+  description = "Value of SYMPHONY_KV_STORE on the GPU hosts."
+  value       = "s3://${aws_s3_bucket.kv.id}/${local.kv_prefix}"
+}
+
+output "db_endpoint" {
+  description = "RDS PostgreSQL endpoint (private)."
+  value       = aws_db_instance.main.endpoint
+}
+
+output "db_master_secret_arn" {
+  description = "Secrets Manager secret with the RDS master credentials (managed and rotated by RDS)."
+  value       = aws_db_instance.main.master_user_secret[0].secret_arn
+}
+
+output "redis_endpoint" {
+  description = "ElastiCache primary endpoint (TLS, AUTH token in Secrets Manager)."
+  value       = aws_elasticache_replication_group.main.primary_endpoint_address
+}
+
+output "gpu_autoscaling_group" {
+  description = "Auto Scaling group of the GPU hosts; scale out by raising its desired capacity."
+  value       = aws_autoscaling_group.gpu.name
+}
+
+output "kms_key_arn" {
+  description = "Customer-managed KMS key encrypting every store."
+  value       = aws_kms_key.main.arn
+}
