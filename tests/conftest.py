@@ -3,6 +3,7 @@ with a message that says why when a dependency is unavailable, rather than skipp
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -15,38 +16,23 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Fixtures that several test areas share live in tests/plugins/<name>.py (one module per part of
+# the system: model, worker, sandbox, api, ...) and are loaded here, so no area imports another's
+# conftest.
+pytest_plugins = sorted(
+    f"tests.plugins.{path.stem}" for path in (ROOT / "tests" / "plugins").glob("*.py") if not path.name.startswith("_")
+)
 
-@pytest.fixture
-def celery_worker_process(settings) -> Iterator[str]:
-    """A real ``celery worker`` subprocess consuming a private queue; yields the queue name."""
-    queue = f"test-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "web.settings"}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "web",
-            "worker",
-            "-Q",
-            queue,
-            "--pool",
-            "solo",
-            "--loglevel",
-            "WARNING",
-            "--hostname",
-            f"{queue}@%h",
-            "--without-gossip",
-            "--without-mingle",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+
+@contextlib.contextmanager
+def celery_worker(queue: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
+    """A real ``celery worker`` subprocess consuming ``queue``; stopped (TERM, then KILL) on exit."""
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "web.settings", **(env or {})}
+    cmd = [sys.executable, "-m", "celery", "-A", "web", "worker", "-Q", queue, "--pool", "solo"]
+    cmd += ["--loglevel", "WARNING", "--hostname", f"{queue}@%h", "--without-gossip", "--without-mingle"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
-        yield queue
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -54,6 +40,14 @@ def celery_worker_process(settings) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture
+def celery_worker_process(settings) -> Iterator[str]:
+    """A real ``celery worker`` subprocess consuming a private queue; yields the queue name."""
+    queue = f"test-{uuid.uuid4().hex[:8]}"
+    with celery_worker(queue):
+        yield queue
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.1, message: str = "condition") -> None:

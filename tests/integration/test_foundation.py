@@ -35,3 +35,11 @@ def test_openapi_schema_is_served(client):
     response = client.get("/api/schema/", HTTP_ACCEPT="application/json")
     assert response.status_code == 200
     assert "/api/v1/health" in response.json()["paths"]
+
+
+@pytest.mark.django_db
+def test_health_answers_load_balancer_probes_by_ip_but_other_paths_check_the_host(client, settings):
+    settings.ALLOWED_HOSTS = ["symphony.example.com"]
+    probe = client.get("/api/v1/health", HTTP_HOST="10.0.3.17:8000")
+    assert probe.status_code == 200 and probe.json()["checks"]["database"] == "ok"
+    assert client.get("/api/v1/quota", HTTP_HOST="10.0.3.17:8000").status_code == 400

@@ -1,0 +1,1 @@
+"""Shared pytest fixtures, one module per part of the system; loaded by tests/conftest.py."""

@@ -1,0 +1,37 @@
+"""The control plane around a real worker: ASGI server (uvicorn) and a Celery worker process,
+both on the test database and routed to the worker a test module provides as ``stack_worker``.
+
+A module that uses ``stack`` defines ``stack_worker`` (a ``RunningWorker``): the real model for
+end-to-end checks, the tiny one where the model does not matter, a private one to kill.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import celery_worker
+
+
+@pytest.fixture
+def stack(stack_worker, sandbox_image, settings, monkeypatch, request) -> Iterator[str]:
+    """Yields the base URL of the API; runs go through Celery to ``stack_worker``."""
+    db = settings.DATABASES["default"]
+    name = f"st{uuid.uuid4().hex[:6]}"
+    env = {
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "SYMPHONY_WORKER_NAME": name,
+        "SYMPHONY_WORKER_ADMIN_SOCKET": stack_worker.admin_socket,
+        "SYMPHONY_SANDBOX_IMAGE": sandbox_image,
+        # Heartbeats of other workers on this machine must not pull the test's runs elsewhere.
+        "SYMPHONY_ROUTING": "static",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings.SYMPHONY_WORKER_NAME = name
+    settings.SYMPHONY_ROUTING = "static"
+    base_url = request.getfixturevalue("api_asgi_server")
+    with celery_worker(f"worker.{name}", env):
+        yield base_url

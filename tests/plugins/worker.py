@@ -1,0 +1,138 @@
+"""A real ``python -m gpu_worker`` process for tests that drive it over its sockets.
+
+One worker (tiny random Llama with the real tokenizer, float32, Redis at 127.0.0.1:6379) is
+shared by the whole test session: starting vLLM costs tens of seconds on CPU. Sockets live
+under a short ``/tmp`` dir because Unix socket paths are limited to 108 bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STARTUP_TIMEOUT_S = 240.0
+
+
+@dataclass
+class RunningWorker:
+    """Handle on the worker subprocess: its sockets, admin client and log."""
+
+    proc: subprocess.Popen
+    admin_socket: str
+    sessions_dir: str
+    kv_store: str
+    model_dir: Path
+    log_path: Path
+    admin: Any
+    _sessions: list[str] = field(default_factory=list)
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def create_session(self, tenant: str | None = None, run_id: str | None = None, **limits: Any) -> Any:
+        """A session with ``limits`` (create_session's map); ended by :meth:`end_session`."""
+        tenant = tenant or f"t-{uuid.uuid4().hex[:8]}"
+        info = self.admin.create_session(tenant, run_id or f"r-{uuid.uuid4().hex[:8]}", limits)
+        self._sessions.append(info.session_id)
+        return info
+
+    def end_session(self, session_id: str) -> Any:
+        if session_id in self._sessions:
+            self._sessions.remove(session_id)
+        return self.admin.end_session(session_id)
+
+    @contextlib.contextmanager
+    def session(self, tenant: str | None = None, **limits: Any) -> Iterator[Any]:
+        info = self.create_session(tenant, **limits)
+        try:
+            yield info
+        finally:
+            self.end_session(info.session_id)
+
+    def assert_alive(self) -> None:
+        assert self.proc.poll() is None, f"worker exited with {self.proc.returncode}:\n{self.log_tail()}"
+        assert self.admin.health()["ok"], "worker health is not ok"
+
+
+def _redis_up() -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1).ping())
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def start_worker(
+    model_dir: Path, *, dtype: str = "float32", name: str = "test", num_pages: int = 64, kv_store: Path | None = None
+) -> Iterator[RunningWorker]:
+    """Run ``python -m gpu_worker`` on ``model_dir`` until the block exits; fail (not skip) if it
+    does not become healthy. ``kv_store`` (default: a private temp dir) outlives the worker."""
+    from gpu_worker.admin_client import AdminClient
+
+    if not _redis_up():
+        pytest.fail("Redis is not reachable at 127.0.0.1:6379 (run `make bootstrap`)")
+    base = Path(tempfile.mkdtemp(prefix="symw-", dir="/tmp"))
+    admin_socket = str(base / "admin.sock")
+    sessions_dir = str(base / "s")
+    kv_store = str(kv_store or base / "kv")
+    log_path = base / "worker.log"
+    cmd = [sys.executable, "-m", "gpu_worker", "--model", str(model_dir), "--dtype", dtype]
+    cmd += ["--admin-socket", admin_socket, "--sessions-dir", sessions_dir, "--kv-store", kv_store]
+    cmd += ["--num-pages", str(num_pages), "--max-model-len", "2048", "--name", name]
+    cmd += ["--redis-url", "redis://127.0.0.1:6379/0"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(log_path, "wb") as log_fh:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_fh, stderr=subprocess.STDOUT)
+    admin = AdminClient(admin_socket, timeout=60)
+    worker = RunningWorker(proc, admin_socket, sessions_dir, kv_store, Path(model_dir), log_path, admin)
+    try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"gpu_worker exited with {proc.returncode} during start-up:\n{worker.log_tail()}")
+            if os.path.exists(admin_socket):
+                try:
+                    if admin.health().get("ok"):
+                        break
+                except Exception:  # not listening yet
+                    pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"gpu_worker not healthy after {STARTUP_TIMEOUT_S}s:\n{worker.log_tail()}")
+            time.sleep(0.5)
+        yield worker
+    finally:
+        for sid in list(worker._sessions):
+            with contextlib.suppress(Exception):
+                admin.end_session(sid)
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def gpu_worker_process(tiny_model_dir: Path) -> Iterator[RunningWorker]:
+    """One worker on the tiny model (float32) shared by the whole test session."""
+    with start_worker(tiny_model_dir) as worker:
+        yield worker
