@@ -55,6 +55,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/admin/workers": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description Staff only: every worker with a live heartbeat, as its ``health`` op reports itself
+         *     (pages, sessions, batch occupancy, queue depth, forward time).
+         */
+        get: operations["v1_admin_workers_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/api-keys": {
         parameters: {
             query?: never;
@@ -590,6 +610,9 @@ export interface components {
             password: string;
             tenant_name: string;
         };
+        SwitchTenant: {
+            tenant: number;
+        };
     };
     responses: never;
     parameters: never;
@@ -648,6 +671,27 @@ export interface operations {
         };
     };
     v1_admin_tenants_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_admin_workers_retrieve: {
         parameters: {
             query?: never;
             header?: never;
@@ -884,17 +928,11 @@ export interface operations {
             path?: never;
             cookie?: never;
         };
-        requestBody?: {
+        requestBody: {
             content: {
-                "application/json": {
-                    [key: string]: unknown;
-                };
-                "application/x-www-form-urlencoded": {
-                    [key: string]: unknown;
-                };
-                "multipart/form-data": {
-                    [key: string]: unknown;
-                };
+                "application/json": components["schemas"]["SwitchTenant"];
+                "application/x-www-form-urlencoded": components["schemas"]["SwitchTenant"];
+                "multipart/form-data": components["schemas"]["SwitchTenant"];
             };
         };
         responses: {
