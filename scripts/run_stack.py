@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,6 +27,8 @@ LOG_DIR = ROOT / "var" / "log"
 class Service:
     name: str
     argv: list[str]
+    #: Defaults for this process only; the caller's environment wins.
+    env_defaults: dict[str, str] = field(default_factory=dict)
 
 
 def services() -> list[Service]:
@@ -53,6 +55,8 @@ def services() -> list[Service]:
                 "--hostname",
                 f"celery-{worker_name}@%h",
             ],
+            # One pre-started sandbox per Celery child (sandbox/pool.py): warm runs start in ~50 ms.
+            env_defaults={"SYMPHONY_SANDBOX_POOL_SIZE": "1"},
         ),
         Service(
             "celery-beat",
@@ -138,7 +142,10 @@ def up() -> int:
     signal.signal(signal.SIGTERM, handle_signal)
     for service in services():
         log = open(LOG_DIR / f"{service.name}.log", "ab")
-        proc = subprocess.Popen(service.argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {**service.env_defaults, **os.environ}
+        proc = subprocess.Popen(
+            service.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         procs[service.name] = proc
         pid_file(service.name).write_text(str(proc.pid))
         print(f"stack: started {service.name} pid={proc.pid} log=var/log/{service.name}.log")

@@ -2,7 +2,8 @@
 both on the test database and routed to the worker a test module provides as ``stack_worker``.
 
 A module that uses ``stack`` defines ``stack_worker`` (a ``RunningWorker``): the real model for
-end-to-end checks, the tiny one where the model does not matter, a private one to kill.
+end-to-end checks, the tiny one where the model does not matter, a private one to kill. It may
+override ``stack_env`` to give the control plane more settings (e.g. a warm sandbox pool).
 """
 
 from __future__ import annotations
@@ -16,7 +17,13 @@ from tests.conftest import celery_worker
 
 
 @pytest.fixture
-def stack(stack_worker, sandbox_image, settings, monkeypatch, request) -> Iterator[str]:
+def stack_env() -> dict[str, str]:
+    """Extra environment of the stack's processes; none by default."""
+    return {}
+
+
+@pytest.fixture
+def stack(stack_worker, stack_env, sandbox_image, settings, monkeypatch, request) -> Iterator[str]:
     """Yields the base URL of the API; runs go through Celery to ``stack_worker``."""
     db = settings.DATABASES["default"]
     name = f"st{uuid.uuid4().hex[:6]}"
@@ -24,9 +31,11 @@ def stack(stack_worker, sandbox_image, settings, monkeypatch, request) -> Iterat
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "SYMPHONY_WORKER_NAME": name,
         "SYMPHONY_WORKER_ADMIN_SOCKET": stack_worker.admin_socket,
+        "SYMPHONY_SESSIONS_DIR": stack_worker.sessions_dir,
         "SYMPHONY_SANDBOX_IMAGE": sandbox_image,
         # Heartbeats of other workers on this machine must not pull the test's runs elsewhere.
         "SYMPHONY_ROUTING": "static",
+        **stack_env,
     }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
