@@ -1,0 +1,139 @@
+"""B2 — plain greedy completion: an autoregressive LIP through the socket vs vLLM, tokens/s.
+
+Symphony side: ``max_batch`` LIP sessions (threads in this process, one connection each) take
+prompts from a shared queue; per prompt: ``kv_create``, one fused ``pred(prompt, then=argmax)``,
+then one fused ``pred([tok])`` per further token, ``kv_close``. Same number of forwards as vLLM
+(prefill + out-1 decodes). Baseline: ``LLM.generate`` of all prompts, greedy, ``ignore_eos``,
+max batch ``max_batch``, the same number of KV blocks as the worker's pages.
+
+Pending: the spec runs this LIP inside the gVisor sandbox (``sandbox/``); here it runs as threads
+in the benchmark process, so the figure isolates the socket + worker path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from bench.baseline_vllm import VLLMBaseline
+from bench.harness import (
+    BenchConfig,
+    BenchResult,
+    Comparison,
+    WorkerOptions,
+    WorkerProcess,
+    config_dict,
+    default_model,
+    random_tokens,
+    run_threads,
+    stopwatch,
+)
+
+NAME = "b2_completion"
+TENANT = "bench-b2"
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: int = 64
+    prompt_tokens: int = 256
+    out_tokens: int = 128
+    max_batch: int = 64
+
+    def pages(self, block_size: int) -> int:
+        per_seq = -(-(self.prompt_tokens + self.out_tokens) // block_size)
+        return 1 + min(self.prompts, self.max_batch) * per_seq
+
+
+QUICK = Workload(prompts=4, prompt_tokens=64, out_tokens=8, max_batch=4)
+
+
+def symphony_side(worker: WorkerProcess, wl: Workload, prompts: list[list[int]]) -> float:
+    """Output tokens/s of the greedy LIP over the socket."""
+    sessions = [worker.connect(TENANT) for _ in range(min(wl.max_batch, wl.prompts))]
+    todo: queue.Queue[int] = queue.Queue()
+    for i in range(len(prompts)):
+        todo.put(i)
+
+    def lip(k: int) -> int:
+        sess = sessions[k][0]
+        n = 0
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return n
+            kv = sess.kv_create()
+            tok = sess.pred_token(kv, prompts[i])
+            n += 1
+            for _ in range(wl.out_tokens - 1):
+                tok = sess.pred_token(kv, [tok])
+                n += 1
+            sess.kv_close(kv)
+
+    try:
+        with stopwatch() as t:
+            produced = sum(run_threads([lambda k=k: lip(k) for k in range(len(sessions))]))
+    finally:
+        for sess, sid in sessions:
+            worker.end(sess, sid)
+    return produced / t[0]
+
+
+def compare(worker: WorkerProcess, base: VLLMBaseline, wl: Workload, reps: int, seed: int) -> Comparison:
+    """Interleaved reps of both sides on the same prompts (reusable with another bench's setup)."""
+    # Distinct prompts per rep so neither side serves a rep from the previous rep's cache.
+    cmp = Comparison("greedy completion", "tok/s")
+    cmp.extra["target"] = ">= 0.97x vLLM tokens/s"
+    for i in range(reps):
+        prompts = [random_tokens(wl.prompt_tokens, seed, 4, i, p) for p in range(wl.prompts)]
+        sides = [
+            (lambda p=prompts: symphony_side(worker, wl, p), cmp.symphony),
+            (lambda p=prompts: base.generate(p, wl.out_tokens).tokens_per_s, cmp.baseline),
+        ]
+        for fn, sample in sides if i % 2 == 0 else reversed(sides):
+            sample.add(fn())
+    return cmp
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    for f in ("prompts", "prompt_tokens", "out_tokens", "max_batch"):
+        p.add_argument("--" + f.replace("_", "-"), type=int, default=None)
+    a = p.parse_args(argv)
+    wl = QUICK if a.quick else Workload()
+    wl = Workload(**{**asdict(wl), **{f: v for f, v in vars(a).items() if f in asdict(wl) and v is not None}})
+    cfg = BenchConfig(model=a.model or default_model(a.quick), quick=a.quick, reps=a.reps, dtype=a.dtype, seed=a.seed)
+    started = time.perf_counter()
+    num_pages = wl.pages(128)
+    max_len = max(512, -(-(wl.prompt_tokens + wl.out_tokens + 8) // 128) * 128)
+    opts = WorkerOptions(
+        model=cfg.model, num_pages=num_pages, dtype=cfg.dtype, max_model_len=max_len, max_num_seqs=wl.max_batch
+    )
+    result = BenchResult(NAME, config_dict(cfg, **asdict(wl), device_pages=num_pages))
+    worker = WorkerProcess(opts)
+    try:
+        base = VLLMBaseline(cfg.model, num_pages, dtype=cfg.dtype, max_num_seqs=wl.max_batch, max_model_len=max_len)
+        worker.wait_ready()
+        with worker.sample_pages():
+            result.comparisons.append(compare(worker, base, wl, cfg.reps, cfg.seed))
+        result.memory = worker.memory()
+        base.close()
+    finally:
+        worker.close()
+    result.wall_s = time.perf_counter() - started
+    result.print()
+    print(f"  wrote {result.write()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

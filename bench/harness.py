@@ -1,0 +1,525 @@
+"""Shared benchmark harness: workloads, timing, a worker subprocess, JSON output.
+
+Why it looks like this:
+
+* Both sides of every ratio are measured in the same process tree, back to back, with their
+  repetitions interleaved (S, B, S, B, ...), because the 2-core machines are shared and absolute
+  timings drift by tens of percent within minutes. The ratio of medians is what we report.
+* Workloads are generated from fixed seeds (token ids drawn from the ordinary-token range of the
+  vocabulary), so a rerun measures the same thing and the baseline sees exactly the same tokens.
+* The Symphony worker always runs as ``python -m gpu_worker`` in a subprocess: vLLM allows only one
+  engine per process, and the benchmark process hosts the baseline (or the bare engine for B3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+#: JSON results; ``SYMPHONY_BENCH_OUT`` redirects them (the smoke test writes to a temp dir).
+OUT_DIR = Path(os.environ.get("SYMPHONY_BENCH_OUT") or ROOT / "bench" / "out")
+TINY_MODEL_DIR = ROOT / "bench" / "out" / "models" / "tiny"
+#: Token ids drawn for synthetic text: above the special/byte tokens, inside every vocab we use.
+TOKEN_LO, TOKEN_HI = 1000, 30000
+WORKER_START_TIMEOUT_S = 300.0
+
+# The LIP SDK (``import symphony``) lives in sandbox/; benchmarks run LIP code in-process.
+if str(ROOT / "sandbox") not in sys.path:
+    sys.path.insert(0, str(ROOT / "sandbox"))
+
+
+# ------------------------------------------------------------------------------ config
+@dataclass(frozen=True)
+class BenchConfig:
+    """What every benchmark module receives from ``python -m bench``."""
+
+    model: str
+    quick: bool = False
+    reps: int = 3
+    #: Same dtype on both sides; float32 because bf16 is emulated (slow) on these CPUs.
+    dtype: str = "float32"
+    seed: int = 0
+
+    def to_args(self) -> list[str]:
+        args = ["--model", self.model, "--reps", str(self.reps), "--dtype", self.dtype, "--seed", str(self.seed)]
+        return [*args, "--quick"] if self.quick else args
+
+
+def default_model(quick: bool) -> str:
+    """``--quick`` runs on the tiny random Llama (real tokenizer): it checks the harness, not
+    the model; the full mode uses the default SmolLM2-135M-Instruct directory."""
+    if quick:
+        return str(ensure_tiny_model())
+    from gpu_worker.model_store import default_model_dir
+
+    return str(default_model_dir())
+
+
+def ensure_tiny_model() -> Path:
+    if not (TINY_MODEL_DIR / "config.json").exists():
+        from gpu_worker.model_store import default_model_dir, write_tiny_model
+
+        TINY_MODEL_DIR.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix="tiny-", dir=TINY_MODEL_DIR.parent))
+        write_tiny_model(tmp, default_model_dir())
+        if not (TINY_MODEL_DIR / "config.json").exists():
+            os.replace(tmp, TINY_MODEL_DIR)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return TINY_MODEL_DIR
+
+
+# --------------------------------------------------------------------------- workloads
+def rng(seed: int, *salt: int) -> np.random.Generator:
+    """A generator per (seed, salt...), so adding a workload never shifts another's tokens."""
+    return np.random.default_rng([seed, *salt])
+
+
+def random_tokens(n: int, seed: int, *salt: int) -> list[int]:
+    return rng(seed, *salt).integers(TOKEN_LO, TOKEN_HI, size=n).tolist()
+
+
+def pareto_popularity(n_docs: int, alpha: float) -> np.ndarray:
+    """Probability of each document rank: ``p_k ∝ k^-alpha`` (discrete Pareto / Zipf law).
+
+    alpha 0.5 is nearly flat (little reuse), alpha 3 puts ~83% of requests on the top doc.
+    """
+    weights = np.arange(1, n_docs + 1, dtype=np.float64) ** -alpha
+    return weights / weights.sum()
+
+
+def pareto_trace(n_docs: int, n_requests: int, alpha: float, seed: int) -> list[int]:
+    """Document index per request, drawn i.i.d. from :func:`pareto_popularity`.
+
+    Ranks are mapped to document ids by a fixed permutation so "hot" is not "first created".
+    """
+    r = rng(seed, int(alpha * 1000), n_docs)
+    perm = r.permutation(n_docs)
+    ranks = r.choice(n_docs, size=n_requests, p=pareto_popularity(n_docs, alpha))
+    return [int(perm[k]) for k in ranks]
+
+
+def hottest_docs(n_docs: int, k: int, alpha: float, seed: int) -> list[int]:
+    """The ``k`` most popular document ids under the same permutation as :func:`pareto_trace`."""
+    perm = rng(seed, int(alpha * 1000), n_docs).permutation(n_docs)
+    return [int(d) for d in perm[:k]]
+
+
+# ------------------------------------------------------------------------------ timing
+@dataclass
+class Sample:
+    """Repeated measurements of one quantity (seconds or a rate), summarised by the median."""
+
+    values: list[float] = field(default_factory=list)
+
+    def add(self, v: float) -> None:
+        self.values.append(float(v))
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.values) if self.values else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"median": self.median, "values": self.values}
+
+
+@dataclass
+class Comparison:
+    """One figure measured on both sides; ``ratio`` = Symphony ÷ baseline of the medians.
+
+    ``higher_is_better`` says how to read it (throughputs: True; latencies: False).
+    """
+
+    name: str
+    unit: str
+    symphony: Sample = field(default_factory=Sample)
+    baseline: Sample = field(default_factory=Sample)
+    higher_is_better: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ratio(self) -> float:
+        b = self.baseline.median
+        return self.symphony.median / b if b else float("nan")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            **self.extra,  # first: a benchmark's extra keys never shadow the measured fields
+            "name": self.name,
+            "unit": self.unit,
+            "symphony": self.symphony.to_dict(),
+            "baseline": self.baseline.to_dict(),
+            "ratio": self.ratio,
+            "higher_is_better": self.higher_is_better,
+        }
+
+    def line(self) -> str:
+        return (
+            f"{self.name:<34} symphony {self.symphony.median:10.3f} {self.unit:<8} "
+            f"baseline {self.baseline.median:10.3f} {self.unit:<8} ratio {self.ratio:6.3f}"
+        )
+
+
+def interleaved(reps: int, symphony: Callable[[], float], baseline: Callable[[], float], cmp: Comparison) -> None:
+    """Run the two sides alternately ``reps`` times, recording into ``cmp`` (why: drift)."""
+    for i in range(reps):
+        # Alternate which side goes first so a slow-down during one rep hits both evenly.
+        order = [(symphony, cmp.symphony), (baseline, cmp.baseline)]
+        for fn, sample in order if i % 2 == 0 else reversed(order):
+            sample.add(fn())
+
+
+@contextlib.contextmanager
+def stopwatch() -> Iterator[list[float]]:
+    """``with stopwatch() as t: ...`` then ``t[0]`` is the elapsed wall time in seconds."""
+    out: list[float] = []
+    start = time.perf_counter()
+    try:
+        yield out
+    finally:
+        out.append(time.perf_counter() - start)
+
+
+# ------------------------------------------------------------------------------ output
+@dataclass
+class BenchResult:
+    """What one benchmark run writes to ``bench/out/<name>.json`` and prints."""
+
+    name: str
+    config: dict[str, Any]
+    comparisons: list[Comparison] = field(default_factory=list)
+    memory: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    wall_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "config": self.config,
+            "started": self.started,
+            "wall_s": self.wall_s,
+            "machine": machine(),
+            "comparisons": [c.to_dict() for c in self.comparisons],
+            "memory": self.memory,
+            "notes": self.notes,
+        }
+
+    def write(self) -> Path:
+        OUT_DIR.mkdir(parents=True, exist_ok=True)
+        path = OUT_DIR / f"{self.name}.json"
+        path.write_text(json.dumps(self.to_dict(), indent=2, default=str))
+        return path
+
+    def print(self) -> None:
+        print(f"== {self.name} ({self.wall_s:.1f}s)", flush=True)
+        for c in self.comparisons:
+            print("  " + c.line(), flush=True)
+        for k, v in self.memory.items():
+            print(f"  memory {k}: {v}", flush=True)
+        for n in self.notes:
+            print(f"  note: {n}", flush=True)
+
+
+def machine() -> dict[str, Any]:
+    import platform
+
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "gpu": gpu, "torch": torch.__version__}
+
+
+def rss_mb(pid: int, field_name: str = "VmHWM") -> float:
+    """Resident set size of ``pid`` in MiB (``VmHWM`` = peak, ``VmRSS`` = now)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+# ------------------------------------------------------------------------ worker process
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Flags of the ``python -m gpu_worker`` subprocess (same KV budget as the baseline)."""
+
+    model: str
+    num_pages: int
+    dtype: str = "float32"
+    max_model_len: int = 2048
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    host_pages: int = 4096
+    max_batch_wait_ms: float = 10.0
+
+
+class WorkerProcess:
+    """A worker subprocess with its admin client; sessions yield SDK ``Session`` objects."""
+
+    def __init__(self, opts: WorkerOptions) -> None:
+        from gpu_worker.admin_client import AdminClient
+
+        self.opts = opts
+        # Unix socket paths are limited to 108 bytes: keep them under a short /tmp dir.
+        self.base = Path(tempfile.mkdtemp(prefix="symb-", dir="/tmp"))
+        self.admin_socket = str(self.base / "admin.sock")
+        self.log_path = self.base / "worker.log"
+        cmd = [
+            sys.executable,
+            "-m",
+            "gpu_worker",
+            "--model",
+            opts.model,
+            "--admin-socket",
+            self.admin_socket,
+            "--sessions-dir",
+            str(self.base / "s"),
+            "--kv-store",
+            str(self.base / "kv"),
+            "--num-pages",
+            str(opts.num_pages),
+            "--dtype",
+            opts.dtype,
+            "--max-model-len",
+            str(opts.max_model_len),
+            "--max-num-seqs",
+            str(opts.max_num_seqs),
+            "--max-num-batched-tokens",
+            str(opts.max_num_batched_tokens),
+            "--host-pages",
+            str(opts.host_pages),
+            "--max-batch-wait-ms",
+            str(opts.max_batch_wait_ms),
+            "--name",
+            "bench",
+            "--log-level",
+            "WARNING",
+        ]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "sandbox")])}
+        with open(self.log_path, "wb") as fh:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        self.admin = AdminClient(self.admin_socket, timeout=120)
+        self._sessions: list[str] = []
+        self._peak_pages = 0
+        self._sampling = False
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if os.path.exists(self.admin_socket):
+                with contextlib.suppress(Exception):
+                    if self.admin.health().get("ok"):
+                        return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"worker not healthy after {WORKER_START_TIMEOUT_S}s:\n{self.log_tail()}")
+            time.sleep(0.25)
+
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def connect(self, tenant: str, limits: dict[str, Any] | None = None) -> Any:
+        """A new session of ``tenant`` and an SDK ``Session`` connected to it."""
+        import symphony
+
+        info = self.admin.create_session(tenant, f"bench-{uuid.uuid4().hex[:8]}", limits or {})
+        self._sessions.append(info.session_id)
+        return symphony.connect(info.socket_path, info.token), info.session_id
+
+    def end(self, session: Any, session_id: str) -> dict[str, Any]:
+        with contextlib.suppress(Exception):
+            session.close()
+        if session_id in self._sessions:
+            self._sessions.remove(session_id)
+        return self.admin.end_session(session_id).usage
+
+    def stats(self) -> dict[str, Any]:
+        return self.admin.stats()
+
+    @contextlib.contextmanager
+    def sample_pages(self, period_s: float = 0.1) -> Iterator[None]:
+        """Track the peak of device KV pages in use while the block runs (admin ``health``)."""
+        stop = threading.Event()
+
+        def loop() -> None:
+            while not stop.is_set():
+                with contextlib.suppress(Exception):
+                    h = self.admin.health()
+                    self._peak_pages = max(self._peak_pages, h["pages_total"] - h["pages_free"])
+                stop.wait(period_s)
+
+        t = threading.Thread(target=loop, daemon=True)
+        t.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            t.join()
+
+    def memory(self) -> dict[str, Any]:
+        """Peak worker RSS and device pages (page 0 is reserved, so ``pages_total - 1`` usable)."""
+        st = self.stats()
+        return {
+            "worker_peak_rss_mb": round(rss_mb(self.proc.pid), 1),
+            "worker_rss_mb": round(rss_mb(self.proc.pid, "VmRSS"), 1),
+            "device_pages_total": st["kvfs"]["total_pages"],
+            "device_pages_peak_used": self._peak_pages,
+            "host_pages_now": st["kvfs"]["host_pages"],
+            "disk_pages_now": st["kvfs"]["disk_pages"],
+            "scheduler": {
+                k: st["scheduler"].get(k)
+                for k in (
+                    "forwards",
+                    "avg_items_per_forward",
+                    "batch_occupancy",
+                    "forward_ms_avg",
+                    "queue_wait_ms_avg",
+                    "queue_wait_ms_max",
+                )
+            },
+        }
+
+    def close(self) -> None:
+        for sid in list(self._sessions):
+            with contextlib.suppress(Exception):
+                self.admin.end_session(sid)
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> WorkerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_threads(fns: Sequence[Callable[[], Any]]) -> list[Any]:
+    """Run callables on one thread each and return their results (re-raising the first error)."""
+    results: list[Any] = [None] * len(fns)
+    errors: list[BaseException] = []
+
+    def wrap(i: int, fn: Callable[[], Any]) -> None:
+        try:
+            results[i] = fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=wrap, args=(i, fn), daemon=True) for i, fn in enumerate(fns)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def common_args(argv: list[str] | None, description: str) -> BenchConfig:
+    """Parse the flags every benchmark module accepts (``python -m bench.bX ...``)."""
+    import argparse
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    return BenchConfig(model=a.model or default_model(a.quick), quick=a.quick, reps=a.reps, dtype=a.dtype, seed=a.seed)
+
+
+def config_dict(cfg: BenchConfig, **workload: Any) -> dict[str, Any]:
+    return {**asdict(cfg), **workload}
+
+
+def workload_args(argv: list[str] | None, description: str, full: Any, quick: Any) -> tuple[BenchConfig, Any]:
+    """Common flags plus one ``--field`` per int/float field of the ``Workload`` dataclass
+    (``full``/``quick`` are its two presets), so each benchmark module declares sizes once."""
+    import argparse
+    from dataclasses import fields, replace
+
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--model", default=None)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--seed", type=int, default=0)
+    sizes = [f for f in fields(full) if isinstance(getattr(full, f.name), int | float)]
+    for f in sizes:
+        p.add_argument("--" + f.name.replace("_", "-"), type=type(getattr(full, f.name)), default=None)
+    a = p.parse_args(argv)
+    changes = {f.name: getattr(a, f.name) for f in sizes if getattr(a, f.name) is not None}
+    wl = replace(quick if a.quick else full, **changes)
+    cfg = BenchConfig(model=a.model or default_model(a.quick), quick=a.quick, reps=a.reps, dtype=a.dtype, seed=a.seed)
+    return cfg, wl
+
+
+def run_standalone(
+    name: str,
+    cfg: BenchConfig,
+    workload: Any,
+    opts: WorkerOptions,
+    measure: Callable[[WorkerProcess, Any, BenchResult], None],
+    **baseline_kwargs: Any,
+) -> BenchResult:
+    """One benchmark in its own process: a worker subprocess and an in-process vLLM baseline
+    with the same page budget, dtype, max batch and max length; ``measure(worker, base, result)``
+    fills ``result``; memory figures are added, the JSON written and printed."""
+    from bench.baseline_vllm import VLLMBaseline
+
+    started = time.perf_counter()
+    result = BenchResult(name, config_dict(cfg, **asdict(workload), device_pages=opts.num_pages))
+    worker = WorkerProcess(opts)
+    try:
+        base = VLLMBaseline(
+            cfg.model,
+            opts.num_pages,
+            dtype=cfg.dtype,
+            max_num_seqs=opts.max_num_seqs,
+            max_model_len=opts.max_model_len,
+            **baseline_kwargs,
+        )
+        worker.wait_ready()
+        with worker.sample_pages():
+            measure(worker, base, result)
+        result.memory = worker.memory()
+        base.close()
+    finally:
+        worker.close()
+    result.wall_s = time.perf_counter() - started
+    result.print()
+    print(f"  wrote {result.write()}")
+    return result
+
+
+def max_len_for(tokens: int, block_size: int = 128) -> int:
+    """``max_model_len`` for sequences of ``tokens`` tokens: whole blocks, at least 512."""
+    return max(512, -(-(tokens + 8) // block_size) * block_size)

@@ -1,0 +1,71 @@
+"""Smoke check of the benchmark harness: ``python -m bench all --quick`` (B1-B3) and each of
+B4-B6 and B8 with ``--quick`` produce ratios.
+
+Asserts that every benchmark ran, measured both sides and computed a finite positive ratio. It
+does not assert the values: on shared 2-core CI machines and the tiny random model they say
+nothing about Symphony vs vLLM (bench/RESULTS.md holds the real figures).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm]
+
+
+def _bench(tmp_path: Path, *args: str) -> None:
+    env = {**os.environ, "SYMPHONY_BENCH_OUT": str(tmp_path), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sandbox'}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bench", *args, "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def _assert_ratios(bench: str, rows: list[dict]) -> None:
+    assert rows, f"{bench} produced no comparison"
+    for row in rows:
+        for key in ("symphony", "baseline", "ratio"):
+            value = row[key]
+            assert isinstance(value, float) and math.isfinite(value) and value > 0, (bench, row)
+
+
+def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path) -> None:
+    _bench(tmp_path, "all")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failed"] == []
+    assert set(summary["results"]) == {"b1", "b2", "b3"}
+    for bench, rows in summary["results"].items():
+        _assert_ratios(bench, rows)
+    b1 = json.loads((tmp_path / "b1_rag_pareto.json").read_text())
+    assert any(c["name"].startswith("alpha") for c in b1["comparisons"])
+    for c in b1["comparisons"]:
+        assert len(c["symphony"]["values"]) >= 1 and len(c["baseline"]["values"]) >= 1
+    b3 = json.loads((tmp_path / "b3_pred_overhead.json").read_text())
+    assert b3["memory"]["pred_reply_bytes"]["pred_then_argmax"] > 0
+    assert b3["memory"]["worker_peak_rss_mb"] > 0
+
+
+@pytest.mark.parametrize(("bench", "output"), [("b4", "b4_parallel_decode"), ("b5", "b5_json"), ("b6", "b6_react")])
+def test_bench_quick_b4_to_b6_produce_ratios(bench: str, output: str, tmp_path: Path) -> None:
+    """Each runs alone (its own worker and baseline sizes). B4's LIP itself fails the run when its
+    forks copied prompt pages instead of sharing them, so a pass also proves copy-on-write."""
+    _bench(tmp_path, bench, "--reps", "1")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["failed"] == [] and set(summary["results"]) == {bench}
+    _assert_ratios(bench, summary["results"][bench])
+    detail = json.loads((tmp_path / f"{output}.json").read_text())
+    assert detail["memory"]["worker_peak_rss_mb"] > 0 and detail["notes"]
