@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import time
 from pathlib import Path
 
+import redis
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from api.models import Run
 from api.services import kvfiles
+from api.services.executor_liveness import ExecutorHeartbeat, executor_alive
 from api.services.quotas import session_limits
 from api.services.runs import RunOutcome, finish_run, start_run
 
@@ -29,7 +33,16 @@ SANDBOX_RESOURCES = {
 def _handle_redelivery(run_id: str) -> str:
     """The task arrived for a run that is not queued. Tasks are acked late, so a run still
     "running" here was started by an executor that died (the broker redelivered its task):
-    fail it with a clear error instead of leaving it running forever."""
+    fail it with a clear error instead of leaving it running forever. Unless its executor is still
+    heartbeating: then the broker redelivered a task that is still executing (a run longer than
+    the visibility timeout), and the run is left to it."""
+    try:
+        alive = executor_alive(run_id)
+    except redis.RedisError:
+        alive = True  # no evidence either way: the reaper decides once Redis answers
+    if alive:
+        log.warning("redelivery_ignored run=%s reason=executor_alive_or_unknown", run_id)
+        return "skipped"
     if Run.objects.filter(pk=run_id, status="running").exists():
         error = "the worker executing this run died before it finished (task redelivered)"
         return finish_run(run_id, RunOutcome(status="failed", error=error)).status
@@ -80,10 +93,37 @@ def _outcome(result, usage: dict, worker_error: str) -> RunOutcome:
     return RunOutcome(status, result.result, result.error or "", result.exit_code, usage)
 
 
+#: Attempts at recording a run's outcome when the database connection fails under it.
+RECORD_ATTEMPTS = 5
+
+
+def _record_outcome(run_id: str, outcome: RunOutcome) -> str:
+    """finish_run, surviving a dropped database connection (restart, failover, idle kill during
+    a long run): the connection is health-checked first and re-opened on failure, so the result
+    and the usage are written instead of being lost with the task."""
+    attempt = 1
+    while True:
+        close_old_connections()  # with CONN_HEALTH_CHECKS the next query first checks the link
+        try:
+            return finish_run(run_id, outcome).status
+        except (OperationalError, InterfaceError) as exc:
+            if attempt == RECORD_ATTEMPTS:
+                raise
+            log.warning("finish_run_retry run=%s attempt=%d error=%s", run_id, attempt, exc)
+            connection.close()
+            time.sleep(min(8.0, 0.5 * 2**attempt))
+            attempt += 1
+
+
 def execute_run(run_id: str) -> str:
     run = start_run(run_id, settings.SYMPHONY_WORKER_NAME)
     if run is None:
         return _handle_redelivery(run_id)
+    with ExecutorHeartbeat(run_id):
+        return _execute(run)
+
+
+def _execute(run: Run) -> str:
     tenant = run.tenant.slug
     try:
         from gpu_worker.admin_client import AdminClient
@@ -109,7 +149,7 @@ def execute_run(run_id: str) -> str:
     except Exception as exc:
         log.exception("run_failed run=%s tenant=%s", run.pk, tenant)
         outcome = RunOutcome(status="failed", error=f"{type(exc).__name__}: {exc}")
-    status = finish_run(str(run.pk), outcome).status
+    status = _record_outcome(str(run.pk), outcome)
     try:
         kvfiles.sync(run.tenant)
     except kvfiles.WorkerUnavailable:

@@ -14,6 +14,8 @@ from django.utils import timezone
 
 from api.models import ApiKey, Program, Run, Tenant, UsageRecord
 from api.services import routing
+from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
+from api.services.executor_liveness import executor_alive
 from api.services.quotas import check_can_start
 
 log = logging.getLogger(__name__)
@@ -97,11 +99,14 @@ def _enqueue(run: Run, worker: str | None = None) -> None:
 #: A run whose worker has not heartbeated is reaped only after this long (worker restarts and
 #: Redis hiccups shorter than this leave runs alone).
 ORPHAN_GRACE_S = 60
+#: A running run whose executor heartbeat (api/services/executor_liveness.py) is missing is
+#: reaped once it started at least this long ago (covers the start -> first heartbeat window).
+EXECUTOR_GRACE_S = 2 * EXECUTOR_TTL_S
 
 
 def reap_orphaned_runs() -> dict[str, int]:
-    """Fail running runs whose worker is gone and re-route queued ones waiting on a dead
-    worker's queue. Idempotent (start/finish are row-locked), safe to run from several beats.
+    """Fail running runs whose worker is gone or whose Celery executor died, and re-route queued
+    ones waiting on a dead worker's queue. Idempotent (start/finish are row-locked), safe to run from several beats.
     Does nothing when worker liveness cannot be read (Redis down): never reap on no evidence."""
     try:
         _redis().ping()
@@ -114,6 +119,12 @@ def reap_orphaned_runs() -> dict[str, int]:
         error = f"worker {run.worker!r} stopped heartbeating while the run was executing; the run was lost"
         finish_run(str(run.pk), RunOutcome(status="failed", error=error))
         failed += 1
+    executor_cutoff = timezone.now() - timezone.timedelta(seconds=EXECUTOR_GRACE_S)
+    for run in Run.objects.filter(status="running", started_at__lt=executor_cutoff, worker__in=live):
+        if not executor_alive(str(run.pk)):
+            error = "the Celery executor running this run died before it finished; the run was lost"
+            finish_run(str(run.pk), RunOutcome(status="failed", error=error))
+            failed += 1
     if live:
         stale = Run.objects.filter(status="queued", created_at__lt=cutoff).exclude(worker__in=live).exclude(worker="")
         for run in stale.select_related("tenant"):

@@ -80,6 +80,7 @@ def test_reaper_fails_runs_of_dead_workers_and_reroutes_their_queue(heartbeats, 
     alive, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
     start_run(str(alive.pk), "w1")
     Run.objects.filter(pk=alive.pk).update(started_at=old)
+    redis.Redis.from_url(settings.REDIS_URL).set(f"symphony:executor:{alive.pk}", "1", ex=60)
     waiting, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
     Run.objects.filter(pk=waiting.pk).update(worker="ghost", created_at=old)
 
@@ -92,6 +93,35 @@ def test_reaper_fails_runs_of_dead_workers_and_reroutes_their_queue(heartbeats, 
     assert (waiting.status, waiting.worker) == ("queued", "w1")
     assert reap_orphaned_runs() == {"failed": 0, "rerouted": 0}
     redis.Redis.from_url("redis://127.0.0.1:6379/1").delete("worker.w1")
+
+
+def test_reaper_fails_runs_whose_executor_died_and_redelivery_spares_live_ones(heartbeats, api_tenant_a, program):
+    """The gpu_worker is alive but the Celery process executing the run is gone (no executor
+    heartbeat): the run is failed, once past the grace period. A redelivered task for a run whose
+    executor still heartbeats (a run longer than the broker's visibility timeout) leaves it alone."""
+    from api.services.execution import execute_run
+    from api.services.executor_liveness import ExecutorHeartbeat
+
+    heartbeats("w1", pages_free=50)
+    api_tenant_a.tenant.plan = "pro"
+    api_tenant_a.tenant.save()
+    orphan, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(orphan.pk), "w1")
+    assert reap_orphaned_runs() == {"failed": 0, "rerouted": 0}  # within the grace period
+    Run.objects.filter(pk=orphan.pk).update(started_at=timezone.now() - timedelta(minutes=1))
+    busy, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(busy.pk), "w1")
+    Run.objects.filter(pk=busy.pk).update(started_at=timezone.now() - timedelta(hours=2))
+    with ExecutorHeartbeat(str(busy.pk)):
+        assert execute_run(str(busy.pk)) == "skipped"  # the redelivered task
+        assert reap_orphaned_runs() == {"failed": 1, "rerouted": 0}
+    orphan.refresh_from_db()
+    busy.refresh_from_db()
+    assert orphan.status == "failed" and "Celery executor" in orphan.error, orphan.error
+    assert busy.status == "running"
+    assert reap_orphaned_runs() == {"failed": 1, "rerouted": 0}  # its heartbeat ended with the executor
+    busy.refresh_from_db()
+    assert busy.status == "failed"
 
 
 def test_reaper_does_nothing_without_evidence(settings, api_tenant_a, program):

@@ -8,12 +8,21 @@ override ``stack_env`` to give the control plane more settings (e.g. a warm sand
 
 from __future__ import annotations
 
-import uuid
+import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import celery_worker
+
+
+class StackURL(str):
+    """The API's base URL, plus the stack's Celery worker process and its queue, for tests that
+    inject faults into it."""
+
+    celery: subprocess.Popen
+    queue: str
+    env: dict[str, str]
 
 
 @pytest.fixture
@@ -23,10 +32,11 @@ def stack_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def stack(stack_worker, stack_env, sandbox_image, settings, monkeypatch, request) -> Iterator[str]:
+def stack(stack_worker, stack_env, sandbox_image, settings, monkeypatch, request) -> Iterator[StackURL]:
     """Yields the base URL of the API; runs go through Celery to ``stack_worker``."""
     db = settings.DATABASES["default"]
-    name = f"st{uuid.uuid4().hex[:6]}"
+    # The worker's own name, as in production: runs record it, and the reaper finds its heartbeat.
+    name = stack_worker.name
     env = {
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "SYMPHONY_WORKER_NAME": name,
@@ -41,6 +51,7 @@ def stack(stack_worker, stack_env, sandbox_image, settings, monkeypatch, request
         monkeypatch.setenv(key, value)
     settings.SYMPHONY_WORKER_NAME = name
     settings.SYMPHONY_ROUTING = "static"
-    base_url = request.getfixturevalue("api_asgi_server")
-    with celery_worker(f"worker.{name}", env):
-        yield base_url
+    url = StackURL(request.getfixturevalue("api_asgi_server"))
+    url.queue, url.env = f"worker.{name}", env
+    with celery_worker(url.queue, env) as url.celery:
+        yield url

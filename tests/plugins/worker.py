@@ -37,6 +37,8 @@ class RunningWorker:
     model_dir: Path
     log_path: Path
     admin: Any
+    #: ``--name``: its heartbeat key and the worker name runs record.
+    name: str = "test"
     _sessions: list[str] = field(default_factory=list)
 
     def log_tail(self, n: int = 4000) -> str:
@@ -102,7 +104,7 @@ def start_worker(
     with open(log_path, "wb") as log_fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_fh, stderr=subprocess.STDOUT)
     admin = AdminClient(admin_socket, timeout=60)
-    worker = RunningWorker(proc, admin_socket, sessions_dir, kv_store, Path(model_dir), log_path, admin)
+    worker = RunningWorker(proc, admin_socket, sessions_dir, kv_store, Path(model_dir), log_path, admin, name)
     try:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while True:
