@@ -6,6 +6,7 @@ machine against PostgreSQL and Redis on 127.0.0.1 (see README "Configuration").
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -82,6 +83,11 @@ DATABASES = {
         conn_max_age=int(os.environ.get("DATABASE_CONN_MAX_AGE", "60")),
         conn_health_checks=True,
     )
+}
+# One test database per checkout, so two checkouts on one machine (a CI clone next to a working
+# tree) never collide on pytest-django's "test_<name>" database.
+DATABASES["default"]["TEST"] = {
+    "NAME": f"test_{DATABASES['default']['NAME']}_{hashlib.sha256(str(BASE_DIR).encode()).hexdigest()[:8]}"
 }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
