@@ -4,7 +4,16 @@ Pure bookkeeping plus tiering; page contents move only through ``PageIO`` (the E
 Never imports Django or vLLM.
 """
 
-from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, KVFSError, NoSpace, NotFound, PermissionDenied
+from gpu_worker.kvfs.errors import (
+    Busy,
+    Exists,
+    InvalidArgument,
+    KVFSError,
+    NoSpace,
+    NotFound,
+    PermissionDenied,
+    StoreFull,
+)
 from gpu_worker.kvfs.files import Owner, validate_name
 from gpu_worker.kvfs.fs import KVFS, AppendPlan, KVFSLimits
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
@@ -29,6 +38,7 @@ __all__ = [
     "PageIO",
     "PermissionDenied",
     "S3KVStore",
+    "StoreFull",
     "store_from_location",
     "validate_name",
 ]

@@ -27,6 +27,10 @@ class NoSpace(KVFSError):
     code = ErrorCode.NO_SPACE
 
 
+class StoreFull(NoSpace):
+    """The KV store (disk) has no room for a file's bytes; the previous copy is left intact."""
+
+
 class Exists(KVFSError):
     code = ErrorCode.EXISTS
 

@@ -6,12 +6,15 @@ key, and the stores re-check that a key cannot escape their root.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
+
+from gpu_worker.kvfs.errors import StoreFull
 
 _KEY = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
 
@@ -56,16 +59,20 @@ class LocalKVStore(KVStore):
 
     def put(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        tmp = None
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+        except BaseException as exc:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"the KV store is full: {len(data)} bytes for {key} do not fit") from exc
             raise
 
     def get(self, key: str) -> bytes:
