@@ -3,15 +3,21 @@
 An async Django view (not DRF) so that under ASGI each client holds a coroutine, not a thread.
 Event ids are the stream entry ids, so a reconnecting client resumes with Last-Event-ID. The
 stream closes after the ``end`` event, or with a 404 for a run outside the caller's tenant.
+While Redis is unreachable (a restart, a failover) the stream stays open with keep-alives and
+reconnects for up to ``REDIS_RETRY_S``, continuing after the last entry it sent; past that it
+closes without ``end`` and the client resumes with Last-Event-ID.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
@@ -20,8 +26,11 @@ from api.models import Membership, Run
 from api.services.keys import verify_key
 from api.tenancy import SESSION_TENANT_KEY
 
+log = logging.getLogger(__name__)
+
 BLOCK_MS = 1000
 HEARTBEAT_EVERY = 15
+REDIS_RETRY_S = 30.0
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
@@ -60,9 +69,21 @@ async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> Async
     entry every ``HEARTBEAT_EVERY`` seconds of silence lets callers keep connections alive."""
     client = aioredis.Redis.from_url(settings.REDIS_URL)
     idle = 0
+    down_since: float | None = None
     try:
         while True:
-            batch = await client.xread({f"run:{run_id}": last_id}, block=BLOCK_MS, count=100)
+            try:
+                batch = await client.xread({f"run:{run_id}": last_id}, block=BLOCK_MS, count=100)
+                down_since = None
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                now = asyncio.get_running_loop().time()
+                down_since = down_since or now
+                if now - down_since > REDIS_RETRY_S:
+                    raise
+                log.warning("event=sse_redis_retry run=%s error=%r", run_id, exc)
+                yield StreamEntry(last_id, None, "")  # keep the client's connection alive
+                await asyncio.sleep(1.0)
+                continue
             if not batch:
                 idle += 1
                 if idle * BLOCK_MS >= HEARTBEAT_EVERY * 1000:

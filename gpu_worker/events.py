@@ -1,7 +1,10 @@
 """Live run events: the worker XADDs to the Redis stream ``run:<run_id>``.
 
 Publishing happens on a background thread fed by a bounded queue, so a slow or absent Redis
-never delays a ``pred``: when Redis is down or the queue is full, events are logged and dropped.
+never delays a ``pred``. When Redis is unreachable (a restart, a failover) the thread keeps the
+event and retries with backoff for up to ``RETRY_FOR_S``, so a short outage delays events
+instead of losing them; past that, or when the queue is full, events are logged and dropped.
+Heartbeats are never retried: the next one follows in seconds.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ QUEUE_MAX = 10_000
 #: Workers announce themselves under ``symphony:worker:<name>``; the key expires when they stop.
 HEARTBEAT_PREFIX = "symphony:worker:"
 HEARTBEAT_TTL_S = 10
+#: How long one event is retried while Redis is unreachable before it is dropped.
+RETRY_FOR_S = 30.0
 
 
 def stream_key(run_id: str) -> str:
@@ -35,7 +40,7 @@ class EventPublisher:
         self._url = redis_url
         self._queue: queue.Queue[tuple[str, str, str] | None] = queue.Queue(QUEUE_MAX)
         self._client: Any = None
-        self._down_until = 0.0
+        self._redis_down = False
         self.published = 0
         self.dropped = 0
         self._thread = threading.Thread(target=self._run, name="events", daemon=True)
@@ -70,20 +75,38 @@ class EventPublisher:
             if item is None:
                 return
             key, type_, data = item
-            if time.monotonic() < self._down_until:
-                self.dropped += 1
+            if key.startswith(HEARTBEAT_PREFIX):
+                self._send(key, type_, data)
                 continue
-            try:
-                if key.startswith(HEARTBEAT_PREFIX):
-                    self._connect().set(key, data, ex=HEARTBEAT_TTL_S)
-                    continue
-                self._connect().xadd(key, {"type": type_, "data": data}, maxlen=STREAM_MAXLEN, approximate=True)
+            # After one event gave up, Redis counts as down: one try per event (no backlog of
+            # 30 s waits) until a send succeeds again.
+            give_up = time.monotonic() + (0.0 if self._redis_down else RETRY_FOR_S)
+            backoff = 0.1
+            while not self._send(key, type_, data):
+                if time.monotonic() + backoff > give_up:
+                    self.dropped += 1
+                    self._redis_down = True
+                    log.warning("event=event_dropped reason=redis_unreachable stream=%s type=%s", key, type_)
+                    break
+                time.sleep(backoff)
+                backoff = min(2.0, backoff * 2)
+            else:
                 self.published += 1
-            except Exception as exc:  # redis raises many types; none may reach a LIP
-                self.dropped += 1
-                self._client = None
-                self._down_until = time.monotonic() + 1.0
-                log.warning("event=event_dropped reason=redis_error error=%r stream=%s type=%s", exc, key, type_)
+                self._redis_down = False
+
+    def _send(self, key: str, type_: str, data: str) -> bool:
+        """One SET (heartbeat) or XADD (event); on failure drop the connection so the next
+        attempt reconnects."""
+        try:
+            if key.startswith(HEARTBEAT_PREFIX):
+                self._connect().set(key, data, ex=HEARTBEAT_TTL_S)
+            else:
+                self._connect().xadd(key, {"type": type_, "data": data}, maxlen=STREAM_MAXLEN, approximate=True)
+            return True
+        except Exception as exc:  # redis raises many types; none may reach a LIP
+            self._client = None
+            log.warning("event=redis_error error=%r stream=%s type=%s", exc, key, type_)
+            return False
 
     def close(self, timeout: float = 2.0) -> None:
         """Flush what is queued (bounded by ``timeout``) and stop the thread."""

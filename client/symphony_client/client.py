@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -108,8 +109,27 @@ class Client:
     def cancel_run(self, run_id: str) -> dict:
         return self._call("POST", f"runs/{run_id}/cancel")
 
-    def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[Event]:
-        """Yield the run's events until ``end`` (server closes the stream)."""
+    def events(self, run_id: str, last_event_id: str | None = None, reconnects: int = 5) -> Iterator[Event]:
+        """Yield the run's events until ``end``. A stream that breaks or closes before ``end``
+        (server restart, Redis failover past the server's own retries) is resumed with
+        ``Last-Event-ID`` up to ``reconnects`` times in a row, so no event is lost or repeated."""
+        failures = 0
+        while True:
+            try:
+                for event in self._event_stream(run_id, last_event_id):
+                    failures = 0
+                    last_event_id = event.id or last_event_id
+                    yield event
+                    if event.type == "end":
+                        return
+            except httpx.TransportError:
+                pass  # counted below like a stream closed before ``end``
+            failures += 1
+            if failures > reconnects:
+                raise ApiError(0, "stream_lost", f"events of run {run_id} broke off {failures} times in a row")
+            time.sleep(min(8.0, 0.5 * 2**failures))
+
+    def _event_stream(self, run_id: str, last_event_id: str | None) -> Iterator[Event]:
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
         with self._http.stream("GET", f"runs/{run_id}/events", headers=headers, timeout=None) as response:
             if response.status_code >= 400:

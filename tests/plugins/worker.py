@@ -83,7 +83,13 @@ def _redis_up() -> bool:
 
 @contextlib.contextmanager
 def start_worker(
-    model_dir: Path, *, dtype: str = "float32", name: str = "test", num_pages: int = 64, kv_store: Path | None = None
+    model_dir: Path,
+    *,
+    dtype: str = "float32",
+    name: str = "test",
+    num_pages: int = 64,
+    kv_store: Path | None = None,
+    redis_url: str = "redis://127.0.0.1:6379/0",
 ) -> Iterator[RunningWorker]:
     """Run ``python -m gpu_worker`` on ``model_dir`` until the block exits; fail (not skip) if it
     does not become healthy. ``kv_store`` (default: a private temp dir) outlives the worker."""
@@ -99,7 +105,7 @@ def start_worker(
     cmd = [sys.executable, "-m", "gpu_worker", "--model", str(model_dir), "--dtype", dtype]
     cmd += ["--admin-socket", admin_socket, "--sessions-dir", sessions_dir, "--kv-store", kv_store]
     cmd += ["--num-pages", str(num_pages), "--max-model-len", "2048", "--name", name]
-    cmd += ["--redis-url", "redis://127.0.0.1:6379/0"]
+    cmd += ["--redis-url", redis_url]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log_path, "wb") as log_fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_fh, stderr=subprocess.STDOUT)
