@@ -1,13 +1,17 @@
-"""B2 — plain greedy completion: an autoregressive LIP through the socket vs vLLM, tokens/s.
+"""B2 — plain greedy completion: an autoregressive LIP vs vLLM, tokens/s.
 
-Symphony side: ``max_batch`` LIP sessions (threads in this process, one connection each) take
-prompts from a shared queue; per prompt: ``kv_create``, one fused ``pred(prompt, then=argmax)``,
-then one fused ``pred([tok])`` per further token, ``kv_close``. Same number of forwards as vLLM
-(prefill + out-1 decodes). Baseline: ``LLM.generate`` of all prompts, greedy, ``ignore_eos``,
-max batch ``max_batch``, the same number of KV blocks as the worker's pages.
+The LIP, per prompt: ``kv_create``, one fused ``pred(prompt, then=argmax)``, then one fused
+``pred([tok])`` per further token, ``kv_close``: the same number of forwards as vLLM (prefill +
+out-1 decodes). ``max_batch`` of them run at once. Two Symphony figures:
 
-Pending: the spec runs this LIP inside the gVisor sandbox (``sandbox/``); here it runs as threads
-in the benchmark process, so the figure isolates the socket + worker path.
+- **through the gVisor sandbox** (the spec's figure): the LIP is a program run by
+  ``SandboxLauncher`` in ``runsc`` containers (cold start included in the time), each container
+  running several LIP threads on its own session, prompts split evenly;
+- **socket only**: the same loop as threads in this process, one session each (isolates the
+  socket + worker path from container start-up).
+
+Baseline: ``LLM.generate`` of all prompts, greedy, ``ignore_eos``, max batch ``max_batch``, the
+same number of KV blocks as the worker's pages.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import argparse
 import queue
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 
@@ -27,6 +32,7 @@ from bench.harness import (
     WorkerProcess,
     config_dict,
     default_model,
+    max_len_for,
     random_tokens,
     run_threads,
     stopwatch,
@@ -34,6 +40,36 @@ from bench.harness import (
 
 NAME = "b2_completion"
 TENANT = "bench-b2"
+#: Containers for the sandboxed side (2 CPU cores: more would measure docker, not Symphony).
+SANDBOX_CONTAINERS = 4
+SANDBOX_LIP = """
+import threading
+
+from symphony import kv_close, kv_create, pred_token
+
+
+def main(args):
+    counts = []
+
+    def lip(prompts):
+        n = 0
+        for prompt in prompts:
+            kv = kv_create()
+            tok = pred_token(kv, prompt)
+            n += 1
+            for _ in range(args["out_tokens"] - 1):
+                tok = pred_token(kv, [tok])
+                n += 1
+            kv_close(kv)
+        counts.append(n)
+
+    threads = [threading.Thread(target=lip, args=(shard,)) for shard in args["shards"]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sum(counts)
+"""
 
 
 @dataclass(frozen=True)
@@ -83,10 +119,60 @@ def symphony_side(worker: WorkerProcess, wl: Workload, prompts: list[list[int]])
     return produced / t[0]
 
 
+def sandbox_side(worker: WorkerProcess, wl: Workload, prompts: list[list[int]], program: str, image: str) -> float:
+    """Output tokens/s of the same LIP run in gVisor containers (cold starts included)."""
+    import uuid
+
+    from sandbox.launcher import SandboxLauncher, SandboxSpec
+
+    lanes = min(wl.max_batch, len(prompts))
+    containers = min(SANDBOX_CONTAINERS, lanes)
+    shards = [prompts[i::lanes] for i in range(lanes)]
+    launcher = SandboxLauncher(image=image)
+
+    def container(c: int) -> int:
+        info = worker.admin.create_session(TENANT, f"b2-{uuid.uuid4().hex[:8]}", {})
+        try:
+            args = {"shards": shards[c::containers], "out_tokens": wl.out_tokens}
+            spec = SandboxSpec(program, args, info.socket_path, info.token, info.session_id, TENANT, deadline_s=3600)
+            res = launcher.run(spec)
+        finally:
+            worker.admin.end_session(info.session_id)
+        if res.status != "succeeded":
+            raise RuntimeError(f"sandboxed LIP {res.status}: {res.error}\n{res.stderr[-2000:]}")
+        return int(res.result)
+
+    with stopwatch() as t:
+        produced = sum(run_threads([lambda c=c: container(c) for c in range(containers)]))
+    return produced / t[0]
+
+
+def compare_sandboxed(
+    worker: WorkerProcess, base: VLLMBaseline, wl: Workload, reps: int, seed: int, workdir: str
+) -> Comparison:
+    from sandbox.image import ensure
+
+    image = ensure(log=lambda m: print(m, file=sys.stderr))
+    program = f"{workdir}/b2_lip.py"
+    with open(program, "w") as fh:
+        fh.write(SANDBOX_LIP)
+    cmp = Comparison("greedy completion (gVisor sandbox)", "tok/s")
+    cmp.extra.update(target=">= 0.97x vLLM tokens/s", containers=min(SANDBOX_CONTAINERS, wl.max_batch, wl.prompts))
+    for i in range(reps):
+        prompts = [random_tokens(wl.prompt_tokens, seed, 5, i, p) for p in range(wl.prompts)]
+        sides = [
+            (lambda p=prompts: sandbox_side(worker, wl, p, program, image), cmp.symphony),
+            (lambda p=prompts: base.generate(p, wl.out_tokens).tokens_per_s, cmp.baseline),
+        ]
+        for fn, sample in sides if i % 2 == 0 else reversed(sides):
+            sample.add(fn())
+    return cmp
+
+
 def compare(worker: WorkerProcess, base: VLLMBaseline, wl: Workload, reps: int, seed: int) -> Comparison:
     """Interleaved reps of both sides on the same prompts (reusable with another bench's setup)."""
     # Distinct prompts per rep so neither side serves a rep from the previous rep's cache.
-    cmp = Comparison("greedy completion", "tok/s")
+    cmp = Comparison("greedy completion (socket only)", "tok/s")
     cmp.extra["target"] = ">= 0.97x vLLM tokens/s"
     for i in range(reps):
         prompts = [random_tokens(wl.prompt_tokens, seed, 4, i, p) for p in range(wl.prompts)]
@@ -113,8 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     wl = Workload(**{**asdict(wl), **{f: v for f, v in vars(a).items() if f in asdict(wl) and v is not None}})
     cfg = BenchConfig(model=a.model or default_model(a.quick), quick=a.quick, reps=a.reps, dtype=a.dtype, seed=a.seed)
     started = time.perf_counter()
-    num_pages = wl.pages(128)
-    max_len = max(512, -(-(wl.prompt_tokens + wl.out_tokens + 8) // 128) * 128)
+    max_len = max_len_for(wl.prompt_tokens + wl.out_tokens)
+    # vLLM refuses to start unless one sequence of max_len fits (it needs one block beyond it).
+    num_pages = max(wl.pages(128), max_len // 128 + 2)
     opts = WorkerOptions(
         model=cfg.model, num_pages=num_pages, dtype=cfg.dtype, max_model_len=max_len, max_num_seqs=wl.max_batch
     )
@@ -123,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         base = VLLMBaseline(cfg.model, num_pages, dtype=cfg.dtype, max_num_seqs=wl.max_batch, max_model_len=max_len)
         worker.wait_ready()
-        with worker.sample_pages():
+        with worker.sample_pages(), tempfile.TemporaryDirectory(prefix="b2-") as workdir:
+            result.comparisons.append(compare_sandboxed(worker, base, wl, cfg.reps, cfg.seed, workdir))
             result.comparisons.append(compare(worker, base, wl, cfg.reps, cfg.seed))
         result.memory = worker.memory()
         base.close()

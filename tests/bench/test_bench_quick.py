@@ -1,5 +1,5 @@
-"""Smoke check of the benchmark harness: ``python -m bench all --quick`` (B1-B3) and each of
-B4-B6 and B8 with ``--quick`` produce ratios.
+"""Smoke check of the benchmark harness: ``python -m bench all --quick`` (B1-B3 in one process)
+and B2 (with its sandboxed side), B4-B6 and B8 each with ``--quick`` produce ratios.
 
 Asserts that every benchmark ran, measured both sides and computed a finite positive ratio. It
 does not assert the values: on shared 2-core CI machines and the tiny random model they say
@@ -61,7 +61,8 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
 
 @pytest.mark.parametrize(("bench", "output"), [("b4", "b4_parallel_decode"), ("b5", "b5_json"), ("b6", "b6_react")])
 def test_bench_quick_b4_to_b6_produce_ratios(bench: str, output: str, tmp_path: Path) -> None:
-    """Each runs alone (its own worker and baseline sizes). B4's LIP itself fails the run when its
+    """Each runs alone (its own worker and baseline sizes). B2 alone also runs its LIP in gVisor
+    containers. B4's LIP itself fails the run when its
     forks copied prompt pages instead of sharing them, so a pass also proves copy-on-write."""
     _bench(tmp_path, bench, "--reps", "1")
     summary = json.loads((tmp_path / "summary.json").read_text())
