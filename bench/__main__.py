@@ -1,4 +1,4 @@
-"""``python -m bench all|b1|b2|b3|b4|b5|b6|b8 [--quick] [--model DIR] [--reps N]``.
+"""``python -m bench all|b1|b2|b3|b4|b5|b6|b7|b8 [--quick] [--model DIR] [--reps N]``.
 
 Each benchmark runs in its own ``python -m bench.<module>`` subprocess: vLLM allows one engine per
 process, and every benchmark hosts one (the baseline ``LLM`` or, for B3, the bare engine
@@ -26,6 +26,7 @@ OUTPUTS = {
     "b4": "b4_parallel_decode",
     "b5": "b5_json",
     "b6": "b6_react",
+    "b7": "b7_mix",
     "b8": "b8_sandbox_start",
 }
 MODULES = {name: f"bench.{module}" for name, module in OUTPUTS.items()}
