@@ -216,6 +216,8 @@ class Scheduler:
         self._running: list[PredCall] = []
         #: Calls each session had in its last forward (its "width"), for the bounded wait.
         self._width: dict[str, int] = {}
+        #: When the last forward ended (``time.monotonic``): the start of a batch's bounded wait.
+        self._engine_free_since = 0.0
         self._stop = False
         #: Sessions currently able to issue a pred (not blocked in I/O); used to stop waiting
         #: for a fuller batch once every such session has a call queued.
@@ -317,6 +319,11 @@ class Scheduler:
         oldest = self.queue.oldest()
         if oldest is None:
             return
+        # The wait counts from when the engine became free, not from the oldest call's arrival:
+        # calls queued during the previous forward could not have run earlier anyway, and
+        # counting their time in the queue would launch at once, splitting a LIP's width into
+        # alternating part-full forwards.
+        oldest = max(oldest, self._engine_free_since)
         while not self._stop:
             if self.queue.queued_tokens() >= self.config.max_num_batched_tokens:
                 return
@@ -424,6 +431,7 @@ class Scheduler:
                 self._running = []
             return
         elapsed = time.perf_counter() - t0
+        self._engine_free_since = time.monotonic()
         m = self.metrics
         m.forwards += 1
         m.items += len(items)
@@ -433,7 +441,11 @@ class Scheduler:
         widths = collections.Counter(c.session.session_id for c, _, _ in plans)
         sessions = set(widths)
         with self._cond:
-            self._width.update(widths)
+            # A session's width is what it had in this forward plus what it already queued
+            # meanwhile: a LIP whose N threads fell into two alternating half-batches is N wide,
+            # so the next forward waits (boundedly) for all N instead of keeping the split.
+            queued = collections.Counter(c.session.session_id for q in self.queue.queues.values() for c in q)
+            self._width.update({sid: n + queued[sid] for sid, n in widths.items()})
         m.max_sessions_in_forward = max(m.max_sessions_in_forward, len(sessions))
         if len(sessions) > 1:
             m.multi_session_forwards += 1
