@@ -1,6 +1,9 @@
 """Celery tasks of the control plane. Tasks stay thin: business logic lives in api/services."""
 
 import logging
+import os
+import threading
+import time
 
 from celery import shared_task
 from celery.signals import worker_ready
@@ -8,16 +11,34 @@ from celery.signals import worker_ready
 log = logging.getLogger(__name__)
 
 
-@worker_ready.connect
-def reap_leftover_sandboxes(**_kwargs) -> None:
-    """A Celery worker that (re)starts removes sandbox containers a crashed executor on this
-    host left behind (their launcher pid is gone, or their deadline passed)."""
+#: How often a Celery worker reaps this host's leftover sandboxes (``SYMPHONY_SANDBOX_REAP_EVERY_S``).
+REAP_EVERY_S = float(os.environ.get("SYMPHONY_SANDBOX_REAP_EVERY_S") or 60)
+
+
+def _reap_sandboxes() -> None:
     try:
         from sandbox.launcher import reap
 
         reap()
     except Exception as exc:  # docker down: runs will fail with a clear error instead
         log.warning("sandbox_reap_skipped error=%s", exc)
+
+
+def _reap_forever() -> None:
+    while True:
+        time.sleep(REAP_EVERY_S)
+        _reap_sandboxes()
+
+
+@worker_ready.connect
+def reap_leftover_sandboxes(**_kwargs) -> None:
+    """A Celery worker that (re)starts removes sandbox containers a crashed executor on this
+    host left behind (their launcher pid is gone, or their deadline passed), then keeps doing so
+    every ``REAP_EVERY_S``: a container whose removal failed (dockerd restarted under its run)
+    is found once it has been stopped for a while. Beat cannot do this: it runs on one host, and
+    each host has its own dockerd."""
+    _reap_sandboxes()
+    threading.Thread(target=_reap_forever, name="sandbox-reaper", daemon=True).start()
 
 
 @shared_task(name="api.ping")

@@ -25,6 +25,7 @@ import time
 import uuid
 import zipfile
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,8 @@ LABEL_OWNER = "symphony.launcher"  # "<hostname>:<pid>" of the launcher process
 LABEL_EXPIRES = "symphony.expires"  # unix time after which the container is garbage
 #: Extra time past the deadline before the reaper treats a container as abandoned.
 REAP_GRACE_S = 60.0
+#: An exited sandbox nobody removed is reaped after this long (``SYMPHONY_SANDBOX_EXITED_GRACE_S``).
+EXITED_GRACE_S = float(os.environ.get("SYMPHONY_SANDBOX_EXITED_GRACE_S") or 60)
 #: Host threads gVisor itself needs (sentry + gofer Go runtimes) on top of the program's own
 #: processes/threads. The docker pids limit is a host cgroup limit, so ``spec.pids`` alone would
 #: starve runsc: with a host limit of 32 ``runsc start`` hangs forever (measured).
@@ -426,8 +429,24 @@ def _remove_slot_dir(path: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def reap(client: Any = None, now: float | None = None) -> list[str]:
-    """Remove sandbox containers whose launcher died or whose deadline (+ grace) passed.
+def _exited_long_ago(container: Any, now: float, grace_s: float) -> bool:
+    """An exited sandbox whose launcher never removed it (dockerd restarted under a run, the
+    removal failed) is garbage once it has been stopped for ``grace_s``: a live launcher reads
+    its exit status within moments of the exit."""
+    if container.status not in ("exited", "dead"):
+        return False
+    container.reload()  # the list API's summary has no FinishedAt
+    finished = (container.attrs.get("State") or {}).get("FinishedAt", "")
+    try:
+        stopped = datetime.strptime(finished[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
+    except ValueError:
+        return False
+    return stopped > 0 and now - stopped > grace_s
+
+
+def reap(client: Any = None, now: float | None = None, exited_grace_s: float = EXITED_GRACE_S) -> list[str]:
+    """Remove sandbox containers whose launcher died, whose deadline (+ grace) passed, or that
+    exited more than ``exited_grace_s`` ago without being removed.
 
     Warm-pool containers carry the same labels (their expiry covers the pool's idle age plus its
     longest deadline), so an orphaned pool is reaped like a crashed run, slot dirs included.
@@ -446,7 +465,7 @@ def reap(client: Any = None, now: float | None = None) -> list[str]:
         except ValueError:
             expires = 0.0
         orphan = owner_host == host and pid.isdigit() and not _pid_alive(int(pid))
-        if orphan or expires < now:
+        if orphan or expires < now or _exited_long_ago(c, now, exited_grace_s):
             try:
                 c.remove(force=True)
                 removed.append(c.name)
