@@ -21,6 +21,24 @@ MAX_SOURCE_CHARS = 100_000
 CACHE_SIZE = 128
 
 
+def grammar_source(kind: str, value: object) -> str:
+    """The source text to compile, or BAD_ARGS for a value of the wrong type or size.
+
+    A JSON schema may come as text or as the decoded schema (an object or a boolean schema);
+    anything else a LIP sends (bytes, numbers, objects holding bytes) is refused here, before
+    it can reach ``json.dumps`` or xgrammar.
+    """
+    if kind == "json_schema" and isinstance(value, (dict, bool)):
+        try:
+            value = json.dumps(value, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise ProtocolError(ErrorCode.BAD_ARGS, f"json_schema is not JSON: {exc}") from None
+    if not isinstance(value, str) or len(value) > MAX_SOURCE_CHARS:
+        what = "a string or a JSON schema object" if kind == "json_schema" else "a string"
+        raise ProtocolError(ErrorCode.BAD_ARGS, f"{kind} must be {what} of at most {MAX_SOURCE_CHARS} chars")
+    return value
+
+
 class GrammarCompiler:
     """Worker-wide compiler with an LRU cache keyed by ``(kind, source)``."""
 
@@ -49,11 +67,7 @@ class GrammarCompiler:
         if len(kinds) != 1:
             raise ProtocolError(ErrorCode.BAD_ARGS, "give exactly one of json_schema, regex, ebnf")
         kind = kinds[0]
-        source = args[kind]
-        if kind == "json_schema" and not isinstance(source, str):
-            source = json.dumps(source, sort_keys=True)
-        if not isinstance(source, str) or len(source) > MAX_SOURCE_CHARS:
-            raise ProtocolError(ErrorCode.BAD_ARGS, f"{kind} must be a string of at most {MAX_SOURCE_CHARS} chars")
+        source = grammar_source(kind, args[kind])
         key = (kind, source)
         with self._lock:
             if key in self._cache:

@@ -504,3 +504,23 @@ def test_extreme_temperature_and_bias_do_not_fail_internally(gpu_worker_process,
         reply = conn.call(fuzzer.next_id, "dist_sample", {"dist": dist, **params})
         fuzzer.next_id += 1
         assert "ok" in reply or reply["err"]["code"] == ErrorCode.BAD_ARGS, (params, reply)
+
+
+def test_grammar_source_of_the_wrong_type_is_einval(gpu_worker_process, fuzzer) -> None:
+    """Found by the fuzzer (json_schema=b""): a schema that is not text or JSON is a bad argument."""
+    conn = fuzzer.connection()
+    hostile: list[dict[str, Any]] = [
+        {"json_schema": b""},
+        {"json_schema": 7},
+        {"json_schema": {"type": b"string"}},
+        {"json_schema": {"maximum": math.nan}},
+        {"regex": b"a+"},
+        {"ebnf": ["root ::= x"]},
+    ]
+    for args in hostile:
+        reply = conn.call(fuzzer.next_id, "grammar", args)
+        fuzzer.next_id += 1
+        assert reply["err"]["code"] == ErrorCode.BAD_ARGS, (args, reply)
+    reply = conn.call(fuzzer.next_id, "grammar", {"json_schema": {"type": "boolean"}})
+    fuzzer.next_id += 1
+    assert "grammar" in reply["ok"], reply
