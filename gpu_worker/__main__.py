@@ -31,7 +31,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-batch-wait-ms", type=float, default=10.0)
+    p.add_argument("--max-batch-wait-ms", type=float, default=50.0, help="cap on a batch's wait for more calls")
+    p.add_argument(
+        "--batch-wait-fraction", type=float, default=0.25, help="a batch waits at most this share of a forward's time"
+    )
     p.add_argument("--io-swap-threshold-s", type=float, default=0.5)
     p.add_argument("--redis-url", default=env["redis_url"])
     p.add_argument("--log-level", default="INFO")
@@ -68,6 +71,7 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
             max_batch_wait_s=args.max_batch_wait_ms / 1000,
+            batch_wait_fraction=args.batch_wait_fraction,
             io_swap_threshold_s=args.io_swap_threshold_s,
         ),
     )

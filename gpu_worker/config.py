@@ -26,8 +26,10 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     #: Most sequences in one forward.
     max_num_seqs: int = 64
-    #: Longest wait for a fuller batch, in seconds; the actual wait is bounded by one forward.
-    max_batch_wait_s: float = 0.01
+    #: Longest wait for a fuller batch, in seconds (a cap on the proportional wait below).
+    max_batch_wait_s: float = 0.05
+    #: A batch waits for more calls at most this fraction of a forward's time (moving average).
+    batch_wait_fraction: float = 0.25
     #: DRR quantum in tokens per unit of tenant weight and round.
     drr_quantum: int = 256
     #: Most ``pred`` calls one session may have queued or running at once (a LIP's thread

@@ -1,10 +1,11 @@
 """Two-level scheduler (DESIGN.md §5).
 
 *LIP level*: pending ``pred`` calls wait in per-tenant queues; :class:`FairQueue` picks the
-next batch by deficit round robin on tokens across tenants (weighted), decode calls first.
+next batch by deficit round robin on tokens across tenants (weighted), decode calls first,
+contended decode seats to the least-served tenant.
 *Batch level*: one engine thread (the engine is not thread-safe) forms a batch of every
 runnable call under the token budget, chunking long prefills, after waiting a bounded time
-(about one forward) for a fuller batch; plans appends with KVFS, runs ``Engine.forward``,
+(a fraction of one forward) for a fuller batch; plans appends with KVFS, runs ``Engine.forward``,
 commits or aborts, and completes each call's future. The asyncio loop never touches the engine.
 """
 
@@ -15,7 +16,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -74,22 +75,44 @@ class PredCall:
 class FairQueue:
     """Per-tenant FIFO queues served by deficit round robin on tokens.
 
-    Decode calls (one token left) go first, in tenant rotation order; prefill calls share the
-    remaining token budget by DRR: each round a backlogged tenant earns ``quantum * weight``
-    tokens of credit and spends it on (chunks of) its calls. A tenant whose queue empties
-    loses its credit, as in classic DRR, so idle tenants cannot bank service.
+    Decode calls (one token left) go first; prefill calls share the remaining token budget by
+    DRR: each round a backlogged tenant earns ``quantum * weight`` tokens of credit and spends
+    it on (chunks of) its calls. A tenant whose queue empties loses its credit, as in classic
+    DRR, so idle tenants cannot bank service.
+
+    When more decode calls are queued than the batch has seats, seats go one at a time to the
+    tenant that has been served the fewest tokens per unit of weight (a virtual token counter,
+    as in VTC, Sheng et al., "Fairness in Serving Large Language Models", OSDI '24): a tenant
+    decoding many short sequences is not crowded out by tenants whose seats also carry long
+    prefills. A tenant coming back after ``idle_reset_s`` without queued calls starts at the
+    lowest counter of the tenants queued now, so idling banks no priority either.
     """
 
-    def __init__(self, quantum: int) -> None:
+    def __init__(self, quantum: int, idle_reset_s: float = 1.0) -> None:
         self.quantum = quantum
+        self.idle_reset_s = idle_reset_s
         self.queues: collections.OrderedDict[str, collections.deque[PredCall]] = collections.OrderedDict()
         self.deficit: dict[str, float] = collections.defaultdict(float)
+        #: Tokens served per unit of weight, and when each tenant last had calls queued.
+        self.served: dict[str, float] = {}
+        self.last_queued: dict[str, float] = {}
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.queues.values())
 
     def push(self, call: PredCall, front: bool = False) -> None:
-        queue = self.queues.setdefault(call.tenant, collections.deque())
+        tenant, now = call.tenant, time.monotonic()
+        if tenant not in self.queues and now - self.last_queued.get(tenant, float("-inf")) > self.idle_reset_s:
+            # Start at the lowest counter of the tenants being served now, including those whose
+            # calls are all in the running forward (queued within ``idle_reset_s``), never at 0.
+            recent = [
+                self.served[t]
+                for t in self.served
+                if t != tenant and (t in self.queues or now - self.last_queued.get(t, 0.0) <= self.idle_reset_s)
+            ]
+            self.served[tenant] = max(self.served.get(tenant, 0.0), min(recent, default=0.0))
+        self.last_queued[tenant] = now
+        queue = self.queues.setdefault(tenant, collections.deque())
         if front:
             queue.appendleft(call)
         else:
@@ -105,9 +128,37 @@ class FairQueue:
         return removed
 
     def _drop_empty(self) -> None:
+        now = time.monotonic()
         for tenant in [t for t, q in self.queues.items() if not q]:
             del self.queues[tenant]
             self.deficit.pop(tenant, None)
+            self.last_queued[tenant] = now
+        if len(self.served) > 2 * len(self.queues) + 64:  # forget long-idle tenants
+            for tenant in [t for t in self.served if t not in self.queues]:
+                if now - self.last_queued.get(tenant, now) > 60 * self.idle_reset_s:
+                    del self.served[tenant]
+                    self.last_queued.pop(tenant, None)
+
+    def _charge(self, call: PredCall, tokens: int) -> None:
+        weight = max(call.session.weight, 0.01)
+        self.served[call.tenant] = self.served.get(call.tenant, 0.0) + tokens / weight
+
+    def _decode_seats(self, tenants: list[str], seats: int, skip: Callable[[PredCall], bool]) -> list[PredCall]:
+        """The decode calls to run: all of them if they fit, else least-served tenant first."""
+        decodes = {t: [c for c in self.queues[t] if c.remaining == 1 and not skip(c)] for t in tenants}
+        if sum(len(v) for v in decodes.values()) <= seats:
+            return [c for t in tenants for c in decodes[t]]
+        counters = {t: self.served.get(t, 0.0) for t in tenants if decodes[t]}
+        rank = {t: i for i, t in enumerate(tenants)}  # ties go in rotation order
+        chosen: list[PredCall] = []
+        while len(chosen) < seats and counters:
+            tenant = min(counters, key=lambda t: (counters[t], rank[t]))
+            call = decodes[tenant].pop(0)
+            chosen.append(call)
+            counters[tenant] += 1 / max(call.session.weight, 0.01)
+            if not decodes[tenant]:
+                del counters[tenant]
+        return chosen
 
     def oldest(self) -> float | None:
         heads = [q[0].enqueued for q in self.queues.values() if q]
@@ -122,15 +173,12 @@ class FairQueue:
         taken: set[int] = set()
         tenants = list(self.queues)
         # Decode first: latency-bound, one token each.
-        for tenant in tenants:
-            for call in self.queues[tenant]:
-                if len(picked) >= max_seqs or budget <= 0:
-                    break
-                if call.remaining == 1 and not skip(call):
-                    picked.append((call, 1))
-                    taken.add(id(call))
-                    budget -= 1
-                    self.deficit[tenant] -= 1
+        for call in self._decode_seats(tenants, min(max_seqs, budget), skip):
+            picked.append((call, 1))
+            taken.add(id(call))
+            budget -= 1
+            self.deficit[call.tenant] -= 1
+            self._charge(call, 1)
         # Prefill by DRR.
         progress = True
         while budget > 0 and len(picked) < max_seqs and progress:
@@ -149,6 +197,7 @@ class FairQueue:
                     taken.add(id(call))
                     budget -= n
                     self.deficit[tenant] -= n
+                    self._charge(call, n)
                     progress = True
                     if n < call.remaining:
                         break
@@ -179,6 +228,16 @@ class Metrics:
     calls: int = 0
     failed_calls: int = 0
     tokens_per_tenant: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
+    #: Why each batch stopped waiting for more calls (see ``Scheduler._wait_for_fuller_batch``):
+    #: an operator reading "bound" most of the time knows batches launch part-full.
+    launch_reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+    #: Forwards that left runnable calls queued because the batch hit ``max_num_seqs`` /
+    #: ``max_num_batched_tokens``: demand above the cap, not a scheduling gap.
+    forwards_seq_capped: int = 0
+    forwards_token_capped: int = 0
+    #: Per tenant: forwards that left some of its runnable calls queued. A tenant that is
+    #: never passed over got all it asked for (its share is limited by its own demand).
+    passed_over_per_tenant: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
 
     def to_dict(self, max_num_batched_tokens: int) -> dict[str, Any]:
         f = max(self.forwards, 1)
@@ -197,6 +256,10 @@ class Metrics:
             "queue_wait_ms_avg": 1000 * self.queue_wait_s_total / max(self.calls, 1),
             "queue_wait_ms_max": 1000 * self.queue_wait_s_max,
             "tokens_per_tenant": dict(self.tokens_per_tenant),
+            "launch_reasons": dict(self.launch_reasons),
+            "forwards_seq_capped": self.forwards_seq_capped,
+            "forwards_token_capped": self.forwards_token_capped,
+            "passed_over_per_tenant": dict(self.passed_over_per_tenant),
         }
 
 
@@ -214,14 +277,16 @@ class Scheduler:
         self._tasks: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
         self._releases: list[str] = []
         self._running: list[PredCall] = []
-        #: Calls each session had in its last forward (its "width"), for the bounded wait.
+        #: The sessions of the last forward and their "width" (calls they had in it plus calls
+        #: they queued during it): what the next batch's bounded wait expects back.
         self._width: dict[str, int] = {}
         #: When the last forward ended (``time.monotonic``): the start of a batch's bounded wait.
         self._engine_free_since = 0.0
         self._stop = False
-        #: Sessions currently able to issue a pred (not blocked in I/O); used to stop waiting
-        #: for a fuller batch once every such session has a call queued.
-        self.active_sessions: Callable[[], int] = lambda: 0
+        #: Ids of the sessions currently able to issue a pred (connected, not blocked in
+        #: brokered I/O, not ended): a session of the last forward that went into I/O or ended
+        #: is not waited for.
+        self.active_sessions: Callable[[], Collection[str]] = lambda: ()
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
 
     def alive(self) -> bool:
@@ -286,7 +351,9 @@ class Scheduler:
                     self._cond.wait()
                 if self._stop:
                     break
-                self._wait_for_fuller_batch()
+                reason = self._wait_for_fuller_batch()
+                if reason:
+                    self.metrics.launch_reasons[reason] += 1
                 tasks = list(self._tasks)
                 self._tasks.clear()
                 releases, self._releases = self._releases, []
@@ -304,6 +371,13 @@ class Scheduler:
                     self.config.max_num_seqs,
                     skip=lambda c: c.future.done(),
                 )
+                if picked and len(self.queue):  # ``select`` removed what it picked
+                    for tenant in self.queue.queues:
+                        self.metrics.passed_over_per_tenant[tenant] += 1
+                    if len(picked) >= self.config.max_num_seqs:
+                        self.metrics.forwards_seq_capped += 1
+                    elif sum(n for _, n in picked) >= self.config.max_num_batched_tokens:
+                        self.metrics.forwards_token_capped += 1
             if picked:
                 self._run_batch(picked)
         with self._cond:
@@ -311,39 +385,51 @@ class Scheduler:
         for call in leftover:
             self._fail(call, ProtocolError(ErrorCode.BUSY, "worker is shutting down"))
 
-    def _wait_for_fuller_batch(self) -> None:
-        """Bounded wait (≈ one forward, at most ``max_batch_wait_s``) while the batch could grow."""
+    def _wait_for_fuller_batch(self) -> str | None:
+        """Bounded wait while the batch could grow: ``batch_wait_fraction`` of a forward's time,
+        at most ``max_batch_wait_s``.
+
+        Proportional because the cost of waiting is relative: holding a 200 ms CPU forward for
+        50 ms to fill it from 8 to 16 items pays, holding a 10 ms GPU forward for 50 ms does not.
+        Returns why it stopped waiting (``None``: nothing queued), counted in the metrics."""
         if self._tasks:
-            return
-        bound = min(self.config.max_batch_wait_s, max(self.metrics.forward_s_ema, 0.001))
+            return "engine_task"
+        bound = min(
+            self.config.max_batch_wait_s, max(self.config.batch_wait_fraction * self.metrics.forward_s_ema, 0.001)
+        )
         oldest = self.queue.oldest()
         if oldest is None:
-            return
+            return None
         # The wait counts from when the engine became free, not from the oldest call's arrival:
         # calls queued during the previous forward could not have run earlier anyway, and
         # counting their time in the queue would launch at once, splitting a LIP's width into
         # alternating part-full forwards.
         oldest = max(oldest, self._engine_free_since)
         while not self._stop:
+            # A batch that is already full cannot grow: waiting would only delay it.
             if self.queue.queued_tokens() >= self.config.max_num_batched_tokens:
-                return
+                return "tokens_full"
+            if len(self.queue) >= self.config.max_num_seqs:
+                return "seqs_full"
             if self._every_session_ready():
-                return
+                return "all_ready"
             left = oldest + bound - time.monotonic()
             if left <= 0:
-                return
+                return "bound"
             self._cond.wait(left)
+        return "stopping"
 
     def _every_session_ready(self) -> bool:
-        """Every active session has queued as many calls as it had in its last forward.
+        """Every session of the last forward that can still send has queued its width again.
 
         A LIP with N threads decodes N sequences: launching when its first call arrives would
-        split its width over several part-full forwards. A session whose width shrank only
-        costs the bounded wait."""
+        split its width over several part-full forwards. Only the last forward's sessions are
+        waited for: a connected session that sent nothing for a whole forward (idle, or new and
+        still starting its sandbox) joins when its call comes and holds nobody back. A session
+        whose width shrank or that stopped sending costs one bounded wait."""
         queued = collections.Counter(c.session.session_id for q in self.queue.queues.values() for c in q)
-        if len(queued) < self.active_sessions():
-            return False
-        return all(n >= self._width.get(sid, 1) for sid, n in queued.items())
+        active = set(self.active_sessions())
+        return all(queued[sid] >= n for sid, n in self._width.items() if sid in active)
 
     def _fail(self, call: PredCall, error: BaseException) -> None:
         self.metrics.failed_calls += 1
@@ -445,7 +531,7 @@ class Scheduler:
             # meanwhile: a LIP whose N threads fell into two alternating half-batches is N wide,
             # so the next forward waits (boundedly) for all N instead of keeping the split.
             queued = collections.Counter(c.session.session_id for q in self.queue.queues.values() for c in q)
-            self._width.update({sid: n + queued[sid] for sid, n in widths.items()})
+            self._width = {sid: n + queued[sid] for sid, n in widths.items()}
         m.max_sessions_in_forward = max(m.max_sessions_in_forward, len(sessions))
         if len(sessions) > 1:
             m.multi_session_forwards += 1

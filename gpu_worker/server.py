@@ -102,8 +102,8 @@ class Worker:
         s.swaps += 1
         log.info("event=swap_out session=%s tenant=%s run=%s pages=%d", s.session_id, s.tenant, s.run_id, freed)
 
-    def _active_sessions(self) -> int:
-        return sum(1 for s in list(self.sessions.values()) if s.writers and s.io_waits == 0 and not s.ended)
+    def _active_sessions(self) -> list[str]:
+        return [s.session_id for s in list(self.sessions.values()) if s.writers and s.io_waits == 0 and not s.ended]
 
     def scheduler_alive(self) -> bool:
         return self.scheduler.alive()

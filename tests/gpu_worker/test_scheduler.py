@@ -122,6 +122,62 @@ def test_drr_shares_prefill_tokens_fairly_between_backlogged_tenants() -> None:
     assert abs(served["a"] - served["b"]) <= 0.1 * served["a"], served
 
 
+def test_contended_decode_seats_go_to_the_least_served_tenant() -> None:
+    """More decode calls than seats: a tenant whose seats carried long prefills (many tokens
+    served) yields seats to one that only decodes; equal counters split the seats evenly."""
+    q = FairQueue(quantum=512)
+    heavy, light = FakeSession("sh", "heavy"), FakeSession("sl", "light")
+    q.push(_call(light, 1))
+    q.select(budget=300, max_seqs=8, skip=lambda c: False)  # 1 token served to light
+    q.push(_call(heavy, 300))
+    for call, n in q.select(budget=300, max_seqs=8, skip=lambda c: False):
+        assert call.tenant == "heavy" and n == 300  # 300 tokens served to heavy
+    for _ in range(8):
+        q.push(_call(heavy, 1))
+        q.push(_call(light, 1))
+    picked = q.select(budget=100, max_seqs=8, skip=lambda c: False)
+    assert [c.tenant for c, _ in picked] == ["light"] * 8
+
+    even = FairQueue(quantum=64)
+    a, b = FakeSession("sa", "a"), FakeSession("sb", "b")
+    for _ in range(8):
+        even.push(_call(a, 1))
+        even.push(_call(b, 1))
+    picked = even.select(budget=100, max_seqs=8, skip=lambda c: False)
+    assert sorted(c.tenant for c, _ in picked) == ["a"] * 4 + ["b"] * 4
+
+
+def test_a_returning_tenant_banks_no_priority() -> None:
+    """A tenant idle past ``idle_reset_s`` restarts at the lowest counter of the queued tenants,
+    not at its old (lower) count, so it shares seats instead of taking them all."""
+    q = FairQueue(quantum=64, idle_reset_s=0.0)
+    busy, back = FakeSession("sb", "busy"), FakeSession("sr", "back")
+    for _ in range(20):
+        q.push(_call(busy, 50))
+        for call, n in q.select(budget=50, max_seqs=8, skip=lambda c: False):
+            call.done += n
+    time.sleep(0.01)
+    for _ in range(8):
+        q.push(_call(busy, 1))
+        q.push(_call(back, 1))
+    picked = q.select(budget=100, max_seqs=8, skip=lambda c: False)
+    assert sorted(c.tenant for c, _ in picked) == ["back"] * 4 + ["busy"] * 4
+
+
+def test_a_new_tenant_starts_level_with_tenants_whose_calls_are_running() -> None:
+    """A new tenant arriving while the busy tenant's calls are all in the running forward (its
+    queue momentarily empty) starts at the busy tenant's counter, not at 0."""
+    q = FairQueue(quantum=512)
+    busy, new = FakeSession("sb", "busy"), FakeSession("sn", "new")
+    q.push(_call(busy, 400))
+    q.select(budget=400, max_seqs=8, skip=lambda c: False)  # busy's queue is empty now
+    for _ in range(8):
+        q.push(_call(new, 1))
+        q.push(_call(busy, 1))
+    picked = q.select(budget=100, max_seqs=8, skip=lambda c: False)
+    assert sorted(c.tenant for c, _ in picked) == ["busy"] * 4 + ["new"] * 4
+
+
 def test_weights_skew_the_share() -> None:
     q = FairQueue(quantum=16)
     heavy, light = FakeSession("sh", "heavy", weight=3.0), FakeSession("sl", "light", weight=1.0)
@@ -144,7 +200,9 @@ def test_weights_skew_the_share() -> None:
 def sched(tmp_path: Path):
     fs, io = make_fs(tmp_path, num_pages=64)
     engine = RecordingEngine(io)
-    config = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_batch_wait_s=0.2)
+    # Wait up to one whole forward (capped at 0.2 s): these tests check who is waited for, the
+    # proportional bound has its own test.
+    config = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_batch_wait_s=0.2, batch_wait_fraction=1.0)
     s = Scheduler(engine, fs, config, max_model_len=200)
     yield s, fs, engine
     s.stop()
@@ -153,7 +211,7 @@ def sched(tmp_path: Path):
 def test_one_forward_serves_calls_of_several_sessions_and_tenants(sched) -> None:
     scheduler, fs, engine = sched
     sessions = [FakeSession(f"s{i}", f"tenant{i % 2}") for i in range(4)]
-    scheduler.active_sessions = lambda: len(sessions)
+    scheduler.active_sessions = lambda: [s.session_id for s in sessions]
     handles = [fs.create(s.owner) for s in sessions]
     futures = [
         scheduler.submit(PredCall(s, h, (10 + i, 20 + i), (1,)))
@@ -178,7 +236,7 @@ def test_a_session_with_many_threads_is_batched_whole(sched) -> None:
     scheduler, fs, engine = sched
     engine.forward_s = 0.03
     wide = FakeSession("wide", "t")
-    scheduler.active_sessions = lambda: 1
+    scheduler.active_sessions = lambda: [wide.session_id]
     handles = [fs.create(wide.owner) for _ in range(4)]
     first = [scheduler.submit(PredCall(wide, h, (1, 2), (1,))) for h in handles]
     scheduler.start()
@@ -202,10 +260,70 @@ def test_a_session_with_many_threads_is_batched_whole(sched) -> None:
         assert [len(b.items) for b in engine.batches] == [4], step
 
 
+def test_a_batch_at_the_seq_cap_launches_without_waiting(sched) -> None:
+    """With more calls queued than ``max_num_seqs`` the batch cannot grow: it launches at once,
+    although some active session has not queued its call yet (the bounded wait is 0.2 s here),
+    and the metrics say why and that demand exceeded the cap."""
+    scheduler, fs, engine = sched
+    sessions = [FakeSession(f"s{i}", f"tenant{i % 3}") for i in range(10)]
+    scheduler.active_sessions = lambda: [s.session_id for s in sessions] + ["never-sends"]
+    handles = [fs.create(s.owner) for s in sessions]
+    futures = [scheduler.submit(PredCall(s, h, (5,), (0,))) for s, h in zip(sessions, handles, strict=True)]
+    started = time.monotonic()
+    scheduler.start()
+    for f in futures:
+        f.result(timeout=10)
+    assert len(engine.batches[0].items) == 8
+    snap = scheduler.snapshot()
+    assert snap["launch_reasons"].get("seqs_full") == 1, snap["launch_reasons"]
+    assert snap["forwards_seq_capped"] == 1
+    # The leftover two calls wait at most one bound; the first forward did not wait at all.
+    assert time.monotonic() - started < 0.2 + 0.15
+
+
+def test_an_idle_connected_session_does_not_hold_the_batch(sched) -> None:
+    """A connected session that sends nothing (a LIP thinking in Python, or done and not yet
+    disconnected) is not waited for: the busy session's calls launch as soon as they are in."""
+    scheduler, fs, engine = sched
+    engine.forward_s = 0.05
+    busy, idle = FakeSession("busy", "a"), FakeSession("idle", "b")
+    scheduler.active_sessions = lambda: [busy.session_id, idle.session_id]
+    h = fs.create(busy.owner)
+    scheduler.start()
+    for step in range(6):
+        scheduler.submit(PredCall(busy, h, (1 + step,), (0,))).result(timeout=10)
+    reasons = scheduler.snapshot()["launch_reasons"]
+    assert reasons.get("bound", 0) == 0 and reasons.get("all_ready") == 6, reasons
+
+
+def test_the_bounded_wait_is_a_fraction_of_the_forward_time(tmp_path: Path) -> None:
+    """A session of the last forward that stops sending costs one bounded wait: a quarter of a
+    200 ms forward here (about 50 ms), not the 1 s cap."""
+    fs, io = make_fs(tmp_path, num_pages=64)
+    engine = RecordingEngine(io, forward_s=0.2)
+    config = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_batch_wait_s=1.0, batch_wait_fraction=0.25)
+    scheduler = Scheduler(engine, fs, config, max_model_len=200)
+    gone, stays = FakeSession("gone", "a"), FakeSession("stays", "b")
+    scheduler.active_sessions = lambda: [gone.session_id, stays.session_id]
+    hg, hs = fs.create(gone.owner), fs.create(stays.owner)
+    scheduler.start()
+    try:
+        first = [scheduler.submit(PredCall(s, h, (1, 2), (1,))) for s, h in ((gone, hg), (stays, hs))]
+        for f in first:
+            f.result(timeout=10)
+        started = time.monotonic()
+        scheduler.submit(PredCall(stays, hs, (3,), (0,))).result(timeout=10)
+        elapsed = time.monotonic() - started - 0.2  # minus the forward itself
+    finally:
+        scheduler.stop()
+    assert scheduler.snapshot()["launch_reasons"].get("bound") == 1
+    assert 0.04 <= elapsed < 0.15, elapsed  # a whole forward (the old bound) would be 0.2
+
+
 def test_long_prefill_is_chunked_under_the_token_budget_and_lands_intact(sched) -> None:
     scheduler, fs, engine = sched
     s = FakeSession("s0", "t")
-    scheduler.active_sessions = lambda: 1
+    scheduler.active_sessions = lambda: [s.session_id]
     h = fs.create(s.owner)
     prompt = tuple(range(1, 101))  # 100 tokens, budget 32 per forward
     scheduler.start()
@@ -222,7 +340,7 @@ def test_long_prefill_is_chunked_under_the_token_budget_and_lands_intact(sched) 
 def test_decodes_are_not_starved_by_a_long_prefill(sched) -> None:
     scheduler, fs, engine = sched
     long_s, short_s = FakeSession("long", "a"), FakeSession("short", "b")
-    scheduler.active_sessions = lambda: 2
+    scheduler.active_sessions = lambda: [long_s.session_id, short_s.session_id]
     h_long, h_short = fs.create(long_s.owner), fs.create(short_s.owner)
     scheduler.start()
     scheduler.submit(PredCall(short_s, h_short, (5, 6, 7), (2,))).result(timeout=10)
@@ -241,7 +359,7 @@ def test_decodes_are_not_starved_by_a_long_prefill(sched) -> None:
 def test_a_failing_forward_fails_only_its_calls_and_keeps_kv_consistent(sched) -> None:
     scheduler, fs, engine = sched
     s = FakeSession("s0", "t")
-    scheduler.active_sessions = lambda: 1
+    scheduler.active_sessions = lambda: [s.session_id]
     h = fs.create(s.owner)
     real_forward = engine.forward
     calls = {"n": 0}
@@ -288,7 +406,7 @@ REAL_ENGINE_SCRIPT = textwrap.dedent(
     sessions = [S(f"s{i}", f"t{i % 2}") for i in range(4)]
 
     def generate(together):
-        sched.active_sessions = (lambda: len(sessions)) if together else (lambda: 1)
+        sched.active_sessions = (lambda: [s.session_id for s in sessions]) if together else (lambda: [])
         handles = [fs.create(s.owner) for s in sessions]
         outs = [[] for _ in sessions]
         def one(i):
