@@ -51,8 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dtype", default="float32")
-    a = p.parse_args(argv)
-    common = ["--reps", str(a.reps), "--dtype", a.dtype]
+    # Anything else (a workload size such as ``--agents 8``) goes to the benchmark module as is.
+    a, passthrough = p.parse_known_args(argv)
+    if passthrough and a.which == "all":
+        p.error(f"workload flags need one benchmark, not 'all': {' '.join(passthrough)}")
+    common = ["--reps", str(a.reps), "--dtype", a.dtype, *passthrough]
     if a.quick:
         common.append("--quick")
         if a.model is None:

@@ -269,7 +269,31 @@ class WorkerOptions:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     host_pages: int = 4096
-    max_batch_wait_ms: float = 10.0
+    max_batch_wait_ms: float = 50.0
+
+
+def log_tail(path: Path, n: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-n:]
+    except OSError:
+        return ""
+
+
+def wait_until_healthy(
+    what: str, proc: subprocess.Popen, healthy: Callable[[], bool], timeout_s: float, log_path: Path
+) -> None:
+    """Poll ``healthy()`` (errors count as "not yet") until it holds; fail with the process's
+    log tail if it exits first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{log_tail(log_path)}")
+        with contextlib.suppress(Exception):
+            if healthy():
+                return
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} not healthy after {timeout_s}s:\n{log_tail(log_path)}")
+        time.sleep(0.25)
 
 
 class WorkerProcess:
@@ -323,23 +347,13 @@ class WorkerProcess:
         self._sampling = False
 
     def wait_ready(self) -> None:
-        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"worker exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if os.path.exists(self.admin_socket):
-                with contextlib.suppress(Exception):
-                    if self.admin.health().get("ok"):
-                        return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"worker not healthy after {WORKER_START_TIMEOUT_S}s:\n{self.log_tail()}")
-            time.sleep(0.25)
+        def healthy() -> bool:
+            return os.path.exists(self.admin_socket) and bool(self.admin.health().get("ok"))
+
+        wait_until_healthy("worker", self.proc, healthy, WORKER_START_TIMEOUT_S, self.log_path)
 
     def log_tail(self, n: int = 4000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
+        return log_tail(self.log_path, n)
 
     def connect(self, tenant: str, limits: dict[str, Any] | None = None) -> Any:
         """A new session of ``tenant`` and an SDK ``Session`` connected to it."""
@@ -398,6 +412,10 @@ class WorkerProcess:
                     "forward_ms_avg",
                     "queue_wait_ms_avg",
                     "queue_wait_ms_max",
+                    "launch_reasons",
+                    "forwards_seq_capped",
+                    "forwards_token_capped",
+                    "passed_over_per_tenant",
                 )
             },
         }

@@ -59,14 +59,28 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
     assert b3["memory"]["worker_peak_rss_mb"] > 0
 
 
-@pytest.mark.parametrize(("bench", "output"), [("b4", "b4_parallel_decode"), ("b5", "b5_json"), ("b6", "b6_react")])
-def test_bench_quick_b4_to_b6_produce_ratios(bench: str, output: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("bench", "output", "flags"),
+    [
+        ("b2", "b2_completion", ()),
+        ("b4", "b4_parallel_decode", ()),
+        ("b5", "b5_json", ()),
+        ("b6", "b6_react", ("--serve-baseline", "1")),
+        ("b7", "b7_mix", ()),
+        ("b8", "b8_sandbox_start", ()),
+    ],
+)
+def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple[str, ...], tmp_path: Path) -> None:
     """Each runs alone (its own worker and baseline sizes). B2 alone also runs its LIP in gVisor
     containers. B4's LIP itself fails the run when its
-    forks copied prompt pages instead of sharing them, so a pass also proves copy-on-write."""
-    _bench(tmp_path, bench, "--reps", "1")
+    forks copied prompt pages instead of sharing them, so a pass also proves copy-on-write.
+    B6 also starts ``vllm serve`` (its spec baseline) and drives it over HTTP. B7 runs three
+    tenants on one worker; B8 starts cold and warm (pooled) gVisor sandboxes."""
+    _bench(tmp_path, bench, "--reps", "1", *flags)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["failed"] == [] and set(summary["results"]) == {bench}
     _assert_ratios(bench, summary["results"][bench])
     detail = json.loads((tmp_path / f"{output}.json").read_text())
-    assert detail["memory"]["worker_peak_rss_mb"] > 0 and detail["notes"]
+    assert detail["memory"]["worker_peak_rss_mb"] > 0
+    if bench == "b6":
+        assert any(c["name"].endswith("vs vllm serve") for c in detail["comparisons"])

