@@ -412,6 +412,7 @@ class WorkerProcess:
                     "forward_ms_avg",
                     "queue_wait_ms_avg",
                     "queue_wait_ms_max",
+                    "queue_wait_ms_max_decode",
                     "launch_reasons",
                     "forwards_seq_capped",
                     "forwards_token_capped",

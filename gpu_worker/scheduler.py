@@ -225,6 +225,9 @@ class Metrics:
     forward_s_ema: float = 0.0
     queue_wait_s_total: float = 0.0
     queue_wait_s_max: float = 0.0
+    #: The longest wait of a one-token (decode) call. Prefills can wait behind each other by
+    #: design (a token budget per forward); a long decode wait means a starved sequence.
+    queue_wait_s_max_decode: float = 0.0
     calls: int = 0
     failed_calls: int = 0
     tokens_per_tenant: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
@@ -255,6 +258,7 @@ class Metrics:
             "forward_ms_ema": 1000 * self.forward_s_ema,
             "queue_wait_ms_avg": 1000 * self.queue_wait_s_total / max(self.calls, 1),
             "queue_wait_ms_max": 1000 * self.queue_wait_s_max,
+            "queue_wait_ms_max_decode": 1000 * self.queue_wait_s_max_decode,
             "tokens_per_tenant": dict(self.tokens_per_tenant),
             "launch_reasons": dict(self.launch_reasons),
             "forwards_seq_capped": self.forwards_seq_capped,
@@ -503,6 +507,8 @@ class Scheduler:
                 wait = now - call.enqueued
                 self.metrics.queue_wait_s_total += wait
                 self.metrics.queue_wait_s_max = max(self.metrics.queue_wait_s_max, wait)
+                if len(call.tokens) == 1:
+                    self.metrics.queue_wait_s_max_decode = max(self.metrics.queue_wait_s_max_decode, wait)
         with self._cond:
             self._running = [c for c, _, _ in plans]
         t0 = time.perf_counter()

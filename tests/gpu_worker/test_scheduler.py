@@ -354,6 +354,8 @@ def test_decodes_are_not_starved_by_a_long_prefill(sched) -> None:
     )
     assert first_with_decode <= 1, "a decode waited behind more than one prefill chunk"
     assert all(b.num_tokens <= 32 for b in engine.batches)
+    snap = scheduler.snapshot()
+    assert 0 < snap["queue_wait_ms_max_decode"] <= snap["queue_wait_ms_max"]
 
 
 def test_a_failing_forward_fails_only_its_calls_and_keeps_kv_consistent(sched) -> None:
