@@ -413,6 +413,7 @@ class WorkerProcess:
                     "queue_wait_ms_avg",
                     "queue_wait_ms_max",
                     "queue_wait_ms_max_decode",
+                    "gap_ms_avg",
                     "launch_reasons",
                     "forwards_seq_capped",
                     "forwards_token_capped",

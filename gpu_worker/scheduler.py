@@ -29,6 +29,10 @@ from gpu_worker.protocol import ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
 
+#: An engine idle for longer than this between two forwards had no work; shorter gaps count
+#: in ``Metrics.gap_s_total`` (time the program-driven loop costs a busy engine).
+BUSY_GAP_S = 1.0
+
 
 class Forward(Protocol):
     def forward(self, batch: Batch) -> list[torch.Tensor]: ...
@@ -225,6 +229,11 @@ class Metrics:
     forward_s_ema: float = 0.0
     queue_wait_s_total: float = 0.0
     queue_wait_s_max: float = 0.0
+    #: Engine idle time between back-to-back forwards (gaps under ``BUSY_GAP_S``; longer ones
+    #: are a lack of work): the LIPs' round trip plus the scheduler's own time, which on a busy
+    #: worker is throughput lost to the program-driven loop.
+    gap_s_total: float = 0.0
+    gaps: int = 0
     #: The longest wait of a one-token (decode) call. Prefills can wait behind each other by
     #: design (a token budget per forward); a long decode wait means a starved sequence.
     queue_wait_s_max_decode: float = 0.0
@@ -259,6 +268,7 @@ class Metrics:
             "queue_wait_ms_avg": 1000 * self.queue_wait_s_total / max(self.calls, 1),
             "queue_wait_ms_max": 1000 * self.queue_wait_s_max,
             "queue_wait_ms_max_decode": 1000 * self.queue_wait_s_max_decode,
+            "gap_ms_avg": 1000 * self.gap_s_total / max(self.gaps, 1),
             "tokens_per_tenant": dict(self.tokens_per_tenant),
             "launch_reasons": dict(self.launch_reasons),
             "forwards_seq_capped": self.forwards_seq_capped,
@@ -512,6 +522,10 @@ class Scheduler:
         with self._cond:
             self._running = [c for c, _, _ in plans]
         t0 = time.perf_counter()
+        gap = time.monotonic() - self._engine_free_since
+        if 0 <= gap < BUSY_GAP_S and self.metrics.forwards:
+            self.metrics.gap_s_total += gap
+            self.metrics.gaps += 1
         try:
             outputs = self.engine.forward(Batch(tuple(items), tuple(copies)))
         except Exception as exc:

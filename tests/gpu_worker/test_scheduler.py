@@ -90,6 +90,14 @@ def _call(session: FakeSession, n: int) -> PredCall:
     return PredCall(session=session, kv=0, tokens=tuple(range(1, n + 1)), rows=(n - 1,))
 
 
+def _contended_decode_seats(q: FairQueue, first: FakeSession, second: FakeSession) -> list[str]:
+    """Eight decode calls from each of two sessions for eight seats: the tenants seated, in order."""
+    for _ in range(8):
+        q.push(_call(first, 1))
+        q.push(_call(second, 1))
+    return [c.tenant for c, _ in q.select(budget=100, max_seqs=8, skip=lambda c: False)]
+
+
 def test_decode_calls_go_before_prefill_chunks() -> None:
     q = FairQueue(quantum=64)
     a, b = FakeSession("sa", "a"), FakeSession("sb", "b")
@@ -132,19 +140,11 @@ def test_contended_decode_seats_go_to_the_least_served_tenant() -> None:
     q.push(_call(heavy, 300))
     for call, n in q.select(budget=300, max_seqs=8, skip=lambda c: False):
         assert call.tenant == "heavy" and n == 300  # 300 tokens served to heavy
-    for _ in range(8):
-        q.push(_call(heavy, 1))
-        q.push(_call(light, 1))
-    picked = q.select(budget=100, max_seqs=8, skip=lambda c: False)
-    assert [c.tenant for c, _ in picked] == ["light"] * 8
+    assert _contended_decode_seats(q, heavy, light) == ["light"] * 8
 
     even = FairQueue(quantum=64)
     a, b = FakeSession("sa", "a"), FakeSession("sb", "b")
-    for _ in range(8):
-        even.push(_call(a, 1))
-        even.push(_call(b, 1))
-    picked = even.select(budget=100, max_seqs=8, skip=lambda c: False)
-    assert sorted(c.tenant for c, _ in picked) == ["a"] * 4 + ["b"] * 4
+    assert sorted(_contended_decode_seats(even, a, b)) == ["a"] * 4 + ["b"] * 4
 
 
 def test_a_returning_tenant_banks_no_priority() -> None:
@@ -157,11 +157,7 @@ def test_a_returning_tenant_banks_no_priority() -> None:
         for call, n in q.select(budget=50, max_seqs=8, skip=lambda c: False):
             call.done += n
     time.sleep(0.01)
-    for _ in range(8):
-        q.push(_call(busy, 1))
-        q.push(_call(back, 1))
-    picked = q.select(budget=100, max_seqs=8, skip=lambda c: False)
-    assert sorted(c.tenant for c, _ in picked) == ["back"] * 4 + ["busy"] * 4
+    assert sorted(_contended_decode_seats(q, busy, back)) == ["back"] * 4 + ["busy"] * 4
 
 
 def test_a_new_tenant_starts_level_with_tenants_whose_calls_are_running() -> None:
@@ -171,11 +167,7 @@ def test_a_new_tenant_starts_level_with_tenants_whose_calls_are_running() -> Non
     busy, new = FakeSession("sb", "busy"), FakeSession("sn", "new")
     q.push(_call(busy, 400))
     q.select(budget=400, max_seqs=8, skip=lambda c: False)  # busy's queue is empty now
-    for _ in range(8):
-        q.push(_call(new, 1))
-        q.push(_call(busy, 1))
-    picked = q.select(budget=100, max_seqs=8, skip=lambda c: False)
-    assert sorted(c.tenant for c, _ in picked) == ["busy"] * 4 + ["new"] * 4
+    assert sorted(_contended_decode_seats(q, new, busy)) == ["busy"] * 4 + ["new"] * 4
 
 
 def test_weights_skew_the_share() -> None:
@@ -356,6 +348,7 @@ def test_decodes_are_not_starved_by_a_long_prefill(sched) -> None:
     assert all(b.num_tokens <= 32 for b in engine.batches)
     snap = scheduler.snapshot()
     assert 0 < snap["queue_wait_ms_max_decode"] <= snap["queue_wait_ms_max"]
+    assert 0 < snap["gap_ms_avg"] < 1000, "back-to-back forwards leave a short, measured gap"
 
 
 def test_a_failing_forward_fails_only_its_calls_and_keeps_kv_consistent(sched) -> None:
