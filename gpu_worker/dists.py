@@ -114,7 +114,23 @@ def sample(logits: torch.Tensor, params: SampleParams, generator: torch.Generato
         probs = torch.zeros_like(probs).scatter(0, order, sorted_probs)
     if params.seed is not None:
         generator = torch.Generator().manual_seed(params.seed)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return _draw(probs, generator)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from ``probs`` by inverse CDF: one uniform draw and a binary search.
+
+    ``torch.multinomial`` on a CPU vocabulary row costs 1-13 ms (more when the engine's
+    threads hold the cores), and it runs on the event loop between forwards for every sampled
+    token; this costs ~0.1 ms. ``right=True`` picks the first token whose cumulative mass
+    exceeds the draw, so a token of probability 0 is never chosen.
+    """
+    cdf = torch.cumsum(probs, dim=-1)
+    u = torch.rand((), dtype=cdf.dtype, generator=generator) * cdf[-1]
+    index = int(torch.searchsorted(cdf, u, right=True))
+    if index >= cdf.shape[-1]:  # u rounded up to the total mass: the last token with any
+        index = int(torch.nonzero(probs).max())
+    return index
 
 
 def topk(logits: torch.Tensor, k: int) -> dict[str, list]:

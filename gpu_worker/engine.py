@@ -69,6 +69,23 @@ def _configure_vllm_env(config: EngineConfig, on_cpu: bool) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(config.kv_cache_gib)))
 
 
+def set_cpu_threads_of_this_thread(n: int) -> None:
+    """Give the calling thread's torch ops ``n`` CPU threads; other threads keep theirs.
+
+    Why: with torch's OpenMP backend the thread count is per calling thread. The worker's
+    event loop and helper pools run small per-token ops (sampling, masks, argmax over one
+    vocabulary row); split over 2 OpenMP threads on a CPU the forward or the LIPs also use,
+    each such op waits at a barrier for a descheduled thread and takes 10-30 ms instead of
+    0.1 ms. The engine thread keeps the forward's thread count (:meth:`Engine.claim_forward_thread`).
+    ``torch._C.set_num_threads``: vLLM's CPU worker replaces ``torch.set_num_threads`` with a
+    no-op that only warns, after binding its own threads.
+    """
+    # A thread's first torch call copies the process-wide count into the thread (lazily);
+    # make that happen now, or it would later overwrite the count set here.
+    torch.get_num_threads()
+    torch._C.set_num_threads(max(1, int(n)))
+
+
 @dataclass
 class _SeqState:
     """The runner request currently standing for a sequence, and what its KV holds."""
@@ -115,6 +132,8 @@ class Engine:
             **kwargs,
         )
         self._core = self._llm.llm_engine.engine_core.engine_core
+        #: CPU threads of a forward, as vLLM set them up in this (the constructing) thread.
+        self.forward_threads = torch.get_num_threads()
         self._runner = self._core.model_executor.driver_worker.worker.model_runner
         self._sampling = SamplingParams(temperature=0.0, max_tokens=1)
         self._lock = threading.RLock()
@@ -355,6 +374,11 @@ class Engine:
         """
         with self._lock:
             return dict(self._counters, live_sequences=len(self._seqs))
+
+    def claim_forward_thread(self) -> None:
+        """Call from the thread that will run :meth:`forward`: it gets the forward's CPU threads,
+        whatever count other threads set (see :func:`set_cpu_threads_of_this_thread`)."""
+        set_cpu_threads_of_this_thread(self.forward_threads)
 
     def release(self, seq_id: str) -> None:
         """Forget the sequence's runner request (its state is dropped at the next step)."""

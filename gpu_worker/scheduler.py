@@ -39,6 +39,8 @@ class Forward(Protocol):
 
     def release(self, seq_id: str) -> None: ...
 
+    def claim_forward_thread(self) -> None: ...
+
 
 class SessionView(Protocol):
     """What the scheduler needs of a session (see sessions.Session)."""
@@ -359,6 +361,7 @@ class Scheduler:
 
     # -------------------------------------------------------------------- engine thread
     def _loop(self) -> None:
+        self.engine.claim_forward_thread()
         while True:
             with self._cond:
                 while not self._stop and not self._tasks and not len(self.queue):

@@ -22,6 +22,7 @@ from typing import Any
 
 from gpu_worker import admin, lip_ops, protocol
 from gpu_worker.config import WorkerConfig
+from gpu_worker.engine import set_cpu_threads_of_this_thread
 from gpu_worker.events import EventPublisher
 from gpu_worker.grammar import GrammarCompiler
 from gpu_worker.kvfs import KVFS, KVFSError
@@ -61,8 +62,11 @@ class Worker:
         self.device: str = getattr(engine, "device", "cpu")
         self.grammar = GrammarCompiler(config.model_dir, self.vocab_size)
         self.sessions: dict[str, Session] = {}
-        self._kv_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="kvfs")
-        self._io_pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="io")
+        # The loop and its pools run per-token ops on one vocabulary row at a time: one CPU
+        # thread each, so they never wait at a barrier for a thread the forward displaced.
+        one_thread = partial(set_cpu_threads_of_this_thread, 1)
+        self._kv_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="kvfs", initializer=one_thread)
+        self._io_pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="io", initializer=one_thread)
         self._admin_server: asyncio.AbstractServer | None = None
         self._ticker: asyncio.Task | None = None
         self._closing = False
@@ -146,6 +150,7 @@ class Worker:
 
     # --------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
+        set_cpu_threads_of_this_thread(1)  # the event loop's thread (see __init__)
         sessions_dir = Path(self.config.sessions_dir)
         sessions_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(sessions_dir, 0o700)

@@ -8,6 +8,7 @@ control that skips the copy and must disagree.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from gpu_worker.batch import Batch, SeqWork
-from gpu_worker.engine import Engine, EngineConfig
+from gpu_worker.engine import Engine, EngineConfig, set_cpu_threads_of_this_thread
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -242,3 +243,40 @@ def test_release_then_reuse_and_full_length_sequence(engine: Engine, reference) 
     assert_close(got, reference(short)[-1:])
     with pytest.raises(ValueError, match="max_model_len"):
         engine.forward(Batch((work("full", [*toks, 1], n, n + 1, pages),)))
+
+
+def _in_fresh_thread(fn) -> None:
+    thread = threading.Thread(target=fn)
+    thread.start()
+    thread.join()
+
+
+def test_forward_thread_keeps_its_cpu_threads_when_other_threads_take_one(engine: Engine, reference) -> None:
+    """The worker's event loop takes one CPU thread for its per-token ops after the engine
+    thread has claimed the forward's count; the forward must still run with that count (vLLM's
+    CPU attention checks it) and give the reference logits."""
+    if engine.forward_threads < 2:
+        pytest.skip("one CPU: nothing to keep apart")
+    claimed, go, seen = threading.Event(), threading.Event(), {}
+
+    def forward_thread() -> None:
+        engine.claim_forward_thread()
+        claimed.set()
+        go.wait(30)
+        toks = tokens(40, seed=9)
+        try:
+            seen["logits"] = (engine.forward(Batch((work("t", toks, 0, 40, (20,), rows=[39]),)))[0], toks)
+        finally:
+            seen["threads"] = torch.get_num_threads()
+            engine.release("t")
+
+    runner = threading.Thread(target=forward_thread)
+    runner.start()
+    claimed.wait(30)
+    _in_fresh_thread(lambda: set_cpu_threads_of_this_thread(1))  # what the event loop does
+    go.set()
+    runner.join()
+    _in_fresh_thread(lambda: set_cpu_threads_of_this_thread(engine.forward_threads))  # restore for later tests
+    assert seen["threads"] == engine.forward_threads
+    logits, toks = seen["logits"]
+    assert_close(logits, reference(toks)[-1:])

@@ -84,6 +84,9 @@ class RecordingEngine:
     def release(self, seq_id: str) -> None:
         self.released.append(seq_id)
 
+    def claim_forward_thread(self) -> None:
+        self.forward_thread = threading.current_thread()
+
 
 # ------------------------------------------------------------------------------ FairQueue
 def _call(session: FakeSession, n: int) -> PredCall:

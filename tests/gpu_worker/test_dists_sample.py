@@ -1,0 +1,40 @@
+"""The worker's token sampler: right distribution, never a zero-probability token, seeded."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+from gpu_worker.dists import SampleParams, sample
+
+
+def _logits(probs: list[float]) -> torch.Tensor:
+    return torch.tensor([float("-inf") if p == 0 else float(torch.log(torch.tensor(p))) for p in probs])
+
+
+def test_frequencies_follow_the_distribution() -> None:
+    probs = [0.5, 0.0, 0.3, 0.2, 0.0]
+    logits = _logits(probs)
+    generator = torch.Generator().manual_seed(1)
+    counts = collections.Counter(sample(logits, SampleParams(temperature=1.0), generator) for _ in range(20_000))
+    assert counts[1] == counts[4] == 0, "a token of probability 0 was drawn"
+    for token, p in enumerate(probs):
+        assert counts[token] / 20_000 == pytest.approx(p, abs=0.015), (token, counts)
+
+
+def test_top_k_and_top_p_leave_only_the_head() -> None:
+    logits = _logits([0.4, 0.3, 0.2, 0.1])
+    generator = torch.Generator().manual_seed(2)
+    top_k = {sample(logits, SampleParams(temperature=1.0, top_k=2), generator) for _ in range(500)}
+    top_p = {sample(logits, SampleParams(temperature=1.0, top_p=0.6), generator) for _ in range(500)}
+    assert top_k == {0, 1} and top_p == {0, 1}
+
+
+def test_a_seed_fixes_the_draw_and_the_last_token_is_reachable() -> None:
+    logits = torch.randn(49_152)
+    draws = {sample(logits, SampleParams(temperature=1.0, seed=7), torch.Generator()) for _ in range(5)}
+    assert len(draws) == 1
+    only_last = _logits([0.0] * 9 + [1.0])
+    assert sample(only_last, SampleParams(temperature=1.0), torch.Generator().manual_seed(0)) == 9
