@@ -410,6 +410,7 @@ class WorkerProcess:
                     "avg_items_per_forward",
                     "batch_occupancy",
                     "forward_ms_avg",
+                    "forward_ms_max",
                     "queue_wait_ms_avg",
                     "queue_wait_ms_max",
                     "queue_wait_ms_max_decode",

@@ -81,21 +81,28 @@ async def serve(config: WorkerConfig) -> None:
     from gpu_worker.engine import Engine, EngineConfig
     from gpu_worker.events import EventPublisher
     from gpu_worker.kvfs import KVFS, store_from_location
-    from gpu_worker.scheduler import Scheduler
+    from gpu_worker.scheduler import EngineThread, Scheduler
     from gpu_worker.server import Worker
     from gpu_worker.tokenizer import Tokenizer
 
     sched = config.scheduler
-    engine = Engine(
-        EngineConfig(
-            model_dir=config.model_dir,
-            dtype=config.dtype,
-            num_pages=config.num_pages,
-            kv_cache_gib=config.kv_cache_gib,
-            # Room for one call whose pending tokens (after merge/reload) exceed the budget.
-            max_num_batched_tokens=sched.max_num_batched_tokens + config.max_model_len,
-            max_num_seqs=sched.max_num_seqs,
-            max_model_len=config.max_model_len,
+    # The engine is built on the thread that will run every forward (the scheduler's loop):
+    # vLLM's CPU backend sets up its threads for the thread that builds it, and forwards from
+    # another thread ran 20-25% slower (bench/RESULTS.md, B3).
+    engine_thread = EngineThread()
+    engine = await asyncio.wrap_future(
+        engine_thread.submit(
+            Engine,
+            EngineConfig(
+                model_dir=config.model_dir,
+                dtype=config.dtype,
+                num_pages=config.num_pages,
+                kv_cache_gib=config.kv_cache_gib,
+                # Room for one call whose pending tokens (after merge/reload) exceed the budget.
+                max_num_batched_tokens=sched.max_num_batched_tokens + config.max_model_len,
+                max_num_seqs=sched.max_num_seqs,
+                max_model_len=config.max_model_len,
+            ),
         )
     )
     scheduler_ref: list[Scheduler] = []
@@ -109,7 +116,7 @@ async def serve(config: WorkerConfig) -> None:
         on_release=lambda seq_id: scheduler_ref[0].defer_release(seq_id),
     )
     loaded = kvfs.load_index()
-    scheduler = Scheduler(engine, kvfs, sched, config.max_model_len)
+    scheduler = Scheduler(engine, kvfs, sched, config.max_model_len, engine_thread=engine_thread)
     scheduler_ref.append(scheduler)
     scheduler.start()
     worker = Worker(config, engine, Tokenizer(config.model_dir), kvfs, scheduler, EventPublisher(config.redis_url))
@@ -122,8 +129,8 @@ async def serve(config: WorkerConfig) -> None:
     log.info("event=config %s", " ".join(f"{k}={v}" for k, v in dataclasses.asdict(config).items()))
     await stop.wait()
     log.info("event=shutdown_requested")
-    await worker.shutdown()
-    engine.close()
+    await worker.shutdown()  # stops the scheduler: its loop gives the engine thread back
+    await asyncio.wrap_future(engine_thread.submit(engine.close))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -352,6 +352,7 @@ def test_decodes_are_not_starved_by_a_long_prefill(sched) -> None:
     snap = scheduler.snapshot()
     assert 0 < snap["queue_wait_ms_max_decode"] <= snap["queue_wait_ms_max"]
     assert 0 < snap["gap_ms_avg"] < 1000, "back-to-back forwards leave a short, measured gap"
+    assert snap["forward_ms_max"] >= snap["forward_ms_avg"] > 0
 
 
 def test_a_failing_forward_fails_only_its_calls_and_keeps_kv_consistent(sched) -> None:
