@@ -151,22 +151,39 @@ class FairQueue:
         weight = max(call.session.weight, 0.01)
         self.served[call.tenant] = self.served.get(call.tenant, 0.0) + tokens / weight
 
-    def _decode_seats(self, tenants: list[str], seats: int, skip: Callable[[PredCall], bool]) -> list[PredCall]:
-        """The decode calls to run: all of them if they fit, else least-served tenant first."""
+    def _decode_seats(
+        self, tenants: list[str], seats: int, skip: Callable[[PredCall], bool]
+    ) -> tuple[list[PredCall], list[str]]:
+        """The decode calls to run, and the tenants given a seat for a prefill chunk.
+
+        All decodes run if they fit. Otherwise seats go one at a time to the least-served tenant
+        (lowest virtual token counter, as in VTC): a decode seat adds one token to its counter;
+        a tenant with only prefill calls runnable takes one seat for its chunk (the DRR pass
+        fills it) and leaves the contest, since the chunk will raise its counter far more.
+        Without that seat, decodes that fill every seat would starve a least-served tenant whose
+        only runnable call is its prompt (found by B7)."""
         decodes = {t: [c for c in self.queues[t] if c.remaining == 1 and not skip(c)] for t in tenants}
         if sum(len(v) for v in decodes.values()) <= seats:
-            return [c for t in tenants for c in decodes[t]]
-        counters = {t: self.served.get(t, 0.0) for t in tenants if decodes[t]}
+            return [c for t in tenants for c in decodes[t]], []
+        prefill_only = {
+            t for t in tenants if not decodes[t] and any(c.remaining > 1 and not skip(c) for c in self.queues[t])
+        }
+        counters = {t: self.served.get(t, 0.0) for t in tenants if decodes[t] or t in prefill_only}
         rank = {t: i for i, t in enumerate(tenants)}  # ties go in rotation order
         chosen: list[PredCall] = []
-        while len(chosen) < seats and counters:
+        reserved: list[str] = []
+        while len(chosen) + len(reserved) < seats and counters:
             tenant = min(counters, key=lambda t: (counters[t], rank[t]))
+            if tenant in prefill_only:
+                reserved.append(tenant)
+                del counters[tenant]
+                continue
             call = decodes[tenant].pop(0)
             chosen.append(call)
             counters[tenant] += 1 / max(call.session.weight, 0.01)
             if not decodes[tenant]:
                 del counters[tenant]
-        return chosen
+        return chosen, reserved
 
     def oldest(self) -> float | None:
         heads = [q[0].enqueued for q in self.queues.values() if q]
@@ -181,7 +198,11 @@ class FairQueue:
         taken: set[int] = set()
         tenants = list(self.queues)
         # Decode first: latency-bound, one token each.
-        for call in self._decode_seats(tenants, min(max_seqs, budget), skip):
+        decode_calls, prefill_seats = self._decode_seats(tenants, min(max_seqs, budget), skip)
+        # Tenants given a prefill seat go first in the DRR pass, so another tenant's prefill
+        # cannot take their seat.
+        tenants = prefill_seats + [t for t in tenants if t not in prefill_seats]
+        for call in decode_calls:
             picked.append((call, 1))
             taken.add(id(call))
             budget -= 1

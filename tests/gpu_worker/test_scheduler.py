@@ -150,6 +150,21 @@ def test_contended_decode_seats_go_to_the_least_served_tenant() -> None:
     assert sorted(_contended_decode_seats(even, a, b)) == ["a"] * 4 + ["b"] * 4
 
 
+def test_a_prefill_only_tenant_gets_a_seat_when_decodes_fill_them() -> None:
+    """Found by B7: two tenants' decodes alone fill every seat; a third tenant, no more served
+    than they are, whose only call is its prompt must still get a seat for a prefill chunk."""
+    q = FairQueue(quantum=64)
+    a, b, c = FakeSession("sa", "a"), FakeSession("sb", "b"), FakeSession("sc", "c")
+    for _ in range(8):
+        q.push(_call(a, 1))
+        q.push(_call(b, 1))
+    q.push(_call(c, 100))
+    picked = q.select(budget=200, max_seqs=8, skip=lambda c: False)
+    assert len(picked) == 8
+    assert [(call.tenant, n) for call, n in picked if call.tenant == "c"] == [("c", 64)]
+    assert sorted(call.tenant for call, _ in picked if call.tenant != "c") == ["a"] * 4 + ["b"] * 3
+
+
 def test_a_returning_tenant_banks_no_priority() -> None:
     """A tenant idle past ``idle_reset_s`` restarts at the lowest counter of the queued tenants,
     not at its old (lower) count, so it shares seats instead of taking them all."""
