@@ -93,7 +93,8 @@ class FairQueue:
     as in VTC, Sheng et al., "Fairness in Serving Large Language Models", OSDI '24): a tenant
     decoding many short sequences is not crowded out by tenants whose seats also carry long
     prefills. A tenant coming back after ``idle_reset_s`` without queued calls starts at the
-    lowest counter of the tenants queued now, so idling banks no priority either.
+    lowest counter of the tenants queued now, so idling banks no priority either; one coming
+    back to a worker nobody else is using restarts every counter at zero.
     """
 
     def __init__(self, quantum: int, idle_reset_s: float = 1.0) -> None:
@@ -101,8 +102,11 @@ class FairQueue:
         self.idle_reset_s = idle_reset_s
         self.queues: collections.OrderedDict[str, collections.deque[PredCall]] = collections.OrderedDict()
         self.deficit: dict[str, float] = collections.defaultdict(float)
-        #: Tokens served per unit of weight, and when each tenant last had calls queued.
+        #: Tokens served per unit of weight (the VTC counter, lifted on return from idle), the
+        #: same without the lifts (what the tenant was actually given: stats), and when each
+        #: tenant last had calls queued.
         self.served: dict[str, float] = {}
+        self.charged: dict[str, float] = collections.defaultdict(float)
         self.last_queued: dict[str, float] = {}
 
     def __len__(self) -> int:
@@ -118,6 +122,12 @@ class FairQueue:
                 for t in self.served
                 if t != tenant and (t in self.queues or now - self.last_queued.get(t, 0.0) <= self.idle_reset_s)
             ]
+            if not recent:
+                # Nobody else is being served: every counter is history from a busy period that
+                # has ended, and whatever a tenant got then, it got while the others did not ask.
+                # All restart level; otherwise a tenant served alone at the end of the last busy
+                # period keeps its lead and loses every contended seat in the next (found by B7).
+                self.served.clear()
             self.served[tenant] = max(self.served.get(tenant, 0.0), min(recent, default=0.0))
         self.last_queued[tenant] = now
         queue = self.queues.setdefault(tenant, collections.deque())
@@ -145,11 +155,17 @@ class FairQueue:
             for tenant in [t for t in self.served if t not in self.queues]:
                 if now - self.last_queued.get(tenant, now) > 60 * self.idle_reset_s:
                     del self.served[tenant]
+                    self.charged.pop(tenant, None)
                     self.last_queued.pop(tenant, None)
 
+    @staticmethod
+    def _weight(call: PredCall) -> float:
+        """The session's scheduling weight, floored so a zero weight cannot divide by zero."""
+        return max(call.session.weight, 0.01)
+
     def _charge(self, call: PredCall, tokens: int) -> None:
-        weight = max(call.session.weight, 0.01)
-        self.served[call.tenant] = self.served.get(call.tenant, 0.0) + tokens / weight
+        self.served[call.tenant] = self.served.get(call.tenant, 0.0) + tokens / self._weight(call)
+        self.charged[call.tenant] += tokens / self._weight(call)
 
     def _decode_seats(
         self, tenants: list[str], seats: int, skip: Callable[[PredCall], bool]
@@ -180,7 +196,7 @@ class FairQueue:
                 continue
             call = decodes[tenant].pop(0)
             chosen.append(call)
-            counters[tenant] += 1 / max(call.session.weight, 0.01)
+            counters[tenant] += 1 / self._weight(call)
             if not decodes[tenant]:
                 del counters[tenant]
         return chosen, reserved
@@ -216,8 +232,7 @@ class FairQueue:
                 waiting = [c for c in self.queues[tenant] if id(c) not in taken and not skip(c)]
                 if not waiting:
                     continue
-                weight = max(waiting[0].session.weight, 0.01)
-                self.deficit[tenant] += self.quantum * weight
+                self.deficit[tenant] += self.quantum * self._weight(waiting[0])
                 for call in waiting:
                     n = min(call.remaining, budget, int(self.deficit[tenant]))
                     if n <= 0 or len(picked) >= max_seqs:
@@ -422,6 +437,12 @@ class Scheduler:
             out = self.metrics.to_dict(self.config.max_num_batched_tokens)
             out["queued_calls"] = len(self.queue)
             out["queued_tokens"] = self.queue.queued_tokens()
+            # Per tenant: calls waiting now, tokens scheduled per unit of weight (counted when a
+            # batch is picked, as ``passed_over_per_tenant`` is), and the virtual token counter
+            # the contended-seat rule compares (the same plus the lifts on return from idle).
+            out["queued_calls_per_tenant"] = {t: len(q) for t, q in self.queue.queues.items()}
+            out["served_per_tenant"] = {t: round(v, 3) for t, v in self.queue.charged.items()}
+            out["vtc_counter_per_tenant"] = {t: round(v, 3) for t, v in self.queue.served.items()}
         return out
 
     # -------------------------------------------------------------------- engine thread

@@ -178,6 +178,22 @@ def test_a_returning_tenant_banks_no_priority() -> None:
     assert sorted(_contended_decode_seats(q, busy, back)) == ["back"] * 4 + ["busy"] * 4
 
 
+def test_counters_restart_level_after_every_tenant_was_idle() -> None:
+    """Found by B7: a tenant served alone at the end of one busy period (the others had nothing
+    queued) kept its high counter through a pause of the whole worker and then lost every
+    contended seat of the next busy period until the others caught up."""
+    q = FairQueue(quantum=64, idle_reset_s=0.0)
+    alone, other = FakeSession("sa", "alone"), FakeSession("so", "other")
+    q.push(_call(other, 1))
+    q.select(budget=50, max_seqs=8, skip=lambda c: False)
+    for _ in range(20):  # 1000 tokens to ``alone`` while ``other`` asks for nothing
+        q.push(_call(alone, 50))
+        for call, n in q.select(budget=50, max_seqs=8, skip=lambda c: False):
+            call.done += n
+    time.sleep(0.01)
+    assert sorted(_contended_decode_seats(q, other, alone)) == ["alone"] * 4 + ["other"] * 4
+
+
 def test_a_new_tenant_starts_level_with_tenants_whose_calls_are_running() -> None:
     """A new tenant arriving while the busy tenant's calls are all in the running forward (its
     queue momentarily empty) starts at the busy tenant's counter, not at 0."""
@@ -287,6 +303,10 @@ def test_a_batch_at_the_seq_cap_launches_without_waiting(sched) -> None:
     snap = scheduler.snapshot()
     assert snap["launch_reasons"].get("seqs_full") == 1, snap["launch_reasons"]
     assert snap["forwards_seq_capped"] == 1
+    # Per tenant: nothing left queued, and each virtual counter is the tokens it was served
+    # (weight 1): tenant0 had four one-token calls, the others three.
+    assert snap["queued_calls_per_tenant"] == {}
+    assert snap["served_per_tenant"] == {"tenant0": 4.0, "tenant1": 3.0, "tenant2": 3.0}
     # The leftover two calls wait at most one bound; the first forward did not wait at all.
     assert time.monotonic() - started < 0.2 + 0.15
 
