@@ -16,6 +16,7 @@ import argparse
 import json
 import logging
 import os
+import queue
 import shutil
 import socket
 import sys
@@ -42,6 +43,9 @@ LABEL_EXPIRES = "symphony.expires"  # unix time after which the container is gar
 #: Extra time past the deadline before the reaper treats a container as abandoned.
 REAP_GRACE_S = 60.0
 #: An exited sandbox nobody removed is reaped after this long (``SYMPHONY_SANDBOX_EXITED_GRACE_S``).
+#: The runner's exit statuses (``symphony.run.EXIT_*``; checked by a test: the host does not
+#: import the SDK): what a run that ended at its record would have exited with.
+RUNNER_EXIT_OK, RUNNER_EXIT_PROGRAM_FAILED, RUNNER_EXIT_SETUP_FAILED = 0, 1, 2
 EXITED_GRACE_S = float(os.environ.get("SYMPHONY_SANDBOX_EXITED_GRACE_S") or 60)
 #: Host threads gVisor itself needs (sentry + gofer Go runtimes) on top of the program's own
 #: processes/threads. The docker pids limit is a host cgroup limit, so ``spec.pids`` alone would
@@ -160,13 +164,35 @@ class SandboxLauncher:
         self.client = client or _docker_client()
         self.image = image
         self.runtime = runtime
+        #: Tags seen to exist: asked of dockerd once, not on every run (a round trip of a cold
+        #: start's budget). An image removed since fails ``create``, which forgets the tag.
+        self._images_seen: set[str] = set()
+        #: Containers of runs that ended at their record, removed off the caller's clock
+        #: (a force-remove waits out gVisor's teardown, ~0.1 s); see :meth:`_remove_later`.
+        self._removals: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._remover: threading.Thread | None = None
+        self._remover_lock = threading.Lock()
 
     def image_for(self, limits: SandboxLimits) -> str:
         """The image tag ``limits`` resolve to; raises :class:`SandboxUnavailable` if not built."""
         tag = limits.image or self.image or sandbox_image.image_tag()
-        if not sandbox_image.image_exists(self.client, tag):
-            raise SandboxUnavailable(f"sandbox image {tag} is not built; run `make sandbox-image`")
+        if tag not in self._images_seen:
+            if not sandbox_image.image_exists(self.client, tag):
+                raise SandboxUnavailable(f"sandbox image {tag} is not built; run `make sandbox-image`")
+            self._images_seen.add(tag)
         return tag
+
+    def create(self, **config: Any) -> Any:
+        """``containers.create``; a missing image (removed since it was seen) is
+        :class:`SandboxUnavailable`, as it is before the first run."""
+        import docker.errors
+
+        try:
+            return self.client.containers.create(**config)
+        except docker.errors.ImageNotFound:
+            tag = config["image"]
+            self._images_seen.discard(tag)
+            raise SandboxUnavailable(f"sandbox image {tag} is not built; run `make sandbox-image`") from None
 
     def container_config(
         self,
@@ -233,7 +259,7 @@ class SandboxLauncher:
                 LABEL_EXPIRES: str(int(time.time() + spec.deadline_s + REAP_GRACE_S)),
             },
         )
-        return self.client.containers.create(**config)
+        return self.create(**config)
 
     def run(self, spec: SandboxSpec) -> SandboxResult:
         """Run to completion (or deadline); never leaves the container or staging dir behind."""
@@ -243,13 +269,31 @@ class SandboxLauncher:
         tag = self.image_for(spec.limits)
         staging, program = _stage(spec)
         container = None
+        res: SandboxResult | None = None
         try:
             container = self._create(spec, tag, staging, program)
-            return self._run_container(spec, container, t0)
+            res = self._run_container(spec, container, t0)
+            return res
         finally:
             if container is not None:
-                self._remove(container)
+                if res is not None and res.timings.get("ended_by_record"):
+                    self._remove_later(container)
+                else:
+                    self._remove(container)
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _remove_later(self, container: Any) -> None:
+        """Remove ``container`` on this launcher's remover thread. The run is over (its record
+        is in); if the process dies first, :func:`reap` removes the container once expired."""
+        with self._remover_lock:
+            if self._remover is None or not self._remover.is_alive():
+                self._remover = threading.Thread(target=self._removal_loop, name="sandbox-remover", daemon=True)
+                self._remover.start()
+        self._removals.put(container)
+
+    def _removal_loop(self) -> None:
+        while True:
+            self._remove(self._removals.get())
 
     def watch(self, container: Any, output_limit_bytes: int) -> OutputWatch:
         """Attach to ``container`` (before it starts) and pump its output into a capped collector."""
@@ -259,18 +303,50 @@ class SandboxLauncher:
         watch = self.watch(container, spec.output_limit_bytes)
         container.start()
         started = time.monotonic()
-        exit_code = self._wait(container, started + spec.deadline_s, lambda: watch.kill("deadline"))
+        exit_code, by_record = self._wait_for_end(container, watch, started + spec.deadline_s)
         ended = time.monotonic()
-        watch.close()
+        watch.close(join_s=0 if by_record else 10.0)
         res = SandboxResult(
             status="failed",
             start_s=started - t0,
             duration_s=ended - started,
             container=container.name,
-            timings={"create_and_start_s": started - t0, "run_s": ended - started},
+            timings={"create_and_start_s": started - t0, "run_s": ended - started, "ended_by_record": float(by_record)},
         )
-        finish_result(res, spec, watch, exit_code, container_state(container))
+        finish_result(res, spec, watch, exit_code, {} if by_record else container_state(container))
         return res
+
+    def _wait_for_end(self, container: Any, watch: OutputWatch, deadline: float) -> tuple[int | None, bool]:
+        """The exit status, and whether the run ended at its result record rather than at the exit.
+
+        The runner prints the record last, after the program's output and the session's
+        ``finish``, and exits at once with the status the record implies; gVisor's teardown then
+        takes ~80 ms more, a sixth of a cold start. So the run ends at whichever comes first, the
+        record or the exit (deadline and output kills come through the exit). A program that
+        prints a record line itself ends its own run there, with that result, and is removed
+        like any other: the result was always its own to choose."""
+        exited = threading.Event()
+        ended = watch.collector.record_seen  # the collector sets it at the record; the waiter too
+        status: list[int | None] = []
+
+        def wait_exit() -> None:
+            try:
+                status.append(self._wait(container, deadline, lambda: watch.kill("deadline")))
+            except Exception as exc:  # removed under us after the record: nothing to report
+                log.debug("event=sandbox_wait_ended container=%s error=%s", container.name, exc)
+            exited.set()
+            ended.set()
+
+        threading.Thread(target=wait_exit, name=f"sandbox-wait-{container.name}", daemon=True).start()
+        ended.wait()
+        if not exited.is_set() and not watch.killed:
+            record = watch.collector.result().record
+            if record is not None:
+                if record.get("ok"):
+                    return RUNNER_EXIT_OK, True
+                return (RUNNER_EXIT_SETUP_FAILED if record.get("setup") else RUNNER_EXIT_PROGRAM_FAILED), True
+        exited.wait()
+        return (status[0] if status else None), False
 
     @staticmethod
     def _wait(container: Any, deadline: float, on_deadline) -> int | None:

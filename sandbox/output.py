@@ -41,6 +41,8 @@ class OutputCollector:
         self._record: bytes | None = None
         self.total = 0
         self.exceeded = False
+        #: Set when a complete record line has arrived: the runner prints it last and exits.
+        self.record_seen = threading.Event()
 
     def _count(self, buf: bytearray, data: bytes) -> None:
         self.total += len(data)
@@ -82,6 +84,7 @@ class OutputCollector:
         if ended:
             if self._line_is_record:
                 self._record = bytes(self._line)
+                self.record_seen.set()
             self._line.clear()
             self._line_is_record = None
 

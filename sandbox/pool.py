@@ -436,7 +436,7 @@ class SandboxPool:
                 },
                 name_prefix="symphony-lip-pool-",
             )
-            container = self.launcher.client.containers.create(**config)
+            container = self.launcher.create(**config)
             watch = self.launcher.watch(container, 1 << 20)
             container.start()
             conn, _ = listener.accept()

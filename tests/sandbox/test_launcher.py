@@ -15,10 +15,17 @@ from sandbox.launcher import LABEL, LABEL_EXPIRES, SandboxSpec, reap
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.vllm, pytest.mark.timeout(300)]
 
 
-def container_exists(docker_client, name: str) -> bool:
-    """Whether the run's own container is still there (other runs may be active concurrently)."""
+def container_exists(docker_client, name: str, within_s: float = 10.0) -> bool:
+    """Whether the run's own container is still there ``within_s`` after the run (a run that
+    ended at its record has its container removed in the background; other runs may be active
+    concurrently)."""
     assert name.startswith("symphony-lip-")
-    return bool(docker_client.containers.list(all=True, filters={"name": name}))
+    until = time.monotonic() + within_s
+    while docker_client.containers.list(all=True, filters={"name": name}):
+        if time.monotonic() > until:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def test_hello_world_returns_result_and_output(lip_runner, docker_client) -> None:
@@ -146,3 +153,21 @@ def test_missing_socket_is_an_error_not_a_run(launcher, tmp_path: Path) -> None:
     prog.write_text("def main(a):\n    return 1\n")
     with pytest.raises(FileNotFoundError):
         launcher.run(SandboxSpec(str(prog), {}, str(tmp_path / "nope.sock"), "t", "r", "ten"))
+
+
+def test_an_image_removed_after_it_was_seen_is_a_clear_error(docker_client, sandbox_image: str) -> None:
+    """The launcher asks dockerd about an image once; if the image goes away later, ``create``
+    says so as clearly as the first check would have, and the next run asks again."""
+    from sandbox.launcher import SandboxLauncher, SandboxLimits, SandboxUnavailable
+
+    tag = f"symphony-sandbox:removed-{time.monotonic_ns()}"
+    docker_client.images.get(sandbox_image).tag(tag)
+    launcher = SandboxLauncher(client=docker_client)
+    limits = SandboxLimits(image=tag)
+    assert launcher.image_for(limits) == tag
+    docker_client.images.remove(tag)
+    config = launcher.container_config(limits, tag, command=["true"], environment={}, mounts=[], labels={})
+    with pytest.raises(SandboxUnavailable, match="is not built"):
+        launcher.create(**config)
+    with pytest.raises(SandboxUnavailable, match="is not built"):
+        launcher.image_for(limits)

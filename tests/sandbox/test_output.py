@@ -12,8 +12,26 @@ def record(obj) -> bytes:
     return b"\n" + RESULT_MARKER + json.dumps(obj).encode() + b"\n"
 
 
-def test_marker_is_the_runners() -> None:
+def test_marker_and_exit_statuses_are_the_runners() -> None:
+    from sandbox import launcher
+    from symphony import run
+
     assert RUNNER_MARKER.encode() == RESULT_MARKER
+    assert (launcher.RUNNER_EXIT_OK, launcher.RUNNER_EXIT_PROGRAM_FAILED, launcher.RUNNER_EXIT_SETUP_FAILED) == (
+        run.EXIT_OK,
+        run.EXIT_PROGRAM_FAILED,
+        run.EXIT_SETUP_FAILED,
+    )
+
+
+def test_a_complete_record_line_is_signalled() -> None:
+    """The cold launcher ends a run at the record: only a whole line may signal it."""
+    c = OutputCollector(limit_bytes=100)
+    line = record({"ok": True, "result": 1})
+    c.feed_stdout(line[:-5])
+    assert not c.record_seen.is_set()
+    c.feed_stdout(line[-5:])
+    assert c.record_seen.is_set() and c.result().record == {"ok": True, "result": 1}
 
 
 def test_record_is_separated_from_output_and_not_counted() -> None:
