@@ -46,6 +46,8 @@ REAP_GRACE_S = 60.0
 #: The runner's exit statuses (``symphony.run.EXIT_*``; checked by a test: the host does not
 #: import the SDK): what a run that ended at its record would have exited with.
 RUNNER_EXIT_OK, RUNNER_EXIT_PROGRAM_FAILED, RUNNER_EXIT_SETUP_FAILED = 0, 1, 2
+#: How long a launcher's background remover thread waits for more work before it ends.
+REMOVER_IDLE_S = 5.0
 EXITED_GRACE_S = float(os.environ.get("SYMPHONY_SANDBOX_EXITED_GRACE_S") or 60)
 #: Host threads gVisor itself needs (sentry + gofer Go runtimes) on top of the program's own
 #: processes/threads. The docker pids limit is a host cgroup limit, so ``spec.pids`` alone would
@@ -286,14 +288,24 @@ class SandboxLauncher:
         """Remove ``container`` on this launcher's remover thread. The run is over (its record
         is in); if the process dies first, :func:`reap` removes the container once expired."""
         with self._remover_lock:
-            if self._remover is None or not self._remover.is_alive():
+            self._removals.put(container)
+            if self._remover is None:
                 self._remover = threading.Thread(target=self._removal_loop, name="sandbox-remover", daemon=True)
                 self._remover.start()
-        self._removals.put(container)
 
     def _removal_loop(self) -> None:
+        """Removes queued containers; ends after ``REMOVER_IDLE_S`` with nothing queued, so a
+        launcher made per run (the Celery executor's cold path) leaves no thread behind."""
         while True:
-            self._remove(self._removals.get())
+            try:
+                container = self._removals.get(timeout=REMOVER_IDLE_S)
+            except queue.Empty:
+                with self._remover_lock:
+                    if self._removals.empty():
+                        self._remover = None
+                        return
+                continue
+            self._remove(container)
 
     def watch(self, container: Any, output_limit_bytes: int) -> OutputWatch:
         """Attach to ``container`` (before it starts) and pump its output into a capped collector."""
