@@ -42,8 +42,6 @@ from bench.harness import (
 
 NAME = "b2_completion"
 TENANT = "bench-b2"
-#: Containers for the sandboxed side (2 CPU cores: more would measure docker, not Symphony).
-SANDBOX_CONTAINERS = 4
 SANDBOX_LIP = """
 import threading
 
@@ -80,6 +78,11 @@ class Workload:
     prompt_tokens: int = 256
     out_tokens: int = 128
     max_batch: int = 64
+    #: gVisor containers the sandboxed side splits its lanes over, each one LIP with its share
+    #: of the lanes as threads. Each sandbox costs CPU of its own while its threads wait on the
+    #: session socket (~2-4% of a core per waiting thread with this runsc; see RESULTS.md), so
+    #: fewer, wider LIPs are cheaper: ``--sandbox-containers 1`` runs all lanes in one program.
+    sandbox_containers: int = 4
 
     def pages(self, block_size: int) -> int:
         per_seq = -(-(self.prompt_tokens + self.out_tokens) // block_size)
@@ -128,7 +131,7 @@ def sandbox_side(worker: WorkerProcess, wl: Workload, prompts: list[list[int]], 
     from sandbox.launcher import SandboxSpec
 
     lanes = min(wl.max_batch, len(prompts))
-    containers = min(SANDBOX_CONTAINERS, lanes)
+    containers = min(wl.sandbox_containers, lanes)
     shards = [prompts[i::lanes] for i in range(lanes)]
 
     def container(c: int) -> int:
@@ -162,7 +165,7 @@ def compare_sandboxed(
     program = f"{workdir}/b2_lip.py"
     with open(program, "w") as fh:
         fh.write(SANDBOX_LIP)
-    containers = min(SANDBOX_CONTAINERS, wl.max_batch, wl.prompts)
+    containers = min(wl.sandbox_containers, wl.max_batch, wl.prompts)
     cold = Comparison("greedy completion (gVisor sandbox, cold)", "tok/s")
     warm = Comparison("greedy completion (gVisor sandbox, warm pool)", "tok/s")
     for cmp in (cold, warm):
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--seed", type=int, default=0)
-    for f in ("prompts", "prompt_tokens", "out_tokens", "max_batch"):
+    for f in ("prompts", "prompt_tokens", "out_tokens", "max_batch", "sandbox_containers"):
         p.add_argument("--" + f.replace("_", "-"), type=int, default=None)
     a = p.parse_args(argv)
     wl = QUICK if a.quick else Workload()
