@@ -42,12 +42,12 @@ LABEL_OWNER = "symphony.launcher"  # "<hostname>:<pid>" of the launcher process
 LABEL_EXPIRES = "symphony.expires"  # unix time after which the container is garbage
 #: Extra time past the deadline before the reaper treats a container as abandoned.
 REAP_GRACE_S = 60.0
-#: An exited sandbox nobody removed is reaped after this long (``SYMPHONY_SANDBOX_EXITED_GRACE_S``).
 #: The runner's exit statuses (``symphony.run.EXIT_*``; checked by a test: the host does not
 #: import the SDK): what a run that ended at its record would have exited with.
 RUNNER_EXIT_OK, RUNNER_EXIT_PROGRAM_FAILED, RUNNER_EXIT_SETUP_FAILED = 0, 1, 2
 #: How long a launcher's background remover thread waits for more work before it ends.
 REMOVER_IDLE_S = 5.0
+#: An exited sandbox nobody removed is reaped after this long (``SYMPHONY_SANDBOX_EXITED_GRACE_S``).
 EXITED_GRACE_S = float(os.environ.get("SYMPHONY_SANDBOX_EXITED_GRACE_S") or 60)
 #: Host threads gVisor itself needs (sentry + gofer Go runtimes) on top of the program's own
 #: processes/threads. The docker pids limit is a host cgroup limit, so ``spec.pids`` alone would
@@ -271,14 +271,14 @@ class SandboxLauncher:
         tag = self.image_for(spec.limits)
         staging, program = _stage(spec)
         container = None
-        res: SandboxResult | None = None
+        by_record = False
         try:
             container = self._create(spec, tag, staging, program)
-            res = self._run_container(spec, container, t0)
+            res, by_record = self._run_container(spec, container, t0)
             return res
         finally:
             if container is not None:
-                if res is not None and res.timings.get("ended_by_record"):
+                if by_record:  # the program is done; gVisor's teardown need not be waited out
                     self._remove_later(container)
                 else:
                     self._remove(container)
@@ -311,7 +311,8 @@ class SandboxLauncher:
         """Attach to ``container`` (before it starts) and pump its output into a capped collector."""
         return OutputWatch(self.client, container, output_limit_bytes)
 
-    def _run_container(self, spec: SandboxSpec, container: Any, t0: float) -> SandboxResult:
+    def _run_container(self, spec: SandboxSpec, container: Any, t0: float) -> tuple[SandboxResult, bool]:
+        """The result, and whether the run ended at its record (see :meth:`_wait_for_end`)."""
         watch = self.watch(container, spec.output_limit_bytes)
         container.start()
         started = time.monotonic()
@@ -323,10 +324,10 @@ class SandboxLauncher:
             start_s=started - t0,
             duration_s=ended - started,
             container=container.name,
-            timings={"create_and_start_s": started - t0, "run_s": ended - started, "ended_by_record": float(by_record)},
+            timings={"create_and_start_s": started - t0, "run_s": ended - started},
         )
         finish_result(res, spec, watch, exit_code, {} if by_record else container_state(container))
-        return res
+        return res, by_record
 
     def _wait_for_end(self, container: Any, watch: OutputWatch, deadline: float) -> tuple[int | None, bool]:
         """The exit status, and whether the run ended at its result record rather than at the exit.
