@@ -82,6 +82,9 @@ const scenarios = {
     await page.getByRole("heading", { name: "Log in" }).waitFor({ timeout: T }); // anonymous → login
     await shot(page, "login");
     await signup(page, cfg.email, cfg.password, cfg.tenant);
+    // The list loads after the heading shows: wait for its empty state rather than count at once
+    // (counting raced the fetch in a CI run and saw nothing yet).
+    await page.getByText(/No programs yet/).waitFor({ timeout: T });
     check((await page.getByText(/No programs yet/).count()) === 1, "empty program list after sign-up");
 
     await uploadProgram(page, cfg.programName, cfg.programSource);
