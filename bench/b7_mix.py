@@ -107,23 +107,16 @@ QUICK = Workload(
 
 
 class Sampler:
-    """Polls worker stats: per-tenant served tokens and scheduler counters over time."""
+    """Polls the worker's scheduler counters (per-tenant service, passed-over forwards) over time."""
 
     def __init__(self, worker: WorkerProcess, period_s: float) -> None:
         self.worker, self.period_s = worker, period_s
-        self.samples: list[tuple[dict[str, int], dict[str, Any]]] = []
+        self.samples: list[dict[str, Any]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def _take(self) -> None:
-        stats = self.worker.stats()
-        served: dict[str, int] = {}
-        for s in stats["sessions"]:
-            u = s["usage"]
-            served[s["tenant"]] = (
-                served.get(s["tenant"], 0) + int(u.get("prefill_tokens", 0)) + int(u.get("decode_tokens", 0))
-            )
-        self.samples.append((served, stats["scheduler"]))
+        self.samples.append(self.worker.stats()["scheduler"])
 
     def dump(self, path: Path) -> None:
         """The raw samples as JSON: what the share figures were computed from, for a reader
@@ -136,7 +129,7 @@ class Sampler:
             "queued_calls_per_tenant",
             "passed_over_per_tenant",
         )
-        rows = [{"usage": served, **{k: sched.get(k) for k in keep}} for served, sched in self.samples]
+        rows = [{k: sched.get(k) for k in keep} for sched in self.samples]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(rows))
 
@@ -158,7 +151,7 @@ class Sampler:
         the max-min fair share over the intervals in which two or more tenants were backlogged."""
         out = Contended()
         items = 0.0
-        for (_, sa), (_, sb) in zip(self.samples, self.samples[1:], strict=False):
+        for sa, sb in zip(self.samples, self.samples[1:], strict=False):
             served = _delta(sa, sb, "served_per_tenant")
             passed = _delta(sa, sb, "passed_over_per_tenant")
             backlogged = [t for t in TENANTS if passed[t] > 0]

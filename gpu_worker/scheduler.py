@@ -151,12 +151,14 @@ class FairQueue:
             del self.queues[tenant]
             self.deficit.pop(tenant, None)
             self.last_queued[tenant] = now
-        if len(self.served) > 2 * len(self.queues) + 64:  # forget long-idle tenants
-            for tenant in [t for t in self.served if t not in self.queues]:
-                if now - self.last_queued.get(tenant, now) > 60 * self.idle_reset_s:
-                    del self.served[tenant]
+        # Forget long-idle tenants. Every tenant ever queued has a ``last_queued`` entry, also
+        # after an idle worker cleared ``served``: walk that, so ``charged`` is forgotten too.
+        if len(self.last_queued) > 2 * len(self.queues) + 64:
+            for tenant in [t for t in self.last_queued if t not in self.queues]:
+                if now - self.last_queued[tenant] > 60 * self.idle_reset_s:
+                    del self.last_queued[tenant]
+                    self.served.pop(tenant, None)
                     self.charged.pop(tenant, None)
-                    self.last_queued.pop(tenant, None)
 
     @staticmethod
     def _weight(call: PredCall) -> float:
@@ -164,8 +166,9 @@ class FairQueue:
         return max(call.session.weight, 0.01)
 
     def _charge(self, call: PredCall, tokens: int) -> None:
-        self.served[call.tenant] = self.served.get(call.tenant, 0.0) + tokens / self._weight(call)
-        self.charged[call.tenant] += tokens / self._weight(call)
+        weighted = tokens / self._weight(call)
+        self.served[call.tenant] = self.served.get(call.tenant, 0.0) + weighted
+        self.charged[call.tenant] += weighted
 
     def _decode_seats(
         self, tenants: list[str], seats: int, skip: Callable[[PredCall], bool]

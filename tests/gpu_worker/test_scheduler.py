@@ -194,6 +194,19 @@ def test_counters_restart_level_after_every_tenant_was_idle() -> None:
     assert sorted(_contended_decode_seats(q, other, alone)) == ["alone"] * 4 + ["other"] * 4
 
 
+def test_long_idle_tenants_are_forgotten_after_counters_restart() -> None:
+    """A worker serving many tenants over its life keeps no per-tenant state for those long
+    gone, also when an idle worker restarted the counters (which empties ``served``)."""
+    q = FairQueue(quantum=64, idle_reset_s=0.001)
+    for i in range(70):
+        q.push(_call(FakeSession(f"s{i}", f"t{i}"), 1))
+        q.select(budget=64, max_seqs=8, skip=lambda c: False)
+    time.sleep(0.1)  # past 60 x idle_reset_s
+    q.push(_call(FakeSession("sn", "new"), 1))  # nobody else active: counters restart
+    q.select(budget=64, max_seqs=8, skip=lambda c: False)
+    assert set(q.charged) <= {"new"} and set(q.last_queued) <= {"new"} and set(q.served) <= {"new"}
+
+
 def test_a_new_tenant_starts_level_with_tenants_whose_calls_are_running() -> None:
     """A new tenant arriving while the busy tenant's calls are all in the running forward (its
     queue momentarily empty) starts at the busy tenant's counter, not at 0."""
