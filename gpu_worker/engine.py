@@ -24,11 +24,12 @@ creating the next.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,6 +85,23 @@ def set_cpu_threads_of_this_thread(n: int) -> None:
     # make that happen now, or it would later overwrite the count set here.
     torch.get_num_threads()
     torch._C.set_num_threads(max(1, int(n)))
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int) -> Iterator[None]:
+    """Run the block's torch ops on ``n`` CPU threads of the calling thread, then restore its count.
+
+    The engine thread keeps the forward's count; it picks tokens between forwards on one
+    thread, for the reason :func:`set_cpu_threads_of_this_thread` gives."""
+    before = torch.get_num_threads()
+    if before == n:
+        yield
+        return
+    set_cpu_threads_of_this_thread(n)
+    try:
+        yield
+    finally:
+        set_cpu_threads_of_this_thread(before)
 
 
 @dataclass

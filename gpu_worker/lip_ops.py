@@ -237,26 +237,26 @@ async def pred(w: Worker, s: Session, args: dict[str, Any]) -> Any:
     if s.inflight_preds >= w.config.scheduler.max_inflight_preds_per_session:
         raise ProtocolError(ErrorCode.BUSY, "too many pred calls in flight for this session")
     s.check_deadline()
-    length = await w.kv(w.kvfs.length, s.owner, kv)
-    if length + len(tokens) > w.config.max_model_len:
-        raise ProtocolError(
-            ErrorCode.NO_SPACE, f"KV file would hold {length + len(tokens)} tokens > {w.config.max_model_len}"
-        )
+    # The handle and the file's length are checked by the scheduler when it plans the call
+    # (before any of it lands): a KVFS call here would cost a thread hop per token.
     s.reserve_tokens(len(tokens))
     s.inflight_preds += 1
+    call = PredCall(s, kv, tokens, rows, choose=choose)
     try:
-        fut = asyncio.wrap_future(w.scheduler.submit(PredCall(s, kv, tokens, rows)))
+        fut = asyncio.wrap_future(w.scheduler.submit(call))
         try:
-            logits = await asyncio.wait_for(fut, s.time_left())
+            async with asyncio.timeout(s.time_left()):
+                value = await fut
         except TimeoutError:
             raise ProtocolError(ErrorCode.TIMEOUT, f"run deadline of {s.limits.deadline_s}s passed") from None
     finally:
         s.inflight_preds -= 1
         s.unreserve_tokens(len(tokens))
-    s.usage.pred_calls += 1
+        if call.ran:  # computed and metered, even if the choice then failed
+            s.usage.pred_calls += 1
     if choose is None:
-        return {"dists": s.dists.add_many(logits)}
-    return {"tokens": [choose(row) for row in logits]}
+        return {"dists": s.dists.add_many(value)}
+    return {"tokens": value}  # picked on the engine thread (Scheduler._resolve)
 
 
 # --------------------------------------------------------------------------------- dists

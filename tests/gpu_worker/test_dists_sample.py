@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from gpu_worker.dists import SampleParams, sample
+from gpu_worker.protocol import ErrorCode, ProtocolError
 
 
 def _logits(probs: list[float]) -> torch.Tensor:
@@ -38,3 +39,22 @@ def test_a_seed_fixes_the_draw_and_the_last_token_is_reachable() -> None:
     assert len(draws) == 1
     only_last = _logits([0.0] * 9 + [1.0])
     assert sample(only_last, SampleParams(temperature=1.0), torch.Generator().manual_seed(0)) == 9
+
+
+def test_a_tiny_temperature_tends_to_the_maximal_tokens_and_inf_bias_wins() -> None:
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.tensor([1.0, 2.0, 2.0, -5.0, 1.999])
+    tiny = {sample(logits, SampleParams(temperature=1e-30), generator) for _ in range(200)}
+    assert tiny == {1, 2}, "a tiny temperature must leave the tied maximal tokens, equally likely"
+    biased = torch.tensor([5.0, float("inf"), 2.0, float("inf")])
+    assert {sample(biased, SampleParams(temperature=1.0), generator) for _ in range(200)} == {1, 3}
+
+
+def test_rows_without_a_finite_or_numeric_logit_are_refused() -> None:
+    generator = torch.Generator().manual_seed(4)
+    with pytest.raises(ProtocolError) as masked:
+        sample(torch.full((8,), float("-inf")), SampleParams(temperature=1.0), generator)
+    assert masked.value.code == ErrorCode.BAD_ARGS
+    with pytest.raises(ProtocolError) as nan:
+        sample(torch.tensor([0.0, float("nan")]), SampleParams(temperature=1.0), generator)
+    assert nan.value.code == ErrorCode.INTERNAL

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from gpu_worker.batch import Batch, SeqWork
-from gpu_worker.engine import Engine, EngineConfig, set_cpu_threads_of_this_thread
+from gpu_worker.engine import Engine, EngineConfig, cpu_threads, set_cpu_threads_of_this_thread
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -253,7 +253,8 @@ def _in_fresh_thread(fn) -> None:
 
 def test_forward_thread_keeps_its_cpu_threads_when_other_threads_take_one(engine: Engine, reference) -> None:
     """The worker's event loop takes one CPU thread for its per-token ops after the engine
-    thread has claimed the forward's count; the forward must still run with that count (vLLM's
+    thread has claimed the forward's count, and the engine thread itself picks tokens on one
+    thread between forwards (``cpu_threads``); the forward must still run with that count (vLLM's
     CPU attention checks it) and give the reference logits."""
     if engine.forward_threads < 2:
         pytest.skip("one CPU: nothing to keep apart")
@@ -263,6 +264,8 @@ def test_forward_thread_keeps_its_cpu_threads_when_other_threads_take_one(engine
         engine.claim_forward_thread()
         claimed.set()
         go.wait(30)
+        with cpu_threads(1):  # the scheduler picks tokens between forwards on one thread
+            seen["picking_threads"] = torch.get_num_threads()
         toks = tokens(40, seed=9)
         try:
             seen["logits"] = (engine.forward(Batch((work("t", toks, 0, 40, (20,), rows=[39]),)))[0], toks)
@@ -277,6 +280,6 @@ def test_forward_thread_keeps_its_cpu_threads_when_other_threads_take_one(engine
     go.set()
     runner.join()
     _in_fresh_thread(lambda: set_cpu_threads_of_this_thread(engine.forward_threads))  # restore for later tests
-    assert seen["threads"] == engine.forward_threads
+    assert seen["threads"] == engine.forward_threads and seen["picking_threads"] == 1
     logits, toks = seen["logits"]
     assert_close(logits, reference(toks)[-1:])

@@ -26,6 +26,7 @@ import torch
 from gpu_worker.batch import Batch
 from gpu_worker.config import SchedulerConfig
 from gpu_worker.kvfs import Owner
+from gpu_worker.protocol import ErrorCode, ProtocolError
 from gpu_worker.scheduler import FairQueue, PredCall, Scheduler
 from tests.kvfs.memio import BLOCK, make_fs
 
@@ -378,6 +379,24 @@ def test_long_prefill_is_chunked_under_the_token_budget_and_lands_intact(sched) 
     file = fs._handles.get(s.owner, h).file
     got = [float(engine.io.pages[file.pages[p // BLOCK], 0, p % BLOCK, 0]) for p in range(100)]
     assert got == [float(t * 1000 + p) for p, t in enumerate(prompt)]
+
+
+def test_a_prompt_past_max_model_len_fails_before_any_chunk_lands(sched) -> None:
+    """``pred`` does not pre-check the length: the scheduler checks the whole call at its first
+    chunk, so a 210-token prompt (limit 200, budget 32 per forward) leaves the file untouched."""
+    scheduler, fs, engine = sched
+    s = FakeSession("s0", "t")
+    scheduler.active_sessions = lambda: [s.session_id]
+    h = fs.create(s.owner)
+    scheduler.start()
+    scheduler.submit(PredCall(s, h, (1, 2, 3), (2,))).result(timeout=10)
+    engine.batches.clear()
+    with pytest.raises(ProtocolError) as info:
+        scheduler.submit(PredCall(s, h, tuple(range(1, 208)), (206,))).result(timeout=10)
+    assert info.value.code == ErrorCode.NO_SPACE and "210 tokens > 200" in info.value.message
+    assert engine.batches == [] and fs.tokens(s.owner, h) == [1, 2, 3]
+    scheduler.submit(PredCall(s, h, tuple(range(4, 201)), (196,))).result(timeout=10)
+    assert fs.length(s.owner, h) == 200, "a call that fills the limit exactly still runs"
 
 
 def test_decodes_are_not_starved_by_a_long_prefill(sched) -> None:

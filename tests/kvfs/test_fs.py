@@ -256,13 +256,15 @@ def test_session_page_limit_and_snapshot(tmp_path):
     assert "session KV page limit" in exc.value.message
     other = fs.create(A2)  # another session of the same tenant is not limited by A's cap
     append(fs, io, A2, other, list(range(3 * BLOCK)))
-    assert fs.snapshot(A) == {
+    (event, pages), (_, other_pages) = fs.live_usage([A, A2])
+    assert event == {
         "device_pages": 5,
         "host_pages": 0,
         "disk_pages": 0,
         "tenant_device_pages": 5,
         "tokens": 2 * BLOCK,
     }
+    assert (pages, other_pages) == (2, 3) and fs.live_usage([]) == []
     fs.close_session(A)
     h = fs.create(A)
     append(fs, io, A, h, list(range(3 * BLOCK)))  # the cap ended with the session

@@ -93,6 +93,35 @@ def test_dist_operations_agree_with_each_other(session) -> None:
         d0.argmax()  # released
 
 
+def test_fused_choice_agrees_with_the_dist_path_and_a_failed_choice_is_metered(gpu_worker_process) -> None:
+    """``pred_token`` picks on the worker's engine thread; a Dist op picks on its event loop.
+    Both must give the same token, and a choice that cannot be made (a finished grammar state)
+    fails that call alone while its forward still counts."""
+    info = gpu_worker_process.create_session()
+    s = sy.connect(info.socket_path, info.token)
+    try:
+        ids = s.tokenize(PROMPT)
+        ref, fused = s.kv_create(), s.kv_create()
+        (dist,) = s.pred(ref, ids)
+        top = dist.topk(3)
+        assert s.pred_token(fused, ids) == top.ids[0]
+        fused.truncate(len(ids) - 1)
+        assert s.pred_token(fused, ids[-1:], temperature=1.0, seed=11) == dist.sample(temperature=1.0, seed=11)
+        fused.truncate(len(ids) - 1)
+        assert s.pred_token(fused, ids[-1:], mask=[top.ids[2]]) == top.ids[2]
+        fused.truncate(len(ids) - 1)
+        done = s.grammar(regex="a").state()
+        assert done.advance(s.tokenize("a")[0]) and done.advance(s.info.eos_token_ids[0]) and done.finished
+        with pytest.raises(sy.InvalidArgument, match="grammar state is finished"):
+            s.pred_token(fused, ids[-1:], temperature=1.0, mask=done)
+        assert len(fused) == len(ids), "the forward ran; only the choice failed"
+        assert s.pred_token(fused, [top.ids[0]]) >= 0, "the session goes on after a failed choice"
+    finally:
+        s.close()
+        usage = gpu_worker_process.end_session(info.session_id).usage
+    assert usage["pred_calls"] == 6
+
+
 def test_threads_keep_many_calls_in_flight_on_one_connection(session, gpu_worker_process) -> None:
     """Eight threads decode forks of one prefix at once; each gets its own correct answer."""
     ids = session.tokenize(PROMPT)
@@ -174,6 +203,20 @@ def test_named_files_persist_and_errors_map_to_exceptions(session, gpu_worker_pr
         session.http_fetch("http://127.0.0.1:9/")  # not on this run's allowlist
     with pytest.raises(sy.InvalidArgument):
         session.pred(session.kv_create(), [session.info.vocab_size + 5])
+    with pytest.raises(sy.KVNotFound):
+        session.pred(123456789, [1, 2])  # checked by the scheduler when it plans the call
+
+
+def test_a_pred_past_max_model_len_is_refused_whole(session) -> None:
+    """The worker runs with --max-model-len 2048: a prompt that would overflow the file fails
+    with NoSpace and leaves the file as it was (the scheduler checks the whole call)."""
+    kv = session.kv_create()
+    session.release(session.pred(kv, [5] * 100))
+    with pytest.raises(sy.NoSpace, match="2050 tokens > 2048"):
+        session.pred(kv, [6] * 1950)
+    assert len(kv) == 100
+    session.release(session.pred(kv, [7] * 1948))
+    assert len(kv) == 2048
 
 
 def test_quota_exceeded_is_its_own_exception(gpu_worker_process) -> None:
@@ -248,3 +291,19 @@ def test_asyncio_flavour_gathers_concurrent_calls(gpu_worker_process) -> None:
     finally:
         gpu_worker_process.end_session(info.session_id)
     assert all(o == ref for o in outs)
+
+
+def test_the_worker_tick_meters_page_seconds_of_every_live_session(gpu_worker_process) -> None:
+    """The tick reads every live session's pages in one KVFS call: two sessions holding
+    different amounts of KV for over a second are both metered, each for its own pages."""
+    infos = [gpu_worker_process.create_session() for _ in range(2)]
+    sessions = [sy.connect(i.socket_path, i.token) for i in infos]
+    try:
+        for n, s in zip((1, 3), sessions, strict=True):
+            s.release(s.pred(s.kv_create(), [5] * (n * s.info.block_size)))
+        time.sleep(1.6)  # three ticks at the default 0.5 s
+    finally:
+        for s in sessions:
+            s.close()
+        small, big = (gpu_worker_process.end_session(i.session_id).usage["page_seconds"] for i in infos)
+    assert 0 < small < big, (small, big)
