@@ -524,13 +524,30 @@ def _exited_long_ago(container: Any, now: float, grace_s: float) -> bool:
     its exit status within moments of the exit."""
     if container.status not in ("exited", "dead"):
         return False
-    container.reload()  # the list API's summary has no FinishedAt
     finished = (container.attrs.get("State") or {}).get("FinishedAt", "")
     try:
         stopped = datetime.strptime(finished[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=UTC).timestamp()
     except ValueError:
         return False
     return stopped > 0 and now - stopped > grace_s
+
+
+def _sandbox_containers(client: Any) -> list[Any]:
+    """Every Symphony sandbox container, each inspected (labels, ``State.FinishedAt``).
+
+    Listed sparse and inspected one by one, skipping any removed in between: a launcher removes
+    its container when a run ends, and a full listing inspects every container itself and fails
+    whole on the first that vanished under it."""
+    import docker.errors
+
+    found = []
+    for c in client.containers.list(all=True, sparse=True, filters={"label": LABEL}):
+        try:
+            c.reload()
+        except docker.errors.NotFound:
+            continue
+        found.append(c)
+    return found
 
 
 def reap(client: Any = None, now: float | None = None, exited_grace_s: float = EXITED_GRACE_S) -> list[str]:
@@ -546,7 +563,7 @@ def reap(client: Any = None, now: float | None = None, exited_grace_s: float = E
     now = time.time() if now is None else now
     host = socket.gethostname()
     removed: list[str] = []
-    for c in client.containers.list(all=True, filters={"label": LABEL}):
+    for c in _sandbox_containers(client):
         labels = c.labels or {}
         owner_host, _, pid = labels.get(LABEL_OWNER, "").rpartition(":")
         try:

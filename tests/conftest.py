@@ -50,6 +50,15 @@ def celery_worker_process(settings) -> Iterator[str]:
         yield queue
 
 
+def container_names(docker_client, *, include_stopped: bool = True, **filters: str) -> list[str]:
+    """Names of the containers matching ``filters`` (e.g. ``label="k=v"``, ``name=...``).
+
+    Listed sparse: a full listing inspects every container and fails whole with NotFound on one
+    that a launcher removed in between, which is exactly what these tests wait for."""
+    listed = docker_client.containers.list(all=include_stopped, sparse=True, filters=filters)
+    return [c.attrs["Names"][0].lstrip("/") for c in listed]
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.1, message: str = "condition") -> None:
     """Poll ``predicate`` until true; fail the test with ``message`` after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout

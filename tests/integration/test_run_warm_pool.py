@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.launcher import LABEL_OWNER, LABEL_POOL
-from tests.conftest import wait_for
+from tests.conftest import container_names, wait_for
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -53,8 +53,8 @@ def _run(client, program_id: str, n: int) -> dict:
     return final
 
 
-def _pool_containers(docker_client) -> list:
-    return docker_client.containers.list(filters={"label": f"{LABEL_POOL}=1"})
+def _pool_containers(docker_client) -> list[str]:
+    return container_names(docker_client, include_stopped=False, label=f"{LABEL_POOL}=1")
 
 
 def test_runs_are_handed_to_prestarted_containers(stack, api_tenant_a, docker_client, tmp_path):

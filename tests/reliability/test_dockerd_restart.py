@@ -20,7 +20,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, container_names, wait_for
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -110,7 +110,7 @@ def test_dockerd_restart_fails_the_run_clearly_and_leaks_nothing(stack, api_tena
 
     fresh = docker.from_env(timeout=60)
     wait_for(
-        lambda: not fresh.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}),
+        lambda: not container_names(fresh, label=f"{LABEL_RUN}={run_id}"),
         60,
         interval=1.0,
         message="the run's stopped container to be reaped",

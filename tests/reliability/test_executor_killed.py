@@ -17,7 +17,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.conftest import celery_worker, wait_for
+from tests.conftest import celery_worker, container_names, wait_for
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -83,7 +83,7 @@ def test_killed_executor_fails_the_run_once_and_clearly(stack, api_tenant_a, doc
     # A Celery worker starting on the queue reaps the sandbox whose launcher process is gone.
     with celery_worker(stack.queue, stack.env):
         wait_for(
-            lambda: not docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}),
+            lambda: not container_names(docker_client, label=f"{LABEL_RUN}={run_id}"),
             timeout=60,
             message="the orphaned sandbox container to be reaped",
         )

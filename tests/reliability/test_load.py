@@ -35,7 +35,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
-from tests.conftest import wait_for
+from tests.conftest import container_names, wait_for
 from tests.plugins.api import _make_tenant
 from tests.plugins.worker import RunningWorker, start_worker
 
@@ -208,11 +208,7 @@ def test_fifty_concurrent_runs_from_five_tenants(load_stack, stack_worker, docke
     # Nothing leaked. Containers of runs that ended at their result record are removed in the
     # background (pool slots and cold runs alike), so give the removals a bounded while.
     def leftovers() -> list[str]:
-        return [
-            c.name
-            for rid in all_ids
-            for c in docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={rid}"})
-        ]
+        return [name for rid in all_ids for name in container_names(docker_client, label=f"{LABEL_RUN}={rid}")]
 
     wait_for(lambda: not leftovers(), timeout=30, interval=0.5, message="every run's container to be removed")
     health = stack_worker.admin.health()

@@ -16,7 +16,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.conftest import wait_for
+from tests.conftest import container_names, wait_for
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -80,8 +80,8 @@ def test_killed_worker_fails_the_run_clearly_and_bills_it(stack, stack_worker, a
     usage = UsageRecord.objects.get(run_id=run_id)
     assert usage.sandbox_seconds > 0
     time.sleep(1)
-    leftovers = docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"})
-    assert leftovers == [], [c.name for c in leftovers]
+    leftovers = container_names(docker_client, label=f"{LABEL_RUN}={run_id}")
+    assert leftovers == [], leftovers
 
     with start_worker(stack_worker.model_dir, name="victim-restarted") as again:
         again.assert_alive()

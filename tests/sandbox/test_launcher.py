@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.launcher import LABEL, LABEL_EXPIRES, SandboxSpec, reap
+from tests.conftest import container_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -21,7 +22,7 @@ def container_exists(docker_client, name: str, within_s: float = 10.0) -> bool:
     concurrently)."""
     assert name.startswith("symphony-lip-")
     until = time.monotonic() + within_s
-    while docker_client.containers.list(all=True, filters={"name": name}):
+    while container_names(docker_client, name=name):
         if time.monotonic() > until:
             return True
         time.sleep(0.1)

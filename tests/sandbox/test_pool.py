@@ -19,6 +19,7 @@ import pytest
 
 from sandbox.launcher import LABEL, LABEL_OWNER, LABEL_POOL, LABEL_SLOT_DIR, SandboxLimits, SandboxSpec, reap
 from sandbox.pool import SandboxPool
+from tests.conftest import container_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -59,7 +60,7 @@ def run_lip(worker: Any, runner: Any, source: str, args: Any = None, **kw: Any) 
 
 
 def pool_containers(docker_client: Any) -> set[str]:
-    return {c.name for c in docker_client.containers.list(all=True, filters={"label": f"{LABEL_POOL}=1"})}
+    return set(container_names(docker_client, label=f"{LABEL_POOL}=1"))
 
 
 def test_warm_run_returns_result_output_and_timings(gpu_worker_process, pool) -> None:
@@ -247,5 +248,5 @@ def test_reaper_removes_orphaned_pool_containers(launcher, sandbox_image: str, d
         assert c.name in removed
         assert not slot_dir.exists()
     finally:
-        if docker_client.containers.list(all=True, filters={"name": c.name}):
+        if container_names(docker_client, name=c.name):
             c.remove(force=True)
