@@ -4,6 +4,7 @@ Publishing happens on a background thread fed by a bounded queue, so a slow or a
 never delays a ``pred``. When Redis is unreachable (a restart, a failover) the thread keeps the
 event and retries with backoff for up to ``RETRY_FOR_S``, so a short outage delays events
 instead of losing them; past that, or when the queue is full, events are logged and dropped.
+Events queued together (a forward's worth of streamed tokens) go in one round trip.
 Heartbeats are never retried: the next one follows in seconds.
 """
 
@@ -20,6 +21,8 @@ log = logging.getLogger(__name__)
 
 STREAM_MAXLEN = 10_000
 QUEUE_MAX = 10_000
+#: Most events sent in one Redis round trip (see ``EventPublisher._publish_batch``).
+BATCH_MAX = 256
 
 
 #: Workers announce themselves under ``symphony:worker:<name>``; the key expires when they stop.
@@ -71,42 +74,73 @@ class EventPublisher:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            batch = self._next_batch()
+            stop = None in batch
+            items = [item for item in batch if item is not None]
+            events = [item for item in items if not item[0].startswith(HEARTBEAT_PREFIX)]
+            for key, _, data in items:
+                if key.startswith(HEARTBEAT_PREFIX):
+                    self._heartbeat(key, data)
+            if events:
+                self._publish_batch(events)
+            if stop:
                 return
-            key, type_, data = item
-            if key.startswith(HEARTBEAT_PREFIX):
-                self._send(key, type_, data)
-                continue
-            # After one event gave up, Redis counts as down: one try per event (no backlog of
-            # 30 s waits) until a send succeeds again.
-            give_up = time.monotonic() + (0.0 if self._redis_down else RETRY_FOR_S)
-            backoff = 0.1
-            while not self._send(key, type_, data):
-                if time.monotonic() + backoff > give_up:
-                    self.dropped += 1
-                    self._redis_down = True
-                    log.warning("event=event_dropped reason=redis_unreachable stream=%s type=%s", key, type_)
-                    break
-                time.sleep(backoff)
-                backoff = min(2.0, backoff * 2)
-            else:
-                self.published += 1
-                self._redis_down = False
 
-    def _send(self, key: str, type_: str, data: str) -> bool:
-        """One SET (heartbeat) or XADD (event); on failure drop the connection so the next
-        attempt reconnects."""
+    def _next_batch(self) -> list[tuple[str, str, str] | None]:
+        """The next queued item (blocking) and whatever else is queued behind it, up to
+        ``BATCH_MAX`` items, in queue order."""
+        batch = [self._queue.get()]
+        while len(batch) < BATCH_MAX and batch[-1] is not None:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _publish_batch(self, events: list[tuple[str, str, str]]) -> None:
+        """XADD ``events`` in one MULTI/EXEC round trip, retried whole while Redis is down.
+
+        Why batched: a streaming LIP sends one event per token, so a forward at batch 64 queues
+        64 of them at once; one XADD each cost ~160 us of this process's CPU (~240 us with Redis's
+        own), on the cores the next forward needs, against ~25 us each in a batch of 64.
+        Why a transaction: a batch cut off by a failure has then either landed whole or not at
+        all, so resending it never duplicates the events that had landed.
+        After one batch gave up, Redis counts as down: one try per batch (no backlog of 30 s
+        waits) until a send succeeds again."""
+        give_up = time.monotonic() + (0.0 if self._redis_down else RETRY_FOR_S)
+        backoff = 0.1
+        while not self._xadd_all(events):
+            if time.monotonic() + backoff > give_up:
+                self.dropped += len(events)
+                self._redis_down = True
+                streams = ",".join(sorted({key for key, _, _ in events}))
+                log.warning("event=event_dropped reason=redis_unreachable count=%d streams=%s", len(events), streams)
+                return
+            time.sleep(backoff)
+            backoff = min(2.0, backoff * 2)
+        self.published += len(events)
+        self._redis_down = False
+
+    def _xadd_all(self, events: list[tuple[str, str, str]]) -> bool:
+        """One transaction of XADDs; on failure drop the connection so the next try reconnects."""
         try:
-            if key.startswith(HEARTBEAT_PREFIX):
-                self._connect().set(key, data, ex=HEARTBEAT_TTL_S)
-            else:
-                self._connect().xadd(key, {"type": type_, "data": data}, maxlen=STREAM_MAXLEN, approximate=True)
+            pipe = self._connect().pipeline(transaction=True)
+            for key, type_, data in events:
+                pipe.xadd(key, {"type": type_, "data": data}, maxlen=STREAM_MAXLEN, approximate=True)
+            pipe.execute()
             return True
         except Exception as exc:  # redis raises many types; none may reach a LIP
             self._client = None
-            log.warning("event=redis_error error=%r stream=%s type=%s", exc, key, type_)
+            log.warning("event=redis_error error=%r events=%d", exc, len(events))
             return False
+
+    def _heartbeat(self, key: str, data: str) -> None:
+        """One SET with a TTL, never retried: the next heartbeat follows in seconds."""
+        try:
+            self._connect().set(key, data, ex=HEARTBEAT_TTL_S)
+        except Exception as exc:
+            self._client = None
+            log.warning("event=redis_error error=%r key=%s", exc, key)
 
     def close(self, timeout: float = 2.0) -> None:
         """Flush what is queued (bounded by ``timeout``) and stop the thread."""

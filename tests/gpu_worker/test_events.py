@@ -1,0 +1,85 @@
+"""The worker's event publisher against the real Redis (127.0.0.1:6379): a burst of events goes
+out in order, each once, in a few MULTI/EXEC round trips; an unreachable Redis drops events
+after the retry window without raising."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+import redis
+
+from gpu_worker import events as events_module
+from gpu_worker.events import EventPublisher, stream_key
+
+REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+@pytest.fixture
+def client() -> redis.Redis:
+    return redis.Redis.from_url(REDIS_URL)
+
+
+def _exec_calls(client: redis.Redis) -> int:
+    return int(client.info("commandstats").get("cmdstat_exec", {}).get("calls", 0))
+
+
+def _wait_published(publisher: EventPublisher, n: int, timeout: float = 10.0) -> None:
+    until = time.monotonic() + timeout
+    while publisher.published < n and time.monotonic() < until:
+        time.sleep(0.01)
+    assert publisher.published == n, (publisher.published, publisher.dropped)
+
+
+def test_a_burst_of_events_arrives_in_order_once_in_few_round_trips(client: redis.Redis) -> None:
+    runs = [f"test-events-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    per_run = 200
+    publisher = EventPublisher(REDIS_URL)
+    execs_before = _exec_calls(client)
+    try:
+        for i in range(per_run):
+            for run in runs:
+                publisher.publish(run, "token", {"text": f"{run}:{i}"})
+        _wait_published(publisher, per_run * len(runs))
+        execs = _exec_calls(client) - execs_before
+        for run in runs:
+            entries = client.xrange(stream_key(run))
+            texts = [json.loads(fields[b"data"])["text"] for _, fields in entries]
+            assert texts == [f"{run}:{i}" for i in range(per_run)]
+            assert all(fields[b"type"] == b"token" for _, fields in entries)
+    finally:
+        publisher.close()
+        client.delete(*[stream_key(run) for run in runs])
+    # 600 events queued faster than one round trip: sent in transactions, far fewer than one per
+    # event. (Other processes' workers may EXEC meanwhile, hence the margin.)
+    assert 1 <= execs <= per_run * len(runs) // 4, execs
+
+
+def test_unreachable_redis_drops_events_after_the_retry_window_without_raising(monkeypatch) -> None:
+    monkeypatch.setattr(events_module, "RETRY_FOR_S", 0.3)
+    publisher = EventPublisher("redis://127.0.0.1:1/0")  # nothing listens on port 1
+    try:
+        for i in range(5):
+            publisher.publish("test-events-down", "token", {"text": str(i)})
+        publisher.heartbeat("test-events-down", {"ok": True})
+        until = time.monotonic() + 10
+        while publisher.dropped < 5 and time.monotonic() < until:
+            time.sleep(0.05)
+        assert publisher.dropped == 5 and publisher.published == 0
+    finally:
+        publisher.close()
+
+
+def test_close_flushes_what_is_queued(client: redis.Redis) -> None:
+    run = f"test-events-{uuid.uuid4().hex[:8]}"
+    publisher = EventPublisher(REDIS_URL)
+    for i in range(50):
+        publisher.publish(run, "message", {"data": i})
+    publisher.close(timeout=10)
+    try:
+        assert publisher.published == 50
+        assert client.xlen(stream_key(run)) == 50
+    finally:
+        client.delete(stream_key(run))
