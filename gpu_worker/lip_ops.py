@@ -227,8 +227,11 @@ def _chooser(w: Worker, s: Session, kind: str, params: dict[str, Any]) -> Callab
     return choose
 
 
-@op("pred")
-async def pred(w: Worker, s: Session, args: dict[str, Any]) -> Any:
+# ``pred`` is not in HANDLERS: the server relays it without a Task (``Worker._pred``), using
+# the three steps below, since it is the call every generated token makes.
+def admit_pred(w: Worker, s: Session, args: dict[str, Any]) -> PredCall:
+    """Validate a ``pred`` and admit it against the session's limits (no await: the caller
+    submits the returned call to the scheduler and must ``release_pred`` it exactly once)."""
     kv = _h(args)
     tokens = token_list(args.get("tokens"), w.vocab_size, MAX_PRED_TOKENS)
     rows = _positions(args, len(tokens))
@@ -241,22 +244,23 @@ async def pred(w: Worker, s: Session, args: dict[str, Any]) -> Any:
     # (before any of it lands): a KVFS call here would cost a thread hop per token.
     s.reserve_tokens(len(tokens))
     s.inflight_preds += 1
-    call = PredCall(s, kv, tokens, rows, choose=choose)
-    try:
-        fut = asyncio.wrap_future(w.scheduler.submit(call))
-        try:
-            async with asyncio.timeout(s.time_left()):
-                value = await fut
-        except TimeoutError:
-            raise ProtocolError(ErrorCode.TIMEOUT, f"run deadline of {s.limits.deadline_s}s passed") from None
-    finally:
-        s.inflight_preds -= 1
-        s.unreserve_tokens(len(tokens))
-        if call.ran:  # computed and metered, even if the choice then failed
-            s.usage.pred_calls += 1
-    if choose is None:
+    return PredCall(s, kv, tokens, rows, choose=choose)
+
+
+def release_pred(s: Session, call: PredCall) -> None:
+    """Undo ``admit_pred``'s reservations once the call is over (done, failed or abandoned)."""
+    s.inflight_preds -= 1
+    s.unreserve_tokens(len(call.tokens))
+    if call.ran:  # computed and metered, even if the choice then failed
+        s.usage.pred_calls += 1
+
+
+def pred_value(s: Session, call: PredCall, value: Any) -> Any:
+    """The reply to a finished call: token ids picked on the engine thread
+    (``Scheduler._resolve``) or new Dist handles over its logits rows."""
+    if call.choose is None:
         return {"dists": s.dists.add_many(value)}
-    return {"tokens": value}  # picked on the engine thread (Scheduler._resolve)
+    return {"tokens": value}
 
 
 # --------------------------------------------------------------------------------- dists

@@ -26,6 +26,7 @@ from gpu_worker.engine import set_cpu_threads_of_this_thread
 from gpu_worker.events import EventPublisher
 from gpu_worker.grammar import GrammarCompiler
 from gpu_worker.kvfs import KVFS, KVFSError
+from gpu_worker.pred_relay import PredRelay, error_reply
 from gpu_worker.protocol import ErrorCode, ProtocolError
 from gpu_worker.scheduler import Scheduler
 from gpu_worker.sessions import Session, SessionLimits
@@ -290,11 +291,13 @@ class Worker:
         """One connection: admin (``session is None``) or a LIP's session connection."""
         authenticated = session is None
         inflight: set[asyncio.Task] = set()
+        preds: PredRelay | None = None
         if session is not None:
             if session.ended:
                 writer.close()
                 return
             session.writers.add(writer)
+            preds = PredRelay(self, session, writer, self._send)
         try:
             while True:
                 try:
@@ -326,10 +329,13 @@ class Worker:
                     authenticated = True
                     self._send(writer, protocol.ok_reply(req_id, self._hello_reply(session)))
                     continue
-                if len(inflight) >= protocol.MAX_IN_FLIGHT:
+                if len(inflight) + (len(preds) if preds is not None else 0) >= protocol.MAX_IN_FLIGHT:
                     self._send(
                         writer, protocol.err_reply(req_id, ProtocolError(ErrorCode.BUSY, "too many requests in flight"))
                     )
+                    continue
+                if op == "pred" and preds is not None:
+                    preds.start(req_id, args)
                     continue
                 task = asyncio.get_running_loop().create_task(self._dispatch(session, writer, req_id, op, args))
                 inflight.add(task)
@@ -342,6 +348,8 @@ class Worker:
         finally:
             for task in inflight:
                 task.cancel()
+            if preds is not None:
+                preds.abandon_all()
             if session is not None:
                 session.writers.discard(writer)
             writer.close()
@@ -380,13 +388,8 @@ class Worker:
             reply = protocol.ok_reply(req_id, value)
         except asyncio.CancelledError:
             return
-        except ProtocolError as exc:
-            reply = protocol.err_reply(req_id, exc)
-        except KVFSError as exc:
-            reply = protocol.err_reply(req_id, ProtocolError(exc.code, exc.message))
         except Exception as exc:
-            log.exception("event=op_failed op=%s session=%s", op[:64], getattr(s, "session_id", "admin"))
-            reply = protocol.err_reply(req_id, ProtocolError(ErrorCode.INTERNAL, f"{op} failed: {type(exc).__name__}"))
+            reply = protocol.err_reply(req_id, error_reply(exc, op, getattr(s, "session_id", "admin")))
         self._send(writer, reply)
 
     @staticmethod

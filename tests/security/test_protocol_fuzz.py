@@ -432,8 +432,11 @@ def test_hostile_byte_streams(gpu_worker_process, bystander, fuzzer) -> None:
         fuzzer.drop()
         conn = fuzzer.connection()
         conn.sock.settimeout(5)
-        conn.send_bytes(data)
-        conn.sock.shutdown(socket.SHUT_WR)  # EOF: a truncated frame must not hang the worker
+        try:
+            conn.send_bytes(data)
+            conn.sock.shutdown(socket.SHUT_WR)  # EOF: a truncated frame must not hang the worker
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # a bad length prefix closes the connection, maybe before all of data was sent
         while True:
             try:
                 reply = conn.recv()

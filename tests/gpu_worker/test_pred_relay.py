@@ -1,0 +1,181 @@
+"""The task-free ``pred`` path (``gpu_worker.pred_relay``): replies, deadline, abandonment and
+the session's reservations, with a stand-in scheduler whose futures the test settles (from
+another thread, as the engine thread does). The real worker's ``pred`` runs through this path
+in every SDK, sandbox and benchmark test; these cover the cases those cannot time."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from gpu_worker import protocol
+from gpu_worker.config import SchedulerConfig
+from gpu_worker.kvfs.errors import NotFound
+from gpu_worker.pred_relay import PredRelay
+from gpu_worker.protocol import ErrorCode
+from gpu_worker.scheduler import PredCall
+from gpu_worker.sessions import Session, SessionLimits
+
+
+class StandInScheduler:
+    def __init__(self) -> None:
+        self.calls: list[PredCall] = []
+
+    def submit(self, call: PredCall) -> concurrent.futures.Future:
+        self.calls.append(call)
+        return call.future
+
+
+@dataclass
+class StandInWorker:
+    scheduler: StandInScheduler = field(default_factory=StandInScheduler)
+    vocab_size: int = 100
+
+    @dataclass
+    class _Config:
+        scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    config: _Config = field(default_factory=_Config)
+
+
+class RecordingWriter:
+    def __init__(self) -> None:
+        self.replies: list[dict[str, Any]] = []
+
+
+def _send(writer: RecordingWriter, reply: dict[str, Any]) -> None:
+    protocol.pack(reply)  # every reply must be encodable
+    writer.replies.append(reply)
+
+
+def _session(**limits: Any) -> Session:
+    return Session("s1", "tenant-a", "run-1", SessionLimits(**limits), "/nonexistent.sock", max_dists=16)
+
+
+async def _until(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.005)
+
+
+def _relay(session: Session) -> tuple[PredRelay, StandInWorker, RecordingWriter]:
+    worker, writer = StandInWorker(), RecordingWriter()
+    return PredRelay(worker, session, writer, _send), worker, writer
+
+
+def _settle_from_another_thread(call: PredCall, value: Any) -> None:
+    def settle() -> None:
+        if isinstance(value, BaseException):
+            call.future.set_exception(value)
+        else:
+            call.ran = True
+            call.future.set_result(value)
+
+    t = threading.Thread(target=settle)
+    t.start()
+    t.join()
+
+
+def test_a_settled_call_is_answered_and_its_reservations_released() -> None:
+    async def scenario() -> None:
+        s = _session(max_tokens=100)
+        relay, worker, writer = _relay(s)
+        relay.start(7, {"kv": 1, "tokens": [1, 2, 3], "then": "argmax"})
+        assert len(relay) == 1 and s.inflight_preds == 1 and s.reserved_tokens == 3
+        _settle_from_another_thread(worker.scheduler.calls[0], [42])
+        await _until(lambda: writer.replies)
+        assert writer.replies == [protocol.ok_reply(7, {"tokens": [42]})]
+        assert len(relay) == 0 and s.inflight_preds == 0 and s.reserved_tokens == 0
+        assert s.usage.pred_calls == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_call_without_then_gets_dist_handles() -> None:
+    import torch
+
+    async def scenario() -> None:
+        s = _session()
+        relay, worker, writer = _relay(s)
+        relay.start(1, {"kv": 1, "tokens": [5]})
+        _settle_from_another_thread(worker.scheduler.calls[0], [torch.zeros(100)])
+        await _until(lambda: writer.replies)
+        (handle,) = writer.replies[0]["ok"]["dists"]
+        assert s.dists.get(handle).shape == (100,)
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        (protocol.ProtocolError(ErrorCode.NO_SPACE, "too long"), ErrorCode.NO_SPACE),
+        (NotFound("no such handle"), ErrorCode.NOT_FOUND),
+        (RuntimeError("a bug"), ErrorCode.INTERNAL),
+    ],
+)
+def test_a_failed_call_is_answered_with_its_error_code(error: BaseException, code: ErrorCode) -> None:
+    async def scenario() -> None:
+        s = _session()
+        relay, worker, writer = _relay(s)
+        relay.start(3, {"kv": 1, "tokens": [5], "then": "argmax"})
+        _settle_from_another_thread(worker.scheduler.calls[0], error)
+        await _until(lambda: writer.replies)
+        (reply,) = writer.replies
+        assert reply["id"] == 3 and reply["err"]["code"] == code
+        assert s.inflight_preds == 0 and s.reserved_tokens == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_refused_call_is_answered_at_once_and_never_submitted() -> None:
+    async def scenario() -> None:
+        s = _session(max_tokens=2)
+        relay, worker, writer = _relay(s)
+        relay.start(1, {"kv": 1, "tokens": [1, 2, 3]})  # over the token budget
+        relay.start(2, {"kv": 1, "tokens": [1000]})  # outside the vocabulary
+        assert [r["err"]["code"] for r in writer.replies] == [ErrorCode.QUOTA, ErrorCode.BAD_ARGS]
+        assert worker.scheduler.calls == [] and s.inflight_preds == 0 and s.reserved_tokens == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_run_deadline_answers_a_call_in_flight_with_timeout() -> None:
+    async def scenario() -> None:
+        s = _session(deadline_s=0.2)
+        relay, worker, writer = _relay(s)
+        relay.start(9, {"kv": 1, "tokens": [1], "then": "argmax"})
+        await _until(lambda: writer.replies)
+        (reply,) = writer.replies
+        assert reply["id"] == 9 and reply["err"]["code"] == ErrorCode.TIMEOUT
+        assert "deadline" in reply["err"]["message"]
+        assert worker.scheduler.calls[0].future.cancelled()
+        assert len(relay) == 0 and s.inflight_preds == 0 and s.reserved_tokens == 0
+        # The engine settling it afterwards changes nothing.
+        with pytest.raises(concurrent.futures.InvalidStateError):
+            worker.scheduler.calls[0].future.set_result([1])
+        await asyncio.sleep(0.05)
+        assert len(writer.replies) == 1 and s.inflight_preds == 0
+
+    asyncio.run(scenario())
+
+
+def test_a_closed_connection_abandons_its_calls_without_replies() -> None:
+    async def scenario() -> None:
+        s = _session(deadline_s=60)
+        relay, worker, writer = _relay(s)
+        for i in range(3):
+            relay.start(i, {"kv": 1, "tokens": [1], "then": "argmax"})
+        assert s.inflight_preds == 3
+        relay.abandon_all()
+        await _until(lambda: s.inflight_preds == 0)
+        assert writer.replies == [] and len(relay) == 0 and s.reserved_tokens == 0
+        assert all(c.future.cancelled() for c in worker.scheduler.calls)
+
+    asyncio.run(scenario())
