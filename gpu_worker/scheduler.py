@@ -413,11 +413,19 @@ class Scheduler:
 
     # -------------------------------------------------------------- called from other threads
     def submit(self, call: PredCall) -> concurrent.futures.Future:
+        """Queue ``call``; wake the engine thread only when that can launch a batch.
+
+        The engine waits for work, then for the batch to fill (``_wait_for_fuller_batch``).
+        Woken for every call, it re-checked the batch 32 times in the gap of a 32-wide forward,
+        taking the GIL from the event loop that was relaying those very calls; now the loop
+        checks, and wakes it for the first call and for the one that fills the batch."""
         with self._cond:
             if self._stop:
                 raise ProtocolError(ErrorCode.BUSY, "worker is shutting down")
+            idle = not len(self.queue)
             self.queue.push(call)
-            self._cond.notify_all()
+            if idle or self._batch_ready() is not None:
+                self._cond.notify_all()
         return call.future
 
     def run_on_engine(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
@@ -523,18 +531,26 @@ class Scheduler:
         # alternating part-full forwards.
         oldest = max(oldest, self._engine_free_since)
         while not self._stop:
-            # A batch that is already full cannot grow: waiting would only delay it.
-            if self.queue.queued_tokens() >= self.config.max_num_batched_tokens:
-                return "tokens_full"
-            if len(self.queue) >= self.config.max_num_seqs:
-                return "seqs_full"
-            if self._every_session_ready():
-                return "all_ready"
+            ready = self._batch_ready()
+            if ready is not None:
+                return ready
             left = oldest + bound - time.monotonic()
             if left <= 0:
                 return "bound"
             self._cond.wait(left)
         return "stopping"
+
+    def _batch_ready(self) -> str | None:
+        """Why the queued batch should launch now without waiting out its bound, or ``None``.
+        Called with ``_cond`` held."""
+        # A batch that is already full cannot grow: waiting would only delay it.
+        if self.queue.queued_tokens() >= self.config.max_num_batched_tokens:
+            return "tokens_full"
+        if len(self.queue) >= self.config.max_num_seqs:
+            return "seqs_full"
+        if self._every_session_ready():
+            return "all_ready"
+        return None
 
     def _every_session_ready(self) -> bool:
         """Every session of the last forward that can still send has queued its width again.
