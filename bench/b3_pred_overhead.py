@@ -4,7 +4,8 @@ Symphony side: B LIP sessions (one connection and one thread each) decode one to
 the fused ``pred(..., then="argmax")`` call through the worker subprocess's socket, so each step is
 one batched forward in the worker. Baseline: the same engine adapter
 (``gpu_worker.engine.Engine.forward``) driven directly in this process, one ``Batch`` of B items
-per step, argmax on the returned logits. Both sides use the same model, dtype and KV page count.
+per step, argmax on the returned logits (``gpu_worker.dists.argmax``, the function the worker's
+fused ``then="argmax"`` runs). Both sides use the same model, dtype and KV page count.
 The difference is everything the syscall path adds: framing, the asyncio server, KVFS
 bookkeeping, the scheduler's batching wait and thread hand-offs.
 
@@ -60,6 +61,7 @@ class EngineSide:
 
     def run(self, batch: int, prompts: list[list[int]]) -> float:
         from gpu_worker.batch import Batch, SeqWork
+        from gpu_worker.dists import argmax
 
         eng = self.engine
         self.rep += 1
@@ -72,13 +74,13 @@ class EngineSide:
         for lo in range(0, batch, per_forward):
             group = range(lo, min(batch, lo + per_forward))
             items = [SeqWork(ids[i], tuple(prompts[i]), 0, pages[i], (self.prompt_len - 1,)) for i in group]
-            toks += [int(row[-1].argmax()) for row in eng.forward(Batch(tuple(items)))]
+            toks += [argmax(row[-1]) for row in eng.forward(Batch(tuple(items)))]
         n = self.prompt_len
         start = time.perf_counter()
         for _ in range(self.steps):
             items = [SeqWork(ids[i], (toks[i],), n, pages[i], (0,)) for i in range(batch)]
             logits = eng.forward(Batch(tuple(items)))
-            toks = [int(row[-1].argmax()) for row in logits]
+            toks = [argmax(row[-1]) for row in logits]
             n += 1
         elapsed = time.perf_counter() - start
         for s in ids:

@@ -7,7 +7,7 @@ import collections
 import pytest
 import torch
 
-from gpu_worker.dists import SampleParams, sample
+from gpu_worker.dists import SampleParams, argmax, sample
 from gpu_worker.protocol import ErrorCode, ProtocolError
 
 
@@ -58,3 +58,18 @@ def test_rows_without_a_finite_or_numeric_logit_are_refused() -> None:
     with pytest.raises(ProtocolError) as nan:
         sample(torch.tensor([0.0, float("nan")]), SampleParams(temperature=1.0), generator)
     assert nan.value.code == ErrorCode.INTERNAL
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_argmax_agrees_with_torch_on_ties_infinities_and_nan(dtype: torch.dtype) -> None:
+    rows = [
+        torch.randn(49_152),
+        torch.tensor([3.0, 1.0, 3.0]),  # ties: the first
+        torch.tensor([float("-inf"), float("-inf"), -1e30]),
+        torch.tensor([1.0, float("inf"), float("inf")]),
+        torch.tensor([1.0, float("nan"), 3.0]),  # NaN counts as maximal
+        torch.randn(8, 100)[3],  # a view into a batch of rows
+    ]
+    for row in rows:
+        row = row.to(dtype)
+        assert argmax(row) == int(torch.argmax(row)), row
