@@ -1,4 +1,5 @@
-"""Handlers of the LIP-facing ops (DESIGN.md §3), one coroutine per op.
+"""Handlers of the LIP-facing ops (DESIGN.md §3), one coroutine per op; ``pred`` is three plain
+functions instead (admit, release, reply value), relayed by ``gpu_worker.pred_relay``.
 
 Each handler gets the authenticated :class:`Session` and the request args, validates them, and
 returns the reply value or raises :class:`ProtocolError`. KVFS calls run on a small thread
