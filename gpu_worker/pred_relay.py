@@ -105,10 +105,7 @@ class PredRelay:
         s, call, future = self._session, entry.call, entry.call.future
         lip_ops.release_pred(s, call)
         if entry.timed_out:
-            limit = s.limits.deadline_s
-            reply = protocol.err_reply(
-                entry.req_id, ProtocolError(ErrorCode.TIMEOUT, f"run deadline of {limit}s passed")
-            )
+            reply = protocol.err_reply(entry.req_id, s.deadline_error())
         elif future.cancelled():
             return
         else:
@@ -118,12 +115,10 @@ class PredRelay:
     def _reply(self, req_id: int, call: PredCall, future: concurrent.futures.Future) -> dict[str, Any]:
         s = self._session
         try:
-            exc = future.exception()
-            if exc is not None:
-                raise exc
-            return protocol.ok_reply(req_id, lip_ops.pred_value(s, call, future.result()))
+            value = lip_ops.pred_value(s, call, future.result())  # raises the call's error
         except Exception as exc:
             return protocol.err_reply(req_id, error_reply(exc, "pred", s.session_id))
+        return protocol.ok_reply(req_id, value)
 
 
 def error_reply(exc: BaseException, op: str, session_id: str) -> ProtocolError:

@@ -130,7 +130,10 @@ class Session:
     def check_deadline(self) -> None:
         left = self.time_left()
         if left is not None and left <= 0:
-            raise ProtocolError(ErrorCode.TIMEOUT, f"run deadline of {self.limits.deadline_s}s passed")
+            raise self.deadline_error()
+
+    def deadline_error(self) -> ProtocolError:
+        return ProtocolError(ErrorCode.TIMEOUT, f"run deadline of {self.limits.deadline_s}s passed")
 
     def reserve_tokens(self, n: int) -> None:
         """Admit ``n`` more tokens against ``max_tokens`` (counting calls still in flight)."""
