@@ -296,6 +296,12 @@ def wait_until_healthy(
         time.sleep(0.25)
 
 
+#: The worker gets SIGTERM when the benchmark process that started it dies (util-linux
+#: ``setpriv``, where installed): a benchmark killed mid-run would otherwise leave an idle worker
+#: running, taking CPU from every later measurement on the machine.
+_EXIT_WITH_PARENT = ("setpriv", "--pdeathsig", "TERM", "--") if shutil.which("setpriv") else ()
+
+
 class WorkerProcess:
     """A worker subprocess with its admin client; sessions yield SDK ``Session`` objects."""
 
@@ -308,6 +314,7 @@ class WorkerProcess:
         self.admin_socket = str(self.base / "admin.sock")
         self.log_path = self.base / "worker.log"
         cmd = [
+            *_EXIT_WITH_PARENT,
             sys.executable,
             "-m",
             "gpu_worker",
