@@ -228,7 +228,7 @@ def _chooser(w: Worker, s: Session, kind: str, params: dict[str, Any]) -> Callab
     return choose
 
 
-# ``pred`` is not in HANDLERS: the server relays it without a Task (``Worker._pred``), using
+# ``pred`` is not in HANDLERS: the server relays it without a Task (``pred_relay.PredRelay``), using
 # the three steps below, since it is the call every generated token makes.
 def admit_pred(w: Worker, s: Session, args: dict[str, Any]) -> PredCall:
     """Validate a ``pred`` and admit it against the session's limits (no await: the caller
