@@ -411,24 +411,38 @@ class Engine:
         ids = list(page_ids)
         if any(p < 0 or p >= self.num_pages for p in ids):
             raise ValueError(f"page id out of range 0..{self.num_pages - 1}")
-        return torch.tensor(ids, dtype=torch.long, device=self._caches[0].device)
+        return torch.tensor(ids, dtype=torch.long, device=self._live_caches()[0].device)
 
     def read_pages(self, page_ids: Sequence[int]) -> torch.Tensor:
-        """CPU copy of the pages over all layers: ``[n, *page_shape]``."""
+        """CPU copy of the pages over all layers: ``[n, *page_shape]``.
+
+        Not under the forward's lock, so a spill or reload overlaps a running forward instead
+        of waiting for it to end (with the lock, a LIP's ``kv_open`` of a spilled file waited
+        up to a whole forward, then held the KVFS lock through the copy while the engine
+        waited for it). That is safe because KVFS moves only pages no forward writes: an idle
+        file's (no handle, no pending plan; a forward may read shared ones, never write them,
+        as a fork's append copies a shared page first) or, for :meth:`write_pages`, fresh pages
+        nothing references yet. The tensors are taken once, so :meth:`close` cannot free them
+        mid-copy."""
         index = self._index(page_ids)
-        with self._lock:
-            parts = [cache.index_select(0, index).to("cpu") for cache in self._caches]
-        return torch.stack(parts, dim=1)
+        parts = [cache.index_select(0, index) for cache in self._live_caches()]
+        return torch.stack(parts, dim=1).to("cpu")
 
     def write_pages(self, page_ids: Sequence[int], data: torch.Tensor) -> None:
-        """Overwrite the pages with ``data`` as returned by :meth:`read_pages`."""
+        """Overwrite the pages with ``data`` as returned by :meth:`read_pages` (see there why
+        without the forward's lock)."""
         index = self._index(page_ids)
         expected = (len(index), *self.page_shape)
         if tuple(data.shape) != expected:
             raise ValueError(f"page data shape {tuple(data.shape)} != {expected}")
-        with self._lock:
-            for layer, cache in enumerate(self._caches):
-                cache.index_copy_(0, index, data[:, layer].to(cache.device, cache.dtype))
+        for layer, cache in enumerate(self._live_caches()):
+            cache.index_copy_(0, index, data[:, layer].to(cache.device, cache.dtype))
+
+    def _live_caches(self) -> list[torch.Tensor]:
+        caches = self._caches
+        if not caches:
+            raise RuntimeError("engine is closed")
+        return list(caches)
 
     def copy_pages(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy whole pages ``src -> dst`` over all layers (sources read before any write)."""

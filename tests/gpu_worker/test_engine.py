@@ -8,6 +8,7 @@ control that skips the copy and must disagree.
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -170,6 +171,34 @@ def test_page_read_write_copy_roundtrip(engine: Engine, reference) -> None:
     assert torch.equal(engine.read_pages([17, 18]), engine.read_pages([15, 16]))
     (copied,) = engine.forward(Batch((work("rw3", toks, 199, 200, (17, 18)),)))
     assert_close(copied, reference(toks)[-1:])
+
+
+def test_page_moves_do_not_wait_for_a_running_forward(engine: Engine, reference) -> None:
+    """A spill or reload copies pages no forward writes. Made to wait for the forward's lock,
+    a LIP's ``kv_open`` of a spilled file waited up to a whole forward (B1 at 1024-token
+    documents), so here the lock is held, as a forward holds it, while pages move."""
+    toks = tokens(130, seed=11)
+    engine.forward(Batch((work("mv", toks, 0, 129, (21, 22), rows=[128]),)))
+    held, done = threading.Event(), threading.Event()
+
+    def forward_running() -> None:
+        with engine._lock:
+            held.set()
+            done.wait(30)
+
+    holder = threading.Thread(target=forward_running)
+    holder.start()
+    held.wait(30)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as mover:
+            mover.submit(lambda: engine.write_pages([23, 12], engine.read_pages([21, 22]))).result(timeout=10)
+    finally:
+        done.set()
+        holder.join()
+    (moved,) = engine.forward(Batch((work("mv2", toks, 129, 130, (23, 12)),)))
+    assert_close(moved, reference(toks)[-1:])
+    engine.release("mv")
+    engine.release("mv2")
 
 
 @pytest.mark.parametrize(
