@@ -104,21 +104,29 @@ def pareto_popularity(n_docs: int, alpha: float) -> np.ndarray:
     return weights / weights.sum()
 
 
-def pareto_trace(n_docs: int, n_requests: int, alpha: float, seed: int) -> list[int]:
+def pareto_trace(n_docs: int, n_requests: int, alpha: float, seed: int, part: int = 0) -> list[int]:
     """Document index per request, drawn i.i.d. from :func:`pareto_popularity`.
 
     Ranks are mapped to document ids by a fixed permutation so "hot" is not "first created".
+    ``part`` picks another stretch of the same request stream (same ranking, fresh draws): a
+    benchmark's repetitions each take their own, so no side replays the exact requests it has
+    just served, which would let a cache that holds one stretch look like it holds the stream.
     """
-    r = rng(seed, int(alpha * 1000), n_docs)
-    perm = r.permutation(n_docs)
-    ranks = r.choice(n_docs, size=n_requests, p=pareto_popularity(n_docs, alpha))
+    perm = _doc_ranking(n_docs, alpha, seed)
+    ranks = rng(seed, int(alpha * 1000), n_docs, part).choice(
+        n_docs, size=n_requests, p=pareto_popularity(n_docs, alpha)
+    )
     return [int(perm[k]) for k in ranks]
+
+
+def _doc_ranking(n_docs: int, alpha: float, seed: int) -> np.ndarray:
+    """Document ids from most to least popular."""
+    return rng(seed, int(alpha * 1000), n_docs).permutation(n_docs)
 
 
 def hottest_docs(n_docs: int, k: int, alpha: float, seed: int) -> list[int]:
     """The ``k`` most popular document ids under the same permutation as :func:`pareto_trace`."""
-    perm = rng(seed, int(alpha * 1000), n_docs).permutation(n_docs)
-    return [int(d) for d in perm[:k]]
+    return [int(d) for d in _doc_ranking(n_docs, alpha, seed)[:k]]
 
 
 # ------------------------------------------------------------------------------ timing
