@@ -2,7 +2,8 @@
 
 Workload: ``docs`` documents of ``doc_tokens`` tokens; each request picks a document by
 Pareto(alpha) popularity (``harness.pareto_trace``), appends a ``question_tokens`` question and
-decodes ``out_tokens`` greedy tokens; ``in_flight`` requests run at once.
+decodes ``out_tokens`` greedy tokens; ``in_flight`` requests run at once. Each repetition serves
+its own stretch of that request stream (same ranking, fresh draws and questions).
 
 Symphony side (the LIP's retention policy): every document's KV is computed once and stored as a
 persistent named KV file (``doc-<i>``); the ``hot`` most popular are pinned, so they stay on
