@@ -449,10 +449,11 @@ class Engine:
             cache.index_copy_(0, index, data[:, layer].to(cache.device, cache.dtype))
 
     def _live_caches(self) -> list[torch.Tensor]:
+        """The KV tensors, or an error once :meth:`close` dropped them (it rebinds the list)."""
         caches = self._caches
         if not caches:
             raise RuntimeError("engine is closed")
-        return list(caches)
+        return caches
 
     def copy_pages(self, pairs: Sequence[tuple[int, int]]) -> None:
         """Copy whole pages ``src -> dst`` over all layers (sources read before any write)."""
