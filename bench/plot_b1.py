@@ -2,7 +2,7 @@
 
 Source, in order: ``--json PATH``; ``bench/out/b1_rag_pareto.json`` when it is a full-mode run
 (a ``--quick`` run's tiny random model says nothing, so it is never plotted); otherwise the
-table recorded in ``bench/RESULTS.md`` (the scaled-down run), and the title says so. Each point
+table recorded in ``bench/RESULTS.md`` (the spec's-size run), and the title says so. Each point
 is the median of the repetitions, the bars span min..max (the machines are noisy).
 
 ``python -m bench.plot_b1 [--json PATH] [--out bench/plots/b1_rag_pareto.png]`` — needs
@@ -57,22 +57,25 @@ def from_json(path: Path) -> Curve:
     return Curve(tuple(pts), src)
 
 
-_ROW = re.compile(r"^\|\s*([0-9.]+)\s*\|\s*\d+\s*\|\s*([0-9., ]+)\|\s*([0-9., ]+)\|")
+_ROW = re.compile(r"^\|\s*([0-9.]+)\s*\|\s*[0-9, ]+\|\s*([0-9., ]+)\|\s*([0-9., ]+)\|")
 
 
 def from_results_md(path: Path = RESULTS_MD) -> Curve:
-    """Parse the B1 table of RESULTS.md (rows ``| alpha | distinct | S reps | B reps | ratio |``)."""
+    """Parse the first B1 table of RESULTS.md, the spec's size (rows ``| alpha | distinct docs |
+    S reps | B reps | ...``); later tables are other sizes and builds."""
     text = path.read_text()
     section = text.split("## B1", 1)[1].split("\n## ", 1)[0]
-    pts = []
+    pts: list[Point] = []
     for line in section.splitlines():
         m = _ROW.match(line)
         if m:
             vals = [tuple(float(x) for x in g.split(",")) for g in (m.group(2), m.group(3))]
             pts.append(Point(float(m.group(1)), vals[0], vals[1]))
+        elif pts:
+            break  # the first table ended
     if not pts:
         raise ValueError(f"no B1 table rows in {path}")
-    return Curve(tuple(pts), "recorded scaled-down run in bench/RESULTS.md (16 docs x 256 tok, SmolLM2-135M, CPU)")
+    return Curve(tuple(pts), "recorded run in bench/RESULTS.md (200 docs x 1024 tok, SmolLM2-135M, CPU)")
 
 
 def load(json_path: Path | None) -> Curve:
