@@ -266,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
             run_b2_here(worker, base, cfg, time.perf_counter())
         result.memory = worker.memory()
         result.memory["kv_files"] = len(worker.admin.kv_list(TENANT))
-        result.notes.append("vLLM CPU KV offload (kv_offloading_size) baseline not measured yet; see bench/README.md")
+        if not extra:
+            result.notes.append(
+                "baseline without vLLM's CPU KV offload: vllm 0.32 offers it on CUDA/XPU only; "
+                "--vllm-offload-gib N adds it on a GPU (bench/README.md)"
+            )
         base.close()
 
     except BaseException:
