@@ -64,6 +64,13 @@ class RunCreateSerializer(serializers.Serializer):
     limits = serializers.DictField(required=False, default=dict)
 
 
+class RunFilterSerializer(serializers.Serializer):
+    """``GET /runs`` query parameters: a malformed one is a 400, not a query that fails."""
+
+    status = serializers.ChoiceField(choices=Run.STATUSES, required=False)
+    program = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
+
+
 class RunSerializer(serializers.ModelSerializer):
     program = serializers.IntegerField(source="program_version.program_id", read_only=True)
     version = serializers.IntegerField(source="program_version.number", read_only=True)

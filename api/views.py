@@ -202,11 +202,19 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
 
     def get_queryset(self):
         qs = super().get_queryset()
-        if status_filter := self.request.query_params.get("status"):
+        if self.action != "list":
+            return qs
+        filters = s.RunFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        if status_filter := filters.validated_data.get("status"):
             qs = qs.filter(status=status_filter)
-        if program := self.request.query_params.get("program"):
+        if program := filters.validated_data.get("program"):
             qs = qs.filter(program_version__program_id=program)
         return qs
+
+    @extend_schema(parameters=[s.RunFilterSerializer])
+    def list(self, request, *args, **kwargs):
+        return super().list(request, *args, **kwargs)
 
     def create(self, request):
         data = s.RunCreateSerializer(data=request.data)

@@ -189,7 +189,7 @@ REST_FRAMEWORK.update(
             "rest_framework.authentication.SessionAuthentication",
         ],
         "EXCEPTION_HANDLER": "api.errors.exception_handler",
-        "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+        "DEFAULT_PAGINATION_CLASS": "api.pagination.BoundedLimitOffsetPagination",
         "PAGE_SIZE": 50,
         "DEFAULT_THROTTLE_RATES": {
             "auth": os.environ.get("SYMPHONY_AUTH_THROTTLE", "20/min"),

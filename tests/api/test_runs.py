@@ -96,3 +96,21 @@ def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_ten
     }
     unbounded, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
     assert session_limits(unbounded)["deadline_s"] == 60.0
+
+
+def test_list_filters_are_validated_and_pages_bounded(api_tenant_a, program):
+    """Malformed filters are a 400 in the error envelope, never a query that fails (a 500);
+    a huge ``limit`` is capped instead of overflowing SQL's LIMIT (found by the schema fuzzer)."""
+    client = api_tenant_a.key_client()
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    listed = client.get(f"/api/v1/runs?program={program.pk}&status=queued").json()
+    assert [r["id"] for r in listed["results"]] == [str(run.pk)]
+    assert client.get("/api/v1/runs?status=succeeded").json()["count"] == 0
+    assert client.get("/api/v1/runs?program=&status=").json()["count"] == 1
+    for query in ("program=abc", f"program={10**20}", "program=0", "status=bogus"):
+        response = client.get(f"/api/v1/runs?{query}")
+        assert response.status_code == 400, (query, response.content)
+        assert response.json()["error"]["code"] == "invalid", (query, response.json())
+    page = client.get(f"/api/v1/runs?limit={10**20}")
+    assert page.status_code == 200 and page.json()["count"] == 1
+    assert client.get(f"/api/v1/programs?limit={10**20}&offset={10**20}").status_code == 200
