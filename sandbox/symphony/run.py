@@ -20,7 +20,6 @@ The program can write to that socket too: nothing on it is trusted more than std
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -28,7 +27,6 @@ import json
 import os
 import socket
 import sys
-import sysconfig
 import traceback
 import types
 from collections.abc import Callable
@@ -111,6 +109,8 @@ def call_main(module: types.ModuleType, args: Any) -> Any:
 
 def error_summary(exc: BaseException) -> str:
     """``Type: message`` plus the program's own last frames (no SDK or stdlib frames; bounded)."""
+    import sysconfig  # here, not at the top: every cold start would pay for it
+
     skip = (os.path.dirname(os.path.abspath(__file__)), sysconfig.get_paths()["stdlib"])
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(skip)]
     lines = [f"{type(exc).__name__}: {exc}"]
@@ -230,6 +230,8 @@ def run_warm(control_path: str) -> int:
     os.environ[ENV_RUN_ID] = str(job.get("run_id", ""))
     records: list[bytes] = []
     code = run(str(job.get("program", "")), lambda: _send(sock, {"event": "connected"}), records)
+    import hashlib  # warm path only
+
     digest = hashlib.sha256(records[-1]).hexdigest() if records else None
     _send(sock, {"event": "done", "exit": code, "record": digest})
     return code

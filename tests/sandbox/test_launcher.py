@@ -172,3 +172,21 @@ def test_an_image_removed_after_it_was_seen_is_a_clear_error(docker_client, sand
         launcher.create(**config)
     with pytest.raises(SandboxUnavailable, match="is not built"):
         launcher.image_for(limits)
+
+
+def test_containers_have_no_network_mode_and_no_network_config(docker_client, sandbox_image: str) -> None:
+    """``network_mode=none`` keeps traffic out; ``NetworkDisabled`` also keeps dockerd from adding
+    its libnetwork-setkey prestart hook (a re-exec of dockerd on every cold start)."""
+    from sandbox.launcher import SandboxLauncher, SandboxLimits
+
+    launcher = SandboxLauncher(client=docker_client)
+    config = launcher.container_config(
+        SandboxLimits(), sandbox_image, command=["true"], environment={}, mounts=[], labels={}
+    )
+    container = launcher.create(**config)
+    try:
+        container.reload()
+        assert container.attrs["HostConfig"]["NetworkMode"] == "none"
+        assert container.attrs["Config"].get("NetworkDisabled") is True
+    finally:
+        container.remove(force=True)
