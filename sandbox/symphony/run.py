@@ -219,6 +219,8 @@ def receive_job(control_path: str) -> tuple[socket.socket, dict[str, Any]] | Non
 
 def run_warm(control_path: str) -> int:
     """Warm-pool entry: pre-import the SDK, wait for a job, run it (see the module docstring)."""
+    import hashlib  # for the record's digest; imported here, before the job, not on the clock
+
     import symphony
     import symphony.aio  # noqa: F401 - imported before the job arrives: that is the point
 
@@ -230,8 +232,6 @@ def run_warm(control_path: str) -> int:
     os.environ[ENV_RUN_ID] = str(job.get("run_id", ""))
     records: list[bytes] = []
     code = run(str(job.get("program", "")), lambda: _send(sock, {"event": "connected"}), records)
-    import hashlib  # warm path only
-
     digest = hashlib.sha256(records[-1]).hexdigest() if records else None
     _send(sock, {"event": "done", "exit": code, "record": digest})
     return code
