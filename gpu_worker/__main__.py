@@ -15,6 +15,16 @@ from gpu_worker.config import SchedulerConfig, WorkerConfig, env_defaults
 log = logging.getLogger("gpu_worker")
 
 
+def _slack(value: str) -> int | None:
+    """``--contended-prefill-slack``: a token count >= 0, or ``off`` for no bound."""
+    if value.lower() == "off":
+        return None
+    tokens = int(value)
+    if tokens < 0:
+        raise argparse.ArgumentTypeError("must be >= 0 or 'off'")
+    return tokens
+
+
 def _parser() -> argparse.ArgumentParser:
     env = env_defaults()
     p = argparse.ArgumentParser(prog="python -m gpu_worker", description=__doc__)
@@ -36,6 +46,12 @@ def _parser() -> argparse.ArgumentParser:
         "--batch-wait-fraction", type=float, default=0.25, help="a batch waits at most this share of a forward's time"
     )
     p.add_argument("--io-swap-threshold-s", type=float, default=0.5)
+    p.add_argument(
+        "--contended-prefill-slack",
+        type=_slack,
+        default=SchedulerConfig.contended_prefill_slack,
+        help="tokens a contended prefill chunk may take its tenant above those left out ('off': no bound)",
+    )
     p.add_argument("--redis-url", default=env["redis_url"])
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--timeout", type=float, default=5.0, help="health: seconds to wait for a reply")
@@ -73,6 +89,7 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
             max_batch_wait_s=args.max_batch_wait_ms / 1000,
             batch_wait_fraction=args.batch_wait_fraction,
             io_swap_threshold_s=args.io_swap_threshold_s,
+            contended_prefill_slack=args.contended_prefill_slack,
         ),
     )
 

@@ -32,6 +32,10 @@ class SchedulerConfig:
     batch_wait_fraction: float = 0.25
     #: DRR quantum in tokens per unit of tenant weight and round.
     drr_quantum: int = 256
+    #: While other tenants' calls are left out of a forward, a prefill chunk may raise its
+    #: tenant's virtual token counter at most this many tokens (per unit of weight) above the
+    #: lowest counter of the other contending tenants; ``None``: chunks sized by DRR alone.
+    contended_prefill_slack: int | None = 32
     #: Most ``pred`` calls one session may have queued or running at once (a LIP's thread
     #: count); the same as the per-connection in-flight cap of the protocol.
     max_inflight_preds_per_session: int = 64

@@ -86,6 +86,10 @@ class PredCall:
         return self.session.tenant
 
 
+#: A prefill chunk bound that never binds (no tenant was left out of the forward).
+UNBOUNDED = 2**62
+
+
 class FairQueue:
     """Per-tenant FIFO queues served by deficit round robin on tokens.
 
@@ -101,11 +105,19 @@ class FairQueue:
     prefills. A tenant coming back after ``idle_reset_s`` without queued calls starts at the
     lowest counter of the tenants queued now, so idling banks no priority either; one coming
     back to a worker nobody else is using restarts every counter at zero.
+
+    A tenant seated for a prefill chunk while others' decodes are left out gets a chunk that
+    takes its counter at most ``prefill_slack`` tokens above the lowest counter of the other
+    contending tenants (``None``: no bound). Without it one chunk of a few hundred tokens lands
+    in a forward whose other seats carry one token each: its tenant jumps that far ahead of the
+    others at once (and that forward is slower for every tenant in it); with it, a contended
+    prompt is served in small chunks over several forwards, the way VTC charges token by token.
     """
 
-    def __init__(self, quantum: int, idle_reset_s: float = 1.0) -> None:
+    def __init__(self, quantum: int, idle_reset_s: float = 1.0, prefill_slack: float | None = None) -> None:
         self.quantum = quantum
         self.idle_reset_s = idle_reset_s
+        self.prefill_slack = prefill_slack
         self.queues: collections.OrderedDict[str, collections.deque[PredCall]] = collections.OrderedDict()
         self.deficit: dict[str, float] = collections.defaultdict(float)
         #: Tokens served per unit of weight (the VTC counter, lifted on return from idle), the
@@ -178,8 +190,9 @@ class FairQueue:
 
     def _decode_seats(
         self, tenants: list[str], seats: int, skip: Callable[[PredCall], bool]
-    ) -> tuple[list[PredCall], list[str]]:
-        """The decode calls to run, and the tenants given a seat for a prefill chunk.
+    ) -> tuple[list[PredCall], dict[str, int]]:
+        """The decode calls to run, and the tenants given a seat for a prefill chunk, each with
+        the most prefill tokens it may take in this forward (see ``prefill_slack``).
 
         All decodes run if they fit. Otherwise seats go one at a time to the least-served tenant
         (lowest virtual token counter, as in VTC): a decode seat adds one token to its counter;
@@ -189,7 +202,7 @@ class FairQueue:
         only runnable call is its prompt (found by B7)."""
         decodes = {t: [c for c in self.queues[t] if c.remaining == 1 and not skip(c)] for t in tenants}
         if sum(len(v) for v in decodes.values()) <= seats:
-            return [c for t in tenants for c in decodes[t]], []
+            return [c for t in tenants for c in decodes[t]], {}
         prefill_only = {
             t for t in tenants if not decodes[t] and any(c.remaining > 1 and not skip(c) for c in self.queues[t])
         }
@@ -208,7 +221,18 @@ class FairQueue:
             counters[tenant] += 1 / self._weight(call)
             if not decodes[tenant]:
                 del counters[tenant]
-        return chosen, reserved
+        # ``counters`` now holds the tenants left with runnable calls unseated, at their
+        # counters after this forward's seats: a seated prefill is bounded against them.
+        return chosen, {t: self._contended_chunk(t, counters) for t in reserved}
+
+    def _contended_chunk(self, tenant: str, left_out: dict[str, float]) -> int:
+        """Most prefill tokens ``tenant`` may take in this forward: enough to bring its counter
+        to ``prefill_slack`` above the lowest counter of the tenants left out, at least one."""
+        if self.prefill_slack is None or not left_out:
+            return UNBOUNDED
+        weight = self._weight(self.queues[tenant][0])
+        room = (min(left_out.values()) + self.prefill_slack - self.served.get(tenant, 0.0)) * weight
+        return max(1, int(room))
 
     def oldest(self) -> float | None:
         heads = [q[0].enqueued for q in self.queues.values() if q]
@@ -226,7 +250,7 @@ class FairQueue:
         decode_calls, prefill_seats = self._decode_seats(tenants, min(max_seqs, budget), skip)
         # Tenants given a prefill seat go first in the DRR pass, so another tenant's prefill
         # cannot take their seat.
-        tenants = prefill_seats + [t for t in tenants if t not in prefill_seats]
+        tenants = list(prefill_seats) + [t for t in tenants if t not in prefill_seats]
         for call in decode_calls:
             picked.append((call, 1))
             taken.add(id(call))
@@ -243,13 +267,15 @@ class FairQueue:
                     continue
                 self.deficit[tenant] += self.quantum * self._weight(waiting[0])
                 for call in waiting:
-                    n = min(call.remaining, budget, int(self.deficit[tenant]))
+                    n = min(call.remaining, budget, int(self.deficit[tenant]), prefill_seats.get(tenant, UNBOUNDED))
                     if n <= 0 or len(picked) >= max_seqs:
                         break
                     picked.append((call, n))
                     taken.add(id(call))
                     budget -= n
                     self.deficit[tenant] -= n
+                    if tenant in prefill_seats:
+                        prefill_seats[tenant] -= n
                     self._charge(call, n)
                     progress = True
                     if n < call.remaining:
@@ -379,7 +405,7 @@ class Scheduler:
         self.kvfs = kvfs
         self.config = config
         self.max_model_len = max_model_len
-        self.queue = FairQueue(config.drr_quantum)
+        self.queue = FairQueue(config.drr_quantum, prefill_slack=config.contended_prefill_slack)
         self.metrics = Metrics()
         self._cond = threading.Condition()
         self._tasks: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()

@@ -166,6 +166,40 @@ def test_a_prefill_only_tenant_gets_a_seat_when_decodes_fill_them() -> None:
     assert sorted(call.tenant for call, _ in picked if call.tenant != "c") == ["a"] * 4 + ["b"] * 3
 
 
+def test_a_contended_prefill_chunk_keeps_its_tenant_level_with_those_left_out() -> None:
+    """Found by B7 on a fast CPU: the seated prompt of a prefill-only tenant landed whole (a few
+    hundred tokens) in a forward whose other seats carried one token each, putting its tenant
+    that far ahead of tenants whose decodes were left out. With ``prefill_slack`` the chunk
+    stops ``prefill_slack`` tokens above the lowest of their counters; the rest of the prompt
+    follows in later forwards, and over the stretch all three stay level. Without contention
+    (every decode fits) the prompt is chunked by the token budget alone."""
+    q = FairQueue(quantum=256, prefill_slack=8)
+    a, b, c = FakeSession("sa", "a"), FakeSession("sb", "b"), FakeSession("sc", "c")
+    prompt = _call(c, 300)
+    q.push(prompt)
+    served = {"a": 0, "b": 0, "c": 0}
+    for _ in range(30):
+        for session in (a, b):  # each always has more decodes runnable than seats
+            while sum(1 for call in q.queues.get(session.tenant, ()) if call.remaining == 1) < 8:
+                q.push(_call(session, 1))
+        for call, n in q.select(budget=2048, max_seqs=8, skip=lambda c: False):
+            served[call.tenant] += n
+            call.done += n
+            if call.remaining:
+                q.push(call, front=True)
+        gap = max(q.served.values()) - min(q.served.values())
+        assert gap <= 8 + 1, (served, q.served)
+    assert 0 < served["c"] < 300 and abs(served["c"] - served["a"]) <= 9, served
+
+    unbounded = FairQueue(quantum=256, prefill_slack=8)
+    prompt = _call(c, 300)
+    unbounded.push(prompt)
+    for _ in range(3):
+        unbounded.push(_call(a, 1))
+    picked = unbounded.select(budget=2048, max_seqs=8, skip=lambda c: False)
+    assert (prompt, 256) in picked  # DRR quantum only: nobody was left out
+
+
 def test_a_returning_tenant_banks_no_priority() -> None:
     """A tenant idle past ``idle_reset_s`` restarts at the lowest counter of the queued tenants,
     not at its old (lower) count, so it shares seats instead of taking them all."""
