@@ -1299,6 +1299,16 @@ export interface operations {
                 limit?: number;
                 /** @description The initial index from which to return the results. */
                 offset?: number;
+                program?: number;
+                /**
+                 * @description * `queued` - queued
+                 *     * `running` - running
+                 *     * `succeeded` - succeeded
+                 *     * `failed` - failed
+                 *     * `timed_out` - timed_out
+                 *     * `cancelled` - cancelled
+                 */
+                status?: "queued" | "running" | "succeeded" | "failed" | "timed_out" | "cancelled";
             };
             header?: never;
             path?: never;
