@@ -12,7 +12,7 @@ from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
 from django.utils.text import slugify
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
@@ -195,6 +195,7 @@ class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.De
         return HttpResponse(bytes(version.content), content_type=content_type)
 
 
+@extend_schema_view(list=extend_schema(parameters=[s.RunFilterSerializer]))
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     queryset = Run.objects.select_related("program_version")
     serializer_class = s.RunSerializer
@@ -211,10 +212,6 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         if program := filters.validated_data.get("program"):
             qs = qs.filter(program_version__program_id=program)
         return qs
-
-    @extend_schema(parameters=[s.RunFilterSerializer])
-    def list(self, request, *args, **kwargs):
-        return super().list(request, *args, **kwargs)
 
     def create(self, request):
         data = s.RunCreateSerializer(data=request.data)
