@@ -80,7 +80,7 @@ class Workload:
     max_batch: int = 64
     #: gVisor containers the sandboxed side splits its lanes over, each one LIP with its share
     #: of the lanes as threads. Each sandbox costs CPU of its own while its threads wait on the
-    #: session socket (~2-4% of a core per waiting thread with this runsc; see RESULTS.md), so
+    #: session socket (0.3-4% of a core per waiting thread with Debian's ptrace runsc, by VM; see RESULTS.md), so
     #: fewer, wider LIPs are cheaper: ``--sandbox-containers 1`` runs all lanes in one program.
     sandbox_containers: int = 4
 
