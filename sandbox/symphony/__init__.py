@@ -75,6 +75,10 @@ def pred_token(kv: KV | int, tokens: Iterable[int], temperature: float = 0.0, **
     return session().pred_token(kv, tokens, temperature, **kw)
 
 
+def pred_token_many(steps: Sequence[tuple[KV | int, Iterable[int]]], temperature: float = 0.0, **kw: Any) -> list[int]:
+    return session().pred_token_many(steps, temperature, **kw)
+
+
 def generate(kv: KV | int, prompt: Iterable[int], max_tokens: int, **kw: Any) -> list[int]:
     return session().generate(kv, prompt, max_tokens, **kw)
 
@@ -210,6 +214,7 @@ __all__ = [
     "kv_truncate",
     "pred",
     "pred_token",
+    "pred_token_many",
     "release",
     "send_to_user",
     "session",

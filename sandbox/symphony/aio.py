@@ -173,14 +173,18 @@ class AsyncSession:
         mask: Any = None,
         bias: Mapping[int, float] | None = None,
     ) -> int:
-        if temperature == 0:
-            then = calls.choice("argmax", 0, 1, 0, None, mask, bias)
-        else:
-            then = calls.choice("sample", temperature, top_p, top_k, seed, mask, bias)
+        then = calls.then_choose(temperature, top_p, top_k, seed, mask, bias)
         result = None
         for call, _ in calls.pred_chunks(kv, tokens, None, then):
             result = (await self._call(call.op, call.args))["tokens"][-1]
         return int(result)
+
+    async def pred_token_many(
+        self, steps: Sequence[tuple[AsyncKV | int, Iterable[int]]], temperature: float = 0.0, **kw: Any
+    ) -> list[int]:
+        """Same contract as :meth:`symphony.Session.pred_token_many`; here the calls are simply
+        gathered (the asyncio flavour keeps every call in flight anyway)."""
+        return list(await asyncio.gather(*(self.pred_token(kv, toks, temperature, **kw) for kv, toks in steps)))
 
     async def generate(
         self,

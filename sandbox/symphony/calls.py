@@ -115,6 +115,15 @@ def choice(kind: str, temperature: float, top_p: float, top_k: int, seed: int | 
     return {kind: params}
 
 
+def then_choose(
+    temperature: float, top_p: float, top_k: int, seed: int | None, mask: Any, bias: Mapping[int, float] | None
+) -> Any:
+    """The ``then`` of ``pred_token``: greedy at temperature 0, otherwise a sample."""
+    if temperature == 0:
+        return choice("argmax", 0, 1, 0, None, mask, bias)
+    return choice("sample", temperature, top_p, top_k, seed, mask, bias)
+
+
 def _mask_bias(mask: Any, bias: Mapping[int, float] | None) -> dict[str, Any]:
     params: dict[str, Any] = {}
     if mask is not None:

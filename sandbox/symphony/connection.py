@@ -30,6 +30,7 @@ import socket
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -200,6 +201,36 @@ class Connection:
             raise TimeoutError(f"no reply to {op} within {timeout} s")
         return call.result()
 
+    def call_many(self, requests: Sequence[tuple[str, dict[str, Any] | None]]) -> list[Any]:
+        """Send several requests in **one write** and block until every reply is in; the
+        values in request order. If any failed, the first failure is raised once all are in
+        (the others took effect).
+
+        Why: in gVisor every system call traps, and each thread woken for its reply costs
+        more (futex, clock reads, the GIL). A LIP stepping many sequences in lock-step sends
+        the step's calls together and reads their replies with one thread: B2 measured the
+        gap between forwards at ~13 ms this way against ~25 ms with one thread per lane."""
+        if not requests:
+            return []
+        if self._closed is not None:
+            raise self._closed
+        frames: list[bytes] = []
+        sent: list[tuple[int, _Call]] = []
+        for op, args in requests:
+            req_id = next(self._ids)
+            try:
+                frames.append(protocol.pack(protocol.request(req_id, op, args)))
+            except protocol.ProtocolError as exc:
+                raise from_wire(exc.code, exc.message, op) from None
+            sent.append((req_id, _Call(op, None)))
+        self._register_and_write(sent, b"".join(frames))
+        for req_id, call in sent:
+            self._await(req_id, call, None)
+        for _, call in sent:
+            if call.error is not None:
+                raise call.error
+        return [call.value for _, call in sent]
+
     def flush_releases(self) -> None:
         """Release Dist handles whose objects were garbage-collected (one fire-and-forget call:
         its reply is read by whoever reads next)."""
@@ -218,16 +249,22 @@ class Connection:
         except protocol.ProtocolError as exc:
             raise from_wire(exc.code, exc.message, op) from None
         call = _Call(op, future)
-        self._pending[req_id] = call
+        self._register_and_write([(req_id, call)], frame)
+        return req_id, call
+
+    def _register_and_write(self, calls: list[tuple[int, _Call]], data: bytes) -> None:
+        """Make ``calls`` routable, then write their frames (``data``) in one piece."""
+        for req_id, call in calls:
+            self._pending[req_id] = call
         if self._closed is not None:  # closed after the first check: _fail_all may have missed it
-            self._pending.pop(req_id, None)
+            for req_id, _ in calls:
+                self._pending.pop(req_id, None)
             raise self._closed
         try:
             with self._send_lock:
-                self._sock.sendall(frame)
+                self._sock.sendall(data)
         except OSError as exc:
             self._fail_all(ConnectionLost(f"session socket failed: {exc}"))
-        return req_id, call
 
     # ------------------------------------------------------------ the reading role
     def _await(self, req_id: int, call: _Call, deadline: float | None) -> None:

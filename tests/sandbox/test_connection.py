@@ -16,8 +16,9 @@ from typing import Any
 import pytest
 
 from gpu_worker import protocol
+from symphony.api import Session
 from symphony.connection import Connection
-from symphony.errors import ConnectionLost
+from symphony.errors import ConnectionLost, KVNotFound
 
 
 class Peer:
@@ -27,6 +28,7 @@ class Peer:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.requests: queue.Queue[int] = queue.Queue()
+        self.reads = 0
         self._send_lock = threading.Lock()
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -36,6 +38,7 @@ class Peer:
             data = self.sock.recv(65536)
             if not data:
                 return
+            self.reads += 1
             buf += data
             while len(buf) >= protocol.HEADER_BYTES:
                 n = protocol.frame_length(buf[: protocol.HEADER_BYTES])
@@ -43,16 +46,22 @@ class Peer:
                     break
                 msg = protocol.unpack_body(buf[protocol.HEADER_BYTES : protocol.HEADER_BYTES + n])
                 buf = buf[protocol.HEADER_BYTES + n :]
-                req_id, _, args = protocol.parse_request(msg)
+                req_id, op, args = protocol.parse_request(msg)
                 self.requests.put(req_id)
+                if op == "pred":  # a fused pred: "choose" the file's id as the next token
+                    args = {"echo": {"tokens": [args["kv"]]}}
                 if not args.get("never"):
                     threading.Thread(target=self._answer, args=(req_id, args), daemon=True).start()
 
     def _answer(self, req_id: int, args: dict[str, Any]) -> None:
         time.sleep(args.get("delay", 0))
+        if args.get("fail"):
+            reply = protocol.err_reply(req_id, protocol.ProtocolError(protocol.ErrorCode.NOT_FOUND, "no such file"))
+        else:
+            reply = protocol.ok_reply(req_id, args.get("echo"))
         with self._send_lock:
             try:
-                self.sock.sendall(protocol.pack(protocol.ok_reply(req_id, args.get("echo"))))
+                self.sock.sendall(protocol.pack(reply))
             except OSError:
                 pass
 
@@ -128,6 +137,40 @@ def test_submit_hands_the_role_to_a_reader_thread(pair) -> None:
     assert [f.result(5) for f in futures] == list(range(5))  # nobody waits in call()
     assert conn._reader is not None and conn._reader.is_alive()
     assert run_threads([lambda i=i: conn.call("op", {"echo": i}) for i in range(4)]) == [0, 1, 2, 3]
+
+
+def test_call_many_sends_one_write_and_returns_replies_in_request_order(pair) -> None:
+    conn, peer, _ = pair
+    # Earlier requests answer last: the replies are matched by id, not by arrival.
+    requests = [("op", {"echo": i, "delay": 0.01 * (8 - i)}) for i in range(8)]
+    assert conn.call_many(requests) == list(range(8))
+    assert peer.reads == 1  # all eight frames arrived in one piece
+    assert conn.call_many([]) == []
+    assert conn._pending == {}
+
+
+def test_call_many_raises_the_first_failure_after_every_reply_is_in(pair) -> None:
+    conn, _, _ = pair
+    with pytest.raises(KVNotFound):
+        conn.call_many([("op", {"echo": 0, "delay": 0.2}), ("op", {"fail": True}), ("op", {"echo": 2})])
+    assert conn._pending == {}  # the slow reply was waited for, not left behind
+
+
+def test_call_many_shares_the_connection_with_threads_calling_one_by_one(pair) -> None:
+    conn, _, _ = pair
+    batches = [[("op", {"echo": (i, k), "delay": 0.001 * k}) for k in range(6)] for i in range(3)]
+    many = [lambda b=b: conn.call_many(b) for b in batches]
+    single = [lambda i=i: [conn.call("op", {"echo": i, "delay": 0.002}) for _ in range(5)] for i in range(3)]
+    results = run_threads(many + single)
+    assert results[:3] == [[[i, k] for k in range(6)] for i in range(3)]
+    assert results[3:] == [[i] * 5 for i in range(3)]
+
+
+def test_pred_token_many_sends_no_more_than_the_in_flight_cap_per_write(pair) -> None:
+    conn, peer, _ = pair
+    n = protocol.MAX_IN_FLIGHT + 6
+    assert Session(conn).pred_token_many([(kv, [1, 2]) for kv in range(n)]) == list(range(n))
+    assert peer.reads == 2  # 64 calls, their replies, then the other 6
 
 
 def test_fire_and_forget_replies_are_read_by_the_next_caller(pair) -> None:

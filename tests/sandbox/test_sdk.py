@@ -153,6 +153,34 @@ def test_threads_keep_many_calls_in_flight_on_one_connection(session, gpu_worker
         assert session.generate(kv, ids + suffixes[i], max_tokens=6, stop=[]) == results[i]
 
 
+def test_pred_token_many_steps_files_in_lock_step_like_one_by_one(session, gpu_worker_process) -> None:
+    """Four prompts decoded together, one write per step, give what each gives alone, and the
+    calls of a step are batched into shared forwards."""
+    prompts = [session.tokenize(f"{PROMPT} {word}") for word in ("Paris", "and", "the river", "1")]
+    kvs = [session.kv_create() for _ in prompts]
+    before = gpu_worker_process.admin.stats()["scheduler"]
+    toks = session.pred_token_many(list(zip(kvs, prompts, strict=True)))
+    out = [[t] for t in toks]
+    for _ in range(5):
+        toks = session.pred_token_many([(kv, [t]) for kv, t in zip(kvs, toks, strict=True)])
+        for o, t in zip(out, toks, strict=True):
+            o.append(t)
+    after = gpu_worker_process.admin.stats()["scheduler"]
+    assert after["forwards"] - before["forwards"] < 6 * len(prompts)  # not one forward per call
+    for ids, got, kv in zip(prompts, out, kvs, strict=True):
+        assert session.kv_tokens(kv) == ids + got[:-1]
+        assert session.generate(session.kv_create(), ids, max_tokens=6, stop=[]) == got
+
+
+def test_pred_token_many_raises_a_failed_call_after_the_others_landed(session) -> None:
+    ids = session.tokenize(PROMPT)
+    good, gone = session.kv_create(), session.kv_create()
+    session.kv_close(gone)
+    with pytest.raises(sy.KVNotFound):
+        session.pred_token_many([(good, ids), (gone, ids)])
+    assert session.kv_tokens(good) == ids  # the good file's step was not lost
+
+
 def test_many_in_flight_calls_resolve_to_their_own_replies(session) -> None:
     """Replies are routed by id: 64 concurrent tokenize calls each get their own text back."""
     texts = [f"item {i} " * (i % 5 + 1) for i in range(64)]
@@ -275,7 +303,7 @@ def test_connection_lost_fails_waiting_calls(gpu_worker_process) -> None:
 def test_asyncio_flavour_gathers_concurrent_calls(gpu_worker_process) -> None:
     info = gpu_worker_process.create_session()
 
-    async def run() -> tuple[list[list[int]], list[int]]:
+    async def run() -> tuple[list[list[int]], list[int], list[int]]:
         s = await aio.connect(info.socket_path, info.token)
         ids = await s.tokenize(PROMPT)
         root = await s.kv_create()
@@ -283,14 +311,16 @@ def test_asyncio_flavour_gathers_concurrent_calls(gpu_worker_process) -> None:
         forks = [await root.fork() for _ in range(4)]
         outs = await asyncio.gather(*(s.generate(k, ids[-1:], 5, stop=[]) for k in forks))
         ref = await s.generate(await s.kv_create(), ids, 5, stop=[])
+        firsts = await s.pred_token_many([(await s.kv_create(), ids) for _ in range(3)])
         s.close()
-        return list(outs), ref
+        return list(outs), ref, firsts
 
     try:
-        outs, ref = asyncio.run(run())
+        outs, ref, firsts = asyncio.run(run())
     finally:
         gpu_worker_process.end_session(info.session_id)
     assert all(o == ref for o in outs)
+    assert firsts == [ref[0]] * 3
 
 
 def test_the_worker_tick_meters_page_seconds_of_every_live_session(gpu_worker_process) -> None:
