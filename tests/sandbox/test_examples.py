@@ -37,6 +37,12 @@ def test_completion(lip_runner, gpu_worker_process) -> None:
     assert run.session_end.usage["decode_tokens"] >= 11
 
 
+def test_batch_completion_equals_each_prompt_alone(lip_runner, gpu_worker_process) -> None:
+    prompts = ["The quick brown fox", "Water boils at", "One, two, three,"]
+    run = run_example(lip_runner, "batch_completion", {"prompts": prompts, "max_tokens": 10})
+    assert run.result.result["tokens"] == [reference_greedy(gpu_worker_process, p, 10) for p in prompts]
+
+
 def test_parallel_fork_branches_equal_independent_decoding(lip_runner, gpu_worker_process) -> None:
     args = {"prefix": "Tell me a story about", "suffixes": [" a cat", " a dog", " the sea", " space"], "max_tokens": 6}
     run = run_example(lip_runner, "parallel_fork", args)
