@@ -2,12 +2,14 @@
 
 The LIP, per prompt: ``kv_create``, one fused ``pred(prompt, then=argmax)``, then one fused
 ``pred([tok])`` per further token, ``kv_close``: the same number of forwards as vLLM (prefill +
-out-1 decodes). ``max_batch`` of them run at once. Three Symphony figures:
+out-1 decodes). ``max_batch`` of them run at once. Four Symphony figures:
 
 - **through the gVisor sandbox** (the spec's figure): the LIP is a program run in ``runsc``
   containers, each running several LIP threads on its own session, prompts split evenly; once
   **cold** (``SandboxLauncher.run``: container start included in the time) and once **warm**
   (``SandboxPool.run`` on containers pre-started off the clock, as ``make up`` serves runs);
+- **warm, lanes in lock-step**: the same program written with one thread per container that
+  steps all its lanes at once with ``pred_token_many`` (one write per step);
 - **socket only**: the same loop as threads in this process, one session each (isolates the
   socket + worker path from container start-up).
 
@@ -69,6 +71,29 @@ def main(args):
     for t in threads:
         t.join()
     return sum(counts)
+"""
+
+#: The same completions written with one thread that steps its lanes together: each step's calls
+#: go out in one write (``pred_token_many``). Same forwards, far fewer system calls and thread
+#: wake-ups in gVisor per step (see RESULTS.md, B2).
+SANDBOX_LIP_LOCKSTEP = """
+from symphony import kv_close, kv_create, pred_token_many
+
+
+def main(args):
+    n = 0
+    lanes = args["shards"]
+    for k in range(max(len(lane) for lane in lanes)):
+        prompts = [lane[k] for lane in lanes if k < len(lane)]
+        kvs = [kv_create() for _ in prompts]
+        toks = pred_token_many(list(zip(kvs, prompts)))
+        n += len(toks)
+        for _ in range(args["out_tokens"] - 1):
+            toks = pred_token_many([(kv, [tok]) for kv, tok in zip(kvs, toks)])
+            n += len(toks)
+        for kv in kvs:
+            kv_close(kv)
+    return n
 """
 
 
@@ -162,38 +187,41 @@ def compare_sandboxed(
 
     image = ensure(log=lambda m: print(m, file=sys.stderr))
     launcher = SandboxLauncher(image=image)
-    program = f"{workdir}/b2_lip.py"
-    with open(program, "w") as fh:
-        fh.write(SANDBOX_LIP)
+    program, lockstep = f"{workdir}/b2_lip.py", f"{workdir}/b2_lip_lockstep.py"
+    for path, text in ((program, SANDBOX_LIP), (lockstep, SANDBOX_LIP_LOCKSTEP)):
+        with open(path, "w") as fh:
+            fh.write(text)
     containers = min(wl.sandbox_containers, wl.max_batch, wl.prompts)
     cold = Comparison("greedy completion (gVisor sandbox, cold)", "tok/s")
     warm = Comparison("greedy completion (gVisor sandbox, warm pool)", "tok/s")
-    for cmp in (cold, warm):
+    warm_lockstep = Comparison("greedy completion (gVisor sandbox, warm pool, lanes in lock-step)", "tok/s")
+    for cmp in (cold, warm, warm_lockstep):
         cmp.extra.update(target=">= 0.97x vLLM tokens/s", containers=containers)
     # The pool hard-links session sockets into its slots: same filesystem as the sessions dir.
     with SandboxPool(launcher, size=containers, template=SandboxLimits(image=image), root=worker.base) as pool:
 
-        def warm_run(p: list[list[int]]) -> float:
+        def warm_run(p: list[list[int]], lip: str) -> float:
             if not pool.wait_ready(pool.size, timeout=120):  # refilled off the clock
                 raise RuntimeError("sandbox pool did not fill")
-            return sandbox_side(worker, wl, p, program, pool.run)
+            return sandbox_side(worker, wl, p, lip, pool.run)
 
         def baseline(p: list[list[int]]) -> float:
             tok_s = base.generate(p, wl.out_tokens).tokens_per_s
-            cold.baseline.add(tok_s)
-            warm.baseline.add(tok_s)
+            for cmp in (cold, warm, warm_lockstep):
+                cmp.baseline.add(tok_s)
             return tok_s
 
         for i in range(reps):
             prompts = [random_tokens(wl.prompt_tokens, seed, 5, i, p) for p in range(wl.prompts)]
             sides = [
                 lambda p=prompts: cold.symphony.add(sandbox_side(worker, wl, p, program, launcher.run)),
-                lambda p=prompts: warm.symphony.add(warm_run(p)),
+                lambda p=prompts: warm.symphony.add(warm_run(p, program)),
+                lambda p=prompts: warm_lockstep.symphony.add(warm_run(p, lockstep)),
                 lambda p=prompts: baseline(p),
             ]
-            for fn in sides[i % 3 :] + sides[: i % 3]:
+            for fn in sides[i % 4 :] + sides[: i % 4]:
                 fn()
-    return [cold, warm]
+    return [cold, warm, warm_lockstep]
 
 
 def compare(worker: WorkerProcess, base: VLLMBaseline, wl: Workload, reps: int, seed: int) -> Comparison:
