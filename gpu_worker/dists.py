@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gpu_worker.protocol import ErrorCode, ProtocolError
@@ -84,6 +85,29 @@ def restrict(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor
     if not bool(allowed.any()):
         raise ProtocolError(ErrorCode.BAD_ARGS, "mask allows no token")
     return logits.masked_fill(~allowed, float("-inf"))
+
+
+def keep_allowed(logits: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:
+    """A copy of a logits row with every token ``allowed`` (a bool array, one per token) does
+    not mark set to -inf: a grammar state's mask (``grammar.Matcher.restrict``).
+
+    Grammar masks mostly allow a handful of tokens (a JSON key's next character) and sometimes
+    thousands (inside a string), so a sparse mask gathers its few tokens into a row of -inf
+    and a dense one is a ``where``: ~0.04 ms a 49k row on one CPU thread, against ~0.25 ms for
+    xgrammar's own CPU apply (B5's gap between forwards paid that per sequence)."""
+    if logits.dim() != 1 or logits.shape[0] != allowed.shape[0]:
+        raise ValueError(f"mask of {allowed.shape[0]} tokens for logits of shape {tuple(logits.shape)}")
+    if not _cpu_float(logits):
+        return logits.masked_fill(~torch.from_numpy(allowed).to(logits.device), float("-inf"))
+    ids = np.flatnonzero(allowed)
+    if not len(ids):
+        raise ProtocolError(ErrorCode.BAD_ARGS, "mask allows no token")
+    row = logits.numpy()
+    if len(ids) * 4 > len(row):
+        return torch.from_numpy(np.where(allowed, row, row.dtype.type(-np.inf)))
+    out = np.full(row.shape, -np.inf, dtype=row.dtype)
+    out[ids] = row[ids]
+    return torch.from_numpy(out)
 
 
 def _cpu_float(t: torch.Tensor) -> bool:

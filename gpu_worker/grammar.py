@@ -2,7 +2,8 @@
 
 ``grammar`` compiles a JSON schema, regex or EBNF grammar (cached across sessions by source
 text, since compiling costs milliseconds to seconds); ``grammar_state`` makes a fresh matcher,
-used as ``mask`` in ``dist_sample``/``dist_argmax``; ``mask_advance`` feeds it the chosen token.
+used as ``mask`` in ``dist_sample``/``dist_argmax`` and a fused ``pred``'s ``then``;
+``mask_advance`` feeds it the chosen token, or the choice does (``advance: true``).
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+import numpy as np
 import torch
 
+from gpu_worker import dists
 from gpu_worker.protocol import ErrorCode, ProtocolError
 
 MAX_SOURCE_CHARS = 100_000
@@ -30,7 +33,13 @@ def grammar_source(kind: str, value: object) -> str:
     """
     if kind == "json_schema" and isinstance(value, (dict, bool)):
         try:
-            value = json.dumps(value, sort_keys=True, allow_nan=False)
+            # Key order kept: xgrammar emits an object's properties in the schema's order, so a
+            # sorted dump would change what the model writes (and disagree with the schema text).
+            text = json.dumps(value, allow_nan=False)
+            # json.dumps turns a non-string key into a string; JSON has only string keys.
+            if json.loads(text) != value:
+                raise ValueError("object keys must be strings")
+            value = text
         except (TypeError, ValueError, RecursionError) as exc:
             raise ProtocolError(ErrorCode.BAD_ARGS, f"json_schema is not JSON: {exc}") from None
     if not isinstance(value, str) or len(value) > MAX_SOURCE_CHARS:
@@ -77,8 +86,9 @@ class GrammarCompiler:
             compiler = self._xgr_compiler()
             try:
                 if kind == "json_schema":
-                    # Compact JSON: with any_whitespace a model may emit whitespace forever.
-                    compiled = compiler.compile_json_schema(source, any_whitespace=False)
+                    # Compact JSON, no space after "," or ":" (what vLLM's disable_any_whitespace
+                    # compiles): with any_whitespace a model may emit whitespace forever.
+                    compiled = compiler.compile_json_schema(source, any_whitespace=False, separators=(",", ":"))
                 elif kind == "regex":
                     compiled = compiler.compile_regex(source)
                 else:
@@ -101,25 +111,33 @@ class Matcher:
         self._matcher = xgr.GrammarMatcher(compiled)
         self._bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self.vocab_size = vocab_size
+        # A fused pred restricts (and may advance) on the engine thread while the event loop
+        # may run this state's mask_advance: one native matcher must not see both at once.
+        self._lock = threading.Lock()
 
     def restrict(self, logits: torch.Tensor) -> torch.Tensor:
         """A copy of ``logits`` with every token the grammar forbids set to -inf."""
-        import xgrammar as xgr
+        with self._lock:
+            if self._matcher.is_terminated():
+                raise ProtocolError(ErrorCode.BAD_ARGS, "grammar state is finished; no token may follow")
+            self._matcher.fill_next_token_bitmask(self._bitmask)
+            allowed = self._allowed_tokens()
+        return dists.keep_allowed(logits, allowed)
 
-        if self._matcher.is_terminated():
-            raise ProtocolError(ErrorCode.BAD_ARGS, "grammar state is finished; no token may follow")
-        self._matcher.fill_next_token_bitmask(self._bitmask)
-        out = logits.clone().unsqueeze(0)
-        xgr.apply_token_bitmask_inplace(out, self._bitmask)
-        return out[0]
+    def _allowed_tokens(self) -> np.ndarray:
+        """The last filled bitmask as one bool per token: bit ``i`` of int32 word ``j`` is token
+        ``32 * j + i``, so the words' bytes unpack little-endian (as on x86 and ARM)."""
+        words = self._bitmask.numpy().view(np.uint8)
+        return np.unpackbits(words, bitorder="little", count=self.vocab_size).view(np.bool_)
 
     def advance(self, token: object) -> dict[str, bool]:
         if not isinstance(token, int) or isinstance(token, bool) or not 0 <= token < self.vocab_size:
             raise ProtocolError(ErrorCode.BAD_ARGS, "token must be an integer in [0, vocab_size)")
-        if self._matcher.is_terminated():
-            return {"accepted": False, "finished": True}
-        accepted = bool(self._matcher.accept_token(token))
-        return {"accepted": accepted, "finished": bool(self._matcher.is_terminated())}
+        with self._lock:
+            if self._matcher.is_terminated():
+                return {"accepted": False, "finished": True}
+            accepted = bool(self._matcher.accept_token(token))
+            return {"accepted": accepted, "finished": bool(self._matcher.is_terminated())}
 
 
 class GrammarHandles:

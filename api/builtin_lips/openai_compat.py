@@ -39,20 +39,20 @@ def _decode(index, kv, first, args, eos, compiled, out):
     stops = args.get("stop") or []
     temperature = float(args.get("temperature", 1.0))
     seed = args.get("seed")
-    state = compiled.state() if compiled is not None else None
+    # The worker advances the grammar state by each token it picks (one call a token); the
+    # grammar allows EOS only once the output is complete, so EOS is where it ends.
+    mask = compiled.state().advancing() if compiled is not None else None
     dist, ids, sent, finish = first, [], "", "length"
     for step in range(int(args["max_tokens"])):
         step_seed = None if seed is None else int(seed) * 1_000_003 + index * 10_007 + step
         if temperature <= 0:
-            tok = dist.argmax(mask=state)
+            tok = dist.argmax(mask=mask)
         else:
-            tok = dist.sample(temperature, float(args.get("top_p", 1.0)), seed=step_seed, mask=state)
+            tok = dist.sample(temperature, float(args.get("top_p", 1.0)), seed=step_seed, mask=mask)
         if tok in eos:
             finish = "stop"
             break
         ids.append(tok)
-        if state is not None:
-            state.advance(tok)
         text = detokenize(ids)
         cut = min((text.find(s) for s in stops if s in text), default=-1)
         if cut >= 0:
@@ -63,8 +63,7 @@ def _decode(index, kv, first, args, eos, compiled, out):
         if len(stable) > len(sent) and stable.startswith(sent):
             send_to_user({"index": index, "delta": stable[len(sent) :]})
             sent = stable
-        if finish == "stop" or (state is not None and state.finished):
-            finish = "stop"
+        if finish == "stop":
             break
         dist = pred(kv, [tok])[-1]
     text = detokenize(ids)

@@ -118,6 +118,11 @@ class AsyncGrammarState:
         self.id = mask_id
         self.finished = False
 
+    def advancing(self) -> calls.Advancing:
+        """This state as ``mask=`` of a choice the worker makes (``pred_token``, ``Dist.sample``):
+        the worker advances it by the chosen token, so no :meth:`advance` call follows."""
+        return calls.Advancing(self.id)
+
     async def advance(self, token: int) -> bool:
         out = await self.session._run(calls.mask_advance(self, token))
         self.finished = bool(out["finished"])

@@ -137,6 +137,11 @@ class GrammarState:
         self.id = mask_id
         self.finished = False
 
+    def advancing(self) -> calls.Advancing:
+        """This state as ``mask=`` of a choice the worker makes (``pred_token``, ``Dist.sample``):
+        the worker advances it by the chosen token, so no :meth:`advance` call follows."""
+        return calls.Advancing(self.id)
+
     def advance(self, token: int) -> bool:
         """Feed the chosen token; returns whether it was accepted. Sets :attr:`finished`."""
         out = self.session._run(calls.mask_advance(self, token))

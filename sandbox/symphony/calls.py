@@ -124,8 +124,19 @@ def then_choose(
     return choice("sample", temperature, top_p, top_k, seed, mask, bias)
 
 
+@dataclass(frozen=True)
+class Advancing:
+    """A grammar state given as ``mask=`` that the worker advances by the token it chooses
+    (``GrammarState.advancing()``): one round trip a token instead of two. The state's
+    ``finished`` is then not tracked here; the grammar allows EOS only at its end."""
+
+    id: int
+
+
 def _mask_bias(mask: Any, bias: Mapping[int, float] | None) -> dict[str, Any]:
     params: dict[str, Any] = {}
+    if isinstance(mask, Advancing):
+        params["advance"] = True
     if mask is not None:
         params["mask"] = mask.id if hasattr(mask, "id") else [int(t) for t in mask]
     if bias is not None:

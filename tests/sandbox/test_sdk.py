@@ -4,6 +4,7 @@ the SDK is plain Python, so the host can import it and exercise the protocol qui
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from pathlib import Path
@@ -263,8 +264,6 @@ def test_wrong_token_is_refused(gpu_worker_process) -> None:
 
 
 def test_grammar_constrains_output_to_the_schema(session) -> None:
-    import json
-
     schema = {
         "type": "object",
         "properties": {"ok": {"type": "boolean"}, "n": {"type": "string", "enum": ["a", "b"]}},
@@ -279,6 +278,37 @@ def test_grammar_constrains_output_to_the_schema(session) -> None:
         assert set(value) == {"ok", "n"} and isinstance(value["ok"], bool) and value["n"] in ("a", "b")
     with pytest.raises(sy.InvalidArgument):
         session.grammar(regex="(unclosed")
+
+
+def test_an_advancing_grammar_state_is_advanced_by_the_worker(session) -> None:
+    """``mask=state.advancing()`` picks the same tokens as advancing by hand, in one round trip
+    a token: the worker feeds each chosen token to the matcher, so once EOS is chosen the state
+    is finished and refuses another choice."""
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    g = session.grammar(schema)
+    eos = set(session.info.eos_token_ids)
+    prompt = session.tokenize("JSON:")
+
+    def decode(fused: bool) -> tuple[list[int], sy.GrammarState, sy.KV]:
+        kv, state, pending, out = session.kv_create(), g.state(), prompt, []
+        for _ in range(48):
+            tok = session.pred_token(kv, pending, mask=state.advancing() if fused else state)
+            out.append(tok)
+            if not fused:
+                state.advance(tok)
+            if tok in eos:
+                return out, state, kv
+            pending = [tok]
+        raise AssertionError(f"no EOS in 48 tokens: {session.detokenize(out)!r}")
+
+    by_hand, _, _ = decode(fused=False)
+    fused, state, kv = decode(fused=True)
+    assert fused == by_hand
+    assert isinstance(json.loads(session.detokenize(fused[:-1]))["ok"], bool)
+    with pytest.raises(sy.InvalidArgument, match="finished"):
+        session.pred_token(kv, [fused[-1]], mask=state.advancing())
+    with pytest.raises(sy.InvalidArgument, match="advance needs a grammar state"):
+        session.conn.call("pred", {"kv": kv.id, "tokens": [5], "then": {"argmax": {"mask": [5], "advance": True}}})
 
 
 def test_send_to_user_and_sleep(session) -> None:

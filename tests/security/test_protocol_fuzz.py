@@ -497,6 +497,23 @@ def test_non_list_mask_is_einval(gpu_worker_process, fuzzer) -> None:
         assert reply["err"]["code"] == ErrorCode.BAD_ARGS, (mask, reply)
 
 
+def test_advance_must_be_a_boolean_with_a_grammar_state(gpu_worker_process, fuzzer) -> None:
+    """``advance`` asks the worker to feed its chosen token to a grammar state: anything but a
+    boolean, or with a token-list mask, is a bad argument, refused before the call runs."""
+    conn = fuzzer.connection()
+    kv = conn.call(fuzzer.next_id, "kv_create", {})["ok"]["kv"]
+    grammar = conn.call(fuzzer.next_id + 1, "grammar", {"regex": "a+"})["ok"]["grammar"]
+    mask = conn.call(fuzzer.next_id + 2, "grammar_state", {"grammar": grammar})["ok"]["mask"]
+    fuzzer.next_id += 3
+    for params in ({"mask": mask, "advance": 1}, {"mask": mask, "advance": "yes"}, {"mask": [5], "advance": True}):
+        reply = conn.call(fuzzer.next_id, "pred", {"kv": kv, "tokens": [5, 6], "then": {"argmax": params}})
+        fuzzer.next_id += 1
+        assert reply["err"]["code"] == ErrorCode.BAD_ARGS, (params, reply)
+    length = conn.call(fuzzer.next_id, "kv_len", {"kv": kv})
+    fuzzer.next_id += 1
+    assert length["ok"] == 0, "a refused pred must not have landed any token"
+
+
 def test_extreme_temperature_and_bias_do_not_fail_internally(gpu_worker_process, fuzzer) -> None:
     """Found by the fuzzer (temperature 1e-45): the limit is greedy sampling, not a NaN softmax."""
     conn = fuzzer.connection()

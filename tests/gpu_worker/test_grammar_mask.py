@@ -1,0 +1,61 @@
+"""A grammar state's mask, applied the worker's way, against xgrammar's own apply."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpu_worker.dists import keep_allowed
+from gpu_worker.grammar import GrammarCompiler, Matcher
+from gpu_worker.protocol import ErrorCode, ProtocolError
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_restrict_matches_xgrammar_along_a_valid_answer(default_model_dir: Path) -> None:
+    """At every step of a valid answer (sparse masks between keys, dense ones inside the
+    string) the worker's mask keeps exactly the logits xgrammar's apply keeps."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir))
+    vocab = len(tokenizer)
+    compiler = GrammarCompiler(str(default_model_dir), vocab)
+    matcher = Matcher(compiler.compile({"json_schema": SCHEMA}), vocab)
+    answer = tokenizer(json.dumps({"name": "Ada Lovelace", "age": 36}, separators=(",", ":")))["input_ids"]
+    generator = torch.Generator().manual_seed(0)
+    kept = []
+    for token in answer:
+        logits = torch.randn(vocab, generator=generator)
+        ours = matcher.restrict(logits)
+        reference = logits.clone().unsqueeze(0)
+        xgr.apply_token_bitmask_inplace(reference, matcher._bitmask)
+        assert torch.equal(ours, reference[0])
+        kept.append(int(torch.isfinite(ours).sum()))
+        assert matcher.advance(token)["accepted"]
+    assert min(kept) < vocab // 4 < max(kept), f"both mask shapes should occur: {kept}"
+
+
+def test_keep_allowed_sparse_dense_and_empty() -> None:
+    logits = torch.arange(8, dtype=torch.float32)
+    sparse = np.zeros(8, dtype=bool)
+    sparse[[2, 5]] = True
+    assert keep_allowed(logits, sparse).tolist() == [-np.inf, -np.inf, 2.0, -np.inf, -np.inf, 5.0, -np.inf, -np.inf]
+    dense = ~sparse
+    assert torch.isinf(keep_allowed(logits, dense)).tolist() == sparse.tolist()
+    assert keep_allowed(logits.double(), dense).dtype == torch.float64
+    assert logits.tolist() == list(range(8)), "the row itself is left as it was"
+    with pytest.raises(ProtocolError) as caught:
+        keep_allowed(logits, np.zeros(8, dtype=bool))
+    assert caught.value.code == ErrorCode.BAD_ARGS
+    with pytest.raises(ValueError):
+        keep_allowed(logits, np.ones(7, dtype=bool))
