@@ -250,17 +250,19 @@ class Session:
         ends up holding prompt + output.
         """
         stops = set(self.info.eos_token_ids if stop is None else stop)
+        eos = set(self.info.eos_token_ids)
         state = grammar.state() if grammar is not None else None
+        mask = state.advancing() if state is not None else None  # the worker advances it
         out: list[int] = []
         pending = list(prompt)
         while len(out) < max_tokens:
-            tok = self.pred_token(kv, pending, temperature, top_p, top_k, seed, state)
-            if tok in stops:  # with a grammar, EOS is only allowed once the output is complete
-                if state is not None:
-                    state.advance(tok)
+            tok = self.pred_token(kv, pending, temperature, top_p, top_k, seed, mask)
+            # A grammar allows EOS only once the output is complete, and accepting it ends the
+            # grammar (its stop tokens are the tokenizer's EOS, a subset of ``eos``).
+            if state is not None and tok in eos:
+                state.finished = True
+            if tok in stops:
                 break
-            if state is not None:
-                state.advance(tok)
             out.append(tok)
             pending = [tok]
             if state is not None and state.finished:

@@ -280,6 +280,14 @@ def test_grammar_constrains_output_to_the_schema(session) -> None:
         session.grammar(regex="(unclosed")
 
 
+def test_generate_with_a_grammar_ends_at_its_eos_even_when_eos_is_not_a_stop(session) -> None:
+    """With ``stop=[]`` the grammar's EOS is part of the output and still ends it: generate
+    knows the state is finished without asking (the worker advanced it)."""
+    g = session.grammar(regex="(yes|no)")
+    out = session.generate(session.kv_create(), session.tokenize("Answer yes or no:"), 16, grammar=g, stop=[])
+    assert out[-1] in session.info.eos_token_ids and session.detokenize(out[:-1]) in ("yes", "no"), out
+
+
 def test_an_advancing_grammar_state_is_advanced_by_the_worker(session) -> None:
     """``mask=state.advancing()`` picks the same tokens as advancing by hand, in one round trip
     a token: the worker feeds each chosen token to the matcher, so once EOS is chosen the state
