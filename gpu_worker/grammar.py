@@ -122,7 +122,7 @@ class Matcher:
                 raise ProtocolError(ErrorCode.BAD_ARGS, "grammar state is finished; no token may follow")
             self._matcher.fill_next_token_bitmask(self._bitmask)
             allowed = self._allowed_tokens()
-        return dists.keep_allowed(logits, allowed)
+        return dists.restrict(logits, allowed)
 
     def _allowed_tokens(self) -> np.ndarray:
         """The last filled bitmask as one bool per token: bit ``i`` of int32 word ``j`` is token

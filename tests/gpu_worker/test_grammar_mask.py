@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu_worker.dists import keep_allowed
+from gpu_worker.dists import restrict
 from gpu_worker.grammar import GrammarCompiler, Matcher
 from gpu_worker.protocol import ErrorCode, ProtocolError
 
@@ -45,17 +45,18 @@ def test_restrict_matches_xgrammar_along_a_valid_answer(default_model_dir: Path)
     assert min(kept) < vocab // 4 < max(kept), f"both mask shapes should occur: {kept}"
 
 
-def test_keep_allowed_sparse_dense_and_empty() -> None:
+def test_restrict_sparse_dense_empty_and_none() -> None:
     logits = torch.arange(8, dtype=torch.float32)
     sparse = np.zeros(8, dtype=bool)
     sparse[[2, 5]] = True
-    assert keep_allowed(logits, sparse).tolist() == [-np.inf, -np.inf, 2.0, -np.inf, -np.inf, 5.0, -np.inf, -np.inf]
+    assert restrict(logits, sparse).tolist() == [-np.inf, -np.inf, 2.0, -np.inf, -np.inf, 5.0, -np.inf, -np.inf]
     dense = ~sparse
-    assert torch.isinf(keep_allowed(logits, dense)).tolist() == sparse.tolist()
-    assert keep_allowed(logits.double(), dense).dtype == torch.float64
+    assert torch.isinf(restrict(logits, dense)).tolist() == sparse.tolist()
+    assert restrict(logits.double(), dense).dtype == torch.float64
     assert logits.tolist() == list(range(8)), "the row itself is left as it was"
     with pytest.raises(ProtocolError) as caught:
-        keep_allowed(logits, np.zeros(8, dtype=bool))
+        restrict(logits, np.zeros(8, dtype=bool))
     assert caught.value.code == ErrorCode.BAD_ARGS
     with pytest.raises(ValueError):
-        keep_allowed(logits, np.ones(7, dtype=bool))
+        restrict(logits, np.ones(7, dtype=bool))
+    assert restrict(logits, None) is logits
