@@ -264,6 +264,7 @@ class KVFS:
             raise InvalidArgument(f"truncate length must be in 0..{len(file.tokens)}")
         if file.plan_pending:
             raise Busy("KV file has an append in flight")
+        self.tiers.forget_clean_copy(file)
         del file.tokens[n:]
         file.computed = min(file.computed, n)
         file.dirty = file.persistent
@@ -326,6 +327,7 @@ class KVFS:
                 f"session KV page limit exceeded: {self.session_usage(owner)} held + {n_alloc} needed > {limit} pages"
             )
         self._reserve(file.tenant, n_alloc)
+        self.tiers.forget_clean_copy(file)  # the forward writes into the file's pages
         allocated = self.alloc.alloc(file.tenant, n_alloc)
         table = list(file.pages)
         copies: tuple[tuple[int, int], ...] = ()
@@ -394,7 +396,12 @@ class KVFS:
         return sorted(files, key=lambda f: f.use_seq)
 
     def _spill(self, file: KVFile) -> None:
-        """Device -> host when host memory has room (making room from older host files), else disk."""
+        """Device -> host when host memory has room (making room by dropping other files' clean
+        copies, then by moving older host files to disk), else disk. A file with a clean copy
+        goes to host without a copy and needs no room."""
+        if self.tiers.has_clean_copy(file):
+            self.tiers.device_to_host(file)
+            return
         need = len(file.pages)
         if need > self.tiers.host_capacity:
             self.tiers.to_disk(file)
@@ -402,6 +409,9 @@ class KVFS:
         host_files = sorted(
             (f for f in self._named.values() if f.residency == HOST and not f.handles), key=lambda f: f.use_seq
         )
+        clean = sorted((f for f in self._named.values() if self.tiers.has_clean_copy(f)), key=lambda f: f.use_seq)
+        while self.tiers.host_capacity - self.tiers.host_used < need and clean:
+            self.tiers.forget_clean_copy(clean.pop(0))
         while self.tiers.host_capacity - self.tiers.host_used < need and host_files:
             self.tiers.to_disk(host_files.pop(0))
         if self.tiers.host_capacity - self.tiers.host_used >= need:
@@ -575,6 +585,8 @@ class KVFS:
                 refs.update(f.pages)
                 live.update(f.pages)
             assert all(self.alloc.owner(p) == f.tenant for p in f.pages)
+        held_on_host = sum(f.host_data.shape[0] for f in files.values() if f.host_data is not None)
+        assert self.tiers.host_used == held_on_host, (self.tiers.host_used, held_on_host)
         for p in range(1, self.alloc.num_pages):
             # Pages reserved by in-flight plans are the only references not held by a file.
             assert self.alloc.refcount(p) >= refs[p], p

@@ -1,5 +1,6 @@
-"""KVFS over the real engine: a named file spilled to disk and reloaded is byte-identical and
-answers the next token exactly as a from-scratch prefill does.
+"""KVFS over the real engine: a named file spilled to disk (or to host and back, the second time
+from its clean copy) and reloaded is byte-identical and answers the next token exactly as a
+from-scratch prefill does.
 
 Runs in a subprocess (one vLLM engine per process) on the tiny random Llama for speed.
 """
@@ -29,7 +30,7 @@ SCRIPT = textwrap.dedent(
 
     model_dir, store_dir = sys.argv[1], sys.argv[2]
     engine = Engine(EngineConfig(model_dir=model_dir, dtype="float32", num_pages=16, max_model_len=512))
-    fs = KVFS(engine.num_pages, engine.block_size, engine.page_bytes, engine, LocalKVStore(store_dir))
+    fs = KVFS(engine.num_pages, engine.block_size, engine.page_bytes, engine, LocalKVStore(store_dir), host_pages=8)
     owner = Owner("acme", "s1")
 
     def run(h, toks):
@@ -57,6 +58,29 @@ SCRIPT = textwrap.dedent(
     next_from_reload = run(r, [42])
     fresh = fs.create(owner)
     next_from_scratch = run(fresh, prompt + [42])
+    fs.close(owner, r)
+    fs.close(owner, fresh)
+
+    # Host tier with a clean copy: spill (copy), reload (copy kept), spill again (no copy), reuse
+    # the freed pages, reload: the pages must still be the file's.
+    doc = fs._named[("acme", "doc")]
+    on_device = engine.read_pages(doc.pages)
+    fs._spill(doc)
+    fs.close(owner, fs.open(owner, "doc", "r"))
+    reads = []
+    read_pages = engine.read_pages
+    engine.read_pages = lambda ids: reads.append(len(ids)) or read_pages(ids)
+    fs._spill(doc)
+    host_residency = [r.residency for r in fs.list_files()]
+    other = fs.create(owner)
+    run(other, [9] * (3 * engine.block_size))
+    fs.close(owner, other)
+    again = fs.open(owner, "doc", "r")
+    clean_identical = bool(torch.equal(read_pages(fs._handles.get(owner, again).file.pages), on_device))
+    next_after_host = run(again, [42])  # the file holds prompt + [42] since the writer's run
+    scratch = fs.create(owner)
+    next_after_host_from_scratch = run(scratch, prompt + [42, 42])
+    fs.check()
     engine.close()
     print(json.dumps({
         "residency_after_evict": residency,
@@ -64,6 +88,10 @@ SCRIPT = textwrap.dedent(
         "max_diff": float((next_from_reload - next_from_scratch).abs().max()),
         "argmax": [int(next_from_reload.argmax()), int(next_from_scratch.argmax())],
         "page_bytes": engine.page_bytes,
+        "host_residency": host_residency,
+        "pages_read_by_clean_spill": sum(reads),
+        "clean_identical": clean_identical,
+        "max_diff_after_host": float((next_after_host - next_after_host_from_scratch).abs().max()),
         "blob": (__import__("pathlib").Path(store_dir) / "acme" / "doc.safetensors").stat().st_size,
     }))
     """
@@ -87,3 +115,9 @@ def test_spill_to_disk_and_reload_through_real_engine(tiny_model_dir: Path, tmp_
     assert out["blob"] >= 3 * out["page_bytes"]
     assert out["argmax"][0] == out["argmax"][1]
     assert out["max_diff"] < 1e-3, out
+    # A file reloaded from host keeps a clean copy: spilling it again reads no page, and the
+    # next reload still restores exactly its KV.
+    assert out["host_residency"] == ["host"]
+    assert out["pages_read_by_clean_spill"] == 0
+    assert out["clean_identical"], "a clean-copy reload restored different KV"
+    assert out["max_diff_after_host"] < 1e-3, out

@@ -216,3 +216,86 @@ def test_full_store_on_close_loses_nothing_and_is_retried(tmp_path):
     assert real_store.list() == ["acme/doc.safetensors"]
     fs.close(A, r)
     fs.check()
+
+
+class CountingPageIO(MemPageIO):
+    """Counts the pages read off the device (what a spill to host copies)."""
+
+    def __init__(self, num_pages: int) -> None:
+        super().__init__(num_pages)
+        self.pages_read = 0
+
+    def read_pages(self, page_ids):
+        self.pages_read += len(page_ids)
+        return super().read_pages(page_ids)
+
+
+def _counting_fs(tmp_path, num_pages: int = 32, host_pages: int = 8) -> tuple[KVFS, CountingPageIO]:
+    io = CountingPageIO(num_pages)
+    fs = KVFS(num_pages, BLOCK, int(torch.zeros(PAGE_SHAPE).nbytes), io, LocalKVStore(tmp_path / "kv"), host_pages)
+    return fs, io
+
+
+def test_a_reloaded_file_keeps_a_clean_host_copy_so_spilling_it_again_copies_nothing(tmp_path):
+    fs, io = _counting_fs(tmp_path)
+    toks = list(range(1, 9))  # 2 full pages
+    _named(fs, io, A, "doc", toks)
+    doc = fs._named[("acme", "doc")]
+    fs._spill(doc)
+    assert io.pages_read == 2 + 2  # the write-through on close, then the spill
+    r = fs.open(A, "doc", "r")  # reload: the host tensor stays as a clean copy
+    assert fs.stats().host_pages == 2 and _residency(fs) == {"acme/doc": "device"}
+    fs.close(A, r)
+    io.pages[doc.pages] = -1.0  # scribbled on after the fact: the copy must not be re-read
+    fs._spill(doc)
+    assert io.pages_read == 4, "a clean file went back to host without a copy"
+    assert _residency(fs) == {"acme/doc": "host"} and fs.stats().host_pages == 2
+    io.pages[:] = -2.0
+    r = fs.open(A, "doc", "r")
+    assert io.kv_of(fs, A, r) == expected_kv(toks)
+    fs.close(A, r)
+    fs.check()
+
+
+def test_writing_a_reloaded_file_drops_its_clean_copy(tmp_path):
+    fs, io = _counting_fs(tmp_path)
+    toks = list(range(1, 7))  # 1.5 pages
+    _named(fs, io, A, "doc", toks)
+    fs._spill(fs._named[("acme", "doc")])
+    w = fs.open(A, "doc", "w")
+    append(fs, io, A, w, [7, 8, 9])  # writes the reloaded pages: the host copy is stale now
+    assert fs.stats().host_pages == 0
+    fs.close(A, w)
+    fs._spill(fs._named[("acme", "doc")])
+    io.pages[:] = -1.0
+    r = fs.open(A, "doc", "r")
+    assert io.kv_of(fs, A, r) == expected_kv([*toks, 7, 8, 9])
+    fs.close(A, r)
+    w = fs.open(A, "doc", "w")
+    fs.truncate(A, w, 4)  # a truncate drops it too
+    assert fs.stats().host_pages == 0
+    fs.close(A, w)
+    fs._spill(fs._named[("acme", "doc")])
+    r = fs.open(A, "doc", "r")
+    assert io.kv_of(fs, A, r) == expected_kv(toks[:4])
+    fs.close(A, r)
+    fs.check()
+
+
+def test_clean_copies_give_way_before_host_files_go_to_disk(tmp_path):
+    fs, io = _counting_fs(tmp_path, host_pages=2)
+    _named(fs, io, A, "a", [1, 2, 3, 4])  # 1 page each
+    _named(fs, io, A, "b", [5, 6, 7, 8])
+    _named(fs, io, A, "c", [9, 10, 11, 12])
+    fs._spill(fs._named[("acme", "a")])
+    fs._spill(fs._named[("acme", "b")])
+    fs.close(A, fs.open(A, "a"))  # a: device, with its clean copy; host holds a's copy and b
+    assert fs.stats().host_pages == 2
+    fs._spill(fs._named[("acme", "c")])  # host is full: a's copy goes, b stays on host
+    assert _residency(fs) == {"acme/a": "device", "acme/b": "host", "acme/c": "host"}
+    assert fs.stats().host_pages == 2 and fs.stats().disk_pages == 0
+    for name, toks in (("a", [1, 2, 3, 4]), ("b", [5, 6, 7, 8]), ("c", [9, 10, 11, 12])):
+        r = fs.open(A, name)
+        assert io.kv_of(fs, A, r) == expected_kv(toks)
+        fs.close(A, r)
+    fs.check()
