@@ -229,7 +229,7 @@ class Worker:
         cap = parsed.page_cap(self.kvfs.page_bytes)
         if cap is not None and cap < 1:
             raise ProtocolError(ErrorCode.BAD_ARGS, "limits allow no KV page at all")
-        if st.free_pages == 0 and st.host_pages >= st.host_capacity_pages:
+        if st.free_pages == 0 and st.host_pages - st.host_clean_pages >= st.host_capacity_pages:
             raise ProtocolError(ErrorCode.NO_SPACE, "no free KV pages on this worker; retry later")
         sid = "s-" + secrets.token_hex(8)
         path = str(Path(self.config.sessions_dir) / f"{sid}.sock")

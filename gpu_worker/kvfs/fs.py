@@ -515,6 +515,7 @@ class KVFS:
             used_pages=self.alloc.usable - self.alloc.free_count,
             pages_per_tenant=self.alloc.per_tenant(),
             host_pages=self.tiers.host_used,
+            host_clean_pages=self.tiers.clean_pages,
             host_capacity_pages=self.tiers.host_capacity,
             disk_pages=sum(f.spilled_pages for f in files if f.residency == DISK),
             files=len(files),
@@ -587,6 +588,8 @@ class KVFS:
             assert all(self.alloc.owner(p) == f.tenant for p in f.pages)
         held_on_host = sum(f.host_data.shape[0] for f in files.values() if f.host_data is not None)
         assert self.tiers.host_used == held_on_host, (self.tiers.host_used, held_on_host)
+        clean = sum(f.host_data.shape[0] for f in files.values() if self.tiers.has_clean_copy(f))
+        assert self.tiers.clean_pages == clean, (self.tiers.clean_pages, clean)
         for p in range(1, self.alloc.num_pages):
             # Pages reserved by in-flight plans are the only references not held by a file.
             assert self.alloc.refcount(p) >= refs[p], p

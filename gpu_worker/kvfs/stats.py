@@ -27,6 +27,8 @@ class KVStats:
     used_pages: int
     pages_per_tenant: dict[str, int] = field(default_factory=dict)
     host_pages: int = 0
+    #: The part of ``host_pages`` that is clean copies of device-resident files (free to drop).
+    host_clean_pages: int = 0
     host_capacity_pages: int = 0
     disk_pages: int = 0
     files: int = 0

@@ -9,7 +9,7 @@ it (``KVFile.host_data`` on a device-resident file; KVFS drops it before any app
 Spilling such a file again is then free: its pages are released without a copy. On a CPU, where
 a 1024-token document's KV is a 47 MB memcpy each way plus the page faults of a fresh 47 MB
 buffer, a miss of B1's RAG workload (spill one document, reload another) took its `kv_open` from
-52–85 ms to 16–21 ms (medians) here; on a GPU it saves the device-to-host copy.
+50-69 ms to 16-27 ms (medians) here; on a GPU it saves the device-to-host copy.
 The copy stays counted in ``host_used``, and is the first thing given up when host memory is short.
 """
 
@@ -74,7 +74,10 @@ class Tiers:
         self.page_io = page_io
         self.store = store
         self.host_capacity = host_pages
+        #: Host pages held: spilled files and clean copies of device-resident ones.
         self.host_used = 0
+        #: The part of ``host_used`` that is clean copies (droppable at no cost).
+        self.clean_pages = 0
 
     def has_clean_copy(self, file: KVFile) -> bool:
         """A device-resident file whose host tensor still equals its pages."""
@@ -84,7 +87,9 @@ class Tiers:
         """Move a device file's pages to host memory (no copy when it has a clean one)."""
         assert file.residency == DEVICE
         clean = self.has_clean_copy(file)
-        if not clean:
+        if clean:
+            self.clean_pages -= len(file.pages)
+        else:
             file.host_data = self.page_io.read_pages(file.pages) if file.pages else None
             self.host_used += len(file.pages)
         self.alloc.decref(file.pages)
@@ -98,6 +103,7 @@ class Tiers:
         if self.has_clean_copy(file):
             assert file.host_data is not None
             self.host_used -= file.host_data.shape[0]
+            self.clean_pages -= file.host_data.shape[0]
             file.host_data = None
 
     def host_data_of(self, file: KVFile) -> torch.Tensor:
@@ -152,7 +158,9 @@ class Tiers:
             assert data is not None and data.shape[0] == n
             self.page_io.write_pages(pages, data)
         file.pages = pages
-        if file.residency != HOST:
+        if file.residency == HOST and file.host_data is not None:
+            self.clean_pages += n
+        else:
             file.host_data = None
         file.spilled_pages = 0
         file.residency = DEVICE

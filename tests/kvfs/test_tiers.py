@@ -245,11 +245,13 @@ def test_a_reloaded_file_keeps_a_clean_host_copy_so_spilling_it_again_copies_not
     assert io.pages_read == 2 + 2  # the write-through on close, then the spill
     r = fs.open(A, "doc", "r")  # reload: the host tensor stays as a clean copy
     assert fs.stats().host_pages == 2 and _residency(fs) == {"acme/doc": "device"}
+    assert fs.stats().host_clean_pages == 2  # held, but free to drop (admission counts it as room)
     fs.close(A, r)
     io.pages[doc.pages] = -1.0  # scribbled on after the fact: the copy must not be re-read
     fs._spill(doc)
     assert io.pages_read == 4, "a clean file went back to host without a copy"
     assert _residency(fs) == {"acme/doc": "host"} and fs.stats().host_pages == 2
+    assert fs.stats().host_clean_pages == 0
     io.pages[:] = -2.0
     r = fs.open(A, "doc", "r")
     assert io.kv_of(fs, A, r) == expected_kv(toks)
