@@ -9,6 +9,11 @@ pages must be ``prefix pages + branches x new pages`` — no full page copied. T
 from the worker's ``stats`` (``kvfs.pages_per_tenant``) after every branch has decoded and
 before any fork is closed, and the run fails if it is larger.
 
+A second row runs the same LIP written with its branches in lock-step: one thread steps all
+forks at once with ``pred_token_many`` (one write of ``branches`` calls per step, unseeded
+sampling), as B2's lock-step row does: same forwards, one round trip a step instead of one per
+branch.
+
 Baseline: one ``LLM.generate(prompt, SamplingParams(n=branches, temperature, seed))`` with
 automatic prefix caching and as many KV blocks as the worker has pages.
 
@@ -85,12 +90,15 @@ class PageCheck:
         return self.measured <= self.expected
 
 
-def symphony_side(worker: WorkerProcess, wl: Workload, prompt: list[int], seed: int, checks: list[PageCheck]) -> float:
-    """Output tokens/s of the fork-and-decode LIP; appends the page accounting to ``checks``."""
+def symphony_side(
+    worker: WorkerProcess, wl: Workload, prompt: list[int], seed: int, checks: list[PageCheck], lockstep: bool = False
+) -> float:
+    """Output tokens/s of the fork-and-decode LIP (a thread per branch, or ``lockstep``: all
+    branches stepped by one ``pred_token_many`` a token); appends the page accounting to ``checks``."""
     sess, sid = worker.connect(TENANT)
     block = int(worker.admin.health()["block_size"])
     n, t = wl.branches, wl.temperature
-    decoded = threading.Barrier(n + 1)
+    decoded = threading.Barrier(1 if lockstep else n + 1)
     release = threading.Event()
 
     def branch(kv: Any, b: int, first: int) -> int:
@@ -109,17 +117,26 @@ def symphony_side(worker: WorkerProcess, wl: Workload, prompt: list[int], seed: 
                 firsts = [dist.sample(temperature=t, seed=seed * 1_000_003 + b * 10_007) for b in range(n)]
             forks = [sess.kv_fork(root) for _ in range(n)]
             threads_done: list[int] = []
-            runner = threading.Thread(
-                target=lambda: threads_done.extend(
-                    run_threads([lambda b=b: branch(forks[b], b, firsts[b]) for b in range(n)])
-                ),
-                daemon=True,
-            )
-            runner.start()
-            decoded.wait()
-            pages = worker.stats()["kvfs"]["pages_per_tenant"].get(TENANT, 0)
-            release.set()
-            runner.join()
+            if lockstep:
+                toks = firsts
+                for _ in range(1, wl.out_tokens):
+                    toks = sess.pred_token_many([(kv, [tok]) for kv, tok in zip(forks, toks, strict=True)], t)
+                pages = worker.stats()["kvfs"]["pages_per_tenant"].get(TENANT, 0)
+                for kv in forks:
+                    sess.kv_close(kv)
+                threads_done = [wl.out_tokens] * n
+            else:
+                runner = threading.Thread(
+                    target=lambda: threads_done.extend(
+                        run_threads([lambda b=b: branch(forks[b], b, firsts[b]) for b in range(n)])
+                    ),
+                    daemon=True,
+                )
+                runner.start()
+                decoded.wait()
+                pages = worker.stats()["kvfs"]["pages_per_tenant"].get(TENANT, 0)
+                release.set()
+                runner.join()
             sess.kv_close(root)
         checks.append(PageCheck(pages, wl.expected_pages(block), wl.copied_pages(block)))
         return sum(threads_done) / elapsed[0]
@@ -145,24 +162,30 @@ def baseline_side(base: VLLMBaseline, wl: Workload, prompt: list[int], seed: int
 def run(worker: WorkerProcess, base: VLLMBaseline, cfg: BenchConfig, wl: Workload, result: BenchResult) -> None:
     """Interleaved reps (a fresh prompt per rep: neither side may serve it from its cache)."""
     cmp = Comparison(f"parallel decode n={wl.branches}", "tok/s")
+    lock = Comparison(f"parallel decode n={wl.branches} (branches in lock-step)", "tok/s")
     checks: list[PageCheck] = []
     cached: list[float] = []
     for i in range(cfg.reps):
         prompt = random_tokens(wl.prompt_tokens, cfg.seed, 5, i)
+        vllm_tps: list[float] = []
         sides = [
-            (lambda p=prompt, i=i: symphony_side(worker, wl, p, cfg.seed + i, checks), cmp.symphony),
-            (lambda p=prompt, i=i: baseline_side(base, wl, p, cfg.seed + i, cached), cmp.baseline),
+            (lambda p=prompt, i=i: cmp.symphony.add(symphony_side(worker, wl, p, cfg.seed + i, checks))),
+            (lambda p=prompt, i=i: lock.symphony.add(symphony_side(worker, wl, p, cfg.seed + i, checks, True))),
+            (lambda p=prompt, i=i, out=vllm_tps: out.append(baseline_side(base, wl, p, cfg.seed + i, cached))),
         ]
-        for fn, sample in sides if i % 2 == 0 else reversed(sides):
-            sample.add(fn())
-    cmp.extra.update(
-        target=">= 1.3x vLLM n=8 tokens/s",
-        lip_device_pages=[c.measured for c in checks],
-        expected_pages_cow=checks[0].expected,
-        pages_if_fork_copied=checks[0].if_copied,
-        vllm_prompt_cache_hit=cached,
-    )
-    result.comparisons.append(cmp)
+        for fn in sides if i % 2 == 0 else reversed(sides):
+            fn()
+        cmp.baseline.add(vllm_tps[0])
+        lock.baseline.add(vllm_tps[0])  # one vLLM run per repetition serves both rows
+    for row in (cmp, lock):
+        row.extra.update(
+            target=">= 1.3x vLLM n=8 tokens/s",
+            lip_device_pages=[c.measured for c in checks],
+            expected_pages_cow=checks[0].expected,
+            pages_if_fork_copied=checks[0].if_copied,
+            vllm_prompt_cache_hit=cached,
+        )
+        result.comparisons.append(row)
     bad = [c for c in checks if not c.ok]
     if bad:
         raise AssertionError(f"kv_fork copied pages: LIP held {bad[0].measured} pages > expected {bad[0].expected}")
