@@ -98,7 +98,7 @@ def symphony_side(
     sess, sid = worker.connect(TENANT)
     block = int(worker.admin.health()["block_size"])
     n, t = wl.branches, wl.temperature
-    decoded = threading.Barrier(1 if lockstep else n + 1)
+    decoded = threading.Barrier(n + 1)  # the threaded LIP's widest point
     release = threading.Event()
 
     def branch(kv: Any, b: int, first: int) -> int:
@@ -124,7 +124,7 @@ def symphony_side(
                 pages = worker.stats()["kvfs"]["pages_per_tenant"].get(TENANT, 0)
                 for kv in forks:
                     sess.kv_close(kv)
-                threads_done = [wl.out_tokens] * n
+                threads_done = [wl.out_tokens] * n  # tokens per branch, as the threads return
             else:
                 runner = threading.Thread(
                     target=lambda: threads_done.extend(
