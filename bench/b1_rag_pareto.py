@@ -25,7 +25,6 @@ everywhere), plus the one-off ingestion time of both sides.
 from __future__ import annotations
 
 import argparse
-import queue
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -42,7 +41,7 @@ from bench.harness import (
     hottest_docs,
     pareto_trace,
     random_tokens,
-    run_threads,
+    share_out,
     stopwatch,
 )
 
@@ -88,23 +87,15 @@ class SymphonyRag:
 
     def ingest(self) -> float:
         """Compute each document's KV once into ``doc-<i>`` (in_flight at a time)."""
-        todo: queue.Queue[int] = queue.Queue()
-        for i in range(len(self.docs)):
-            todo.put(i)
 
-        def lip(k: int) -> None:
+        def ingest_one(k: int, i: int) -> None:
             sess = self.sessions[k][0]
-            while True:
-                try:
-                    i = todo.get_nowait()
-                except queue.Empty:
-                    return
-                kv = sess.kv_create(f"doc-{i}")
-                sess.pred_token(kv, self.docs[i])
-                sess.kv_close(kv)
+            kv = sess.kv_create(f"doc-{i}")
+            sess.pred_token(kv, self.docs[i])
+            sess.kv_close(kv)
 
         with stopwatch() as t:
-            run_threads([lambda k=k: lip(k) for k in range(self.wl.in_flight)])
+            share_out(range(len(self.docs)), self.wl.in_flight, ingest_one)
         return t[0]
 
     def pin_hot(self, hot: list[int]) -> None:
@@ -118,26 +109,18 @@ class SymphonyRag:
 
     def serve(self, trace: list[int], questions: list[list[int]]) -> float:
         """Run the trace with ``in_flight`` concurrent LIP sessions; returns requests/s."""
-        todo: queue.Queue[int] = queue.Queue()
-        for r in range(len(trace)):
-            todo.put(r)
         out = self.wl.out_tokens
 
-        def lip(k: int) -> None:
+        def request(k: int, r: int) -> None:
             sess = self.sessions[k][0]
-            while True:
-                try:
-                    r = todo.get_nowait()
-                except queue.Empty:
-                    return
-                kv = sess.kv_open(f"doc-{trace[r]}", "r")  # COW fork, reloaded if spilled
-                tok = sess.pred_token(kv, questions[r])
-                for _ in range(out - 1):
-                    tok = sess.pred_token(kv, [tok])
-                sess.kv_close(kv)
+            kv = sess.kv_open(f"doc-{trace[r]}", "r")  # COW fork, reloaded if spilled
+            tok = sess.pred_token(kv, questions[r])
+            for _ in range(out - 1):
+                tok = sess.pred_token(kv, [tok])
+            sess.kv_close(kv)
 
         with stopwatch() as t:
-            run_threads([lambda k=k: lip(k) for k in range(self.wl.in_flight)])
+            share_out(range(len(trace)), self.wl.in_flight, request)
         return len(trace) / t[0]
 
 

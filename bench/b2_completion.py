@@ -19,27 +19,24 @@ same number of KV blocks as the worker's pages.
 
 from __future__ import annotations
 
-import argparse
-import queue
 import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from bench.baseline_vllm import VLLMBaseline
 from bench.harness import (
-    BenchConfig,
     BenchResult,
     Comparison,
     WorkerOptions,
     WorkerProcess,
-    config_dict,
-    default_model,
     max_len_for,
     random_tokens,
+    run_standalone,
     run_threads,
+    share_out,
     stopwatch,
+    workload_args,
 )
 
 NAME = "b2_completion"
@@ -120,29 +117,19 @@ QUICK = Workload(prompts=4, prompt_tokens=64, out_tokens=8, max_batch=4)
 def symphony_side(worker: WorkerProcess, wl: Workload, prompts: list[list[int]]) -> float:
     """Output tokens/s of the greedy LIP over the socket."""
     sessions = [worker.connect(TENANT) for _ in range(min(wl.max_batch, wl.prompts))]
-    todo: queue.Queue[int] = queue.Queue()
-    for i in range(len(prompts)):
-        todo.put(i)
 
-    def lip(k: int) -> int:
+    def complete(k: int, prompt: list[int]) -> int:
         sess = sessions[k][0]
-        n = 0
-        while True:
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:
-                return n
-            kv = sess.kv_create()
-            tok = sess.pred_token(kv, prompts[i])
-            n += 1
-            for _ in range(wl.out_tokens - 1):
-                tok = sess.pred_token(kv, [tok])
-                n += 1
-            sess.kv_close(kv)
+        kv = sess.kv_create()
+        tok = sess.pred_token(kv, prompt)
+        for _ in range(wl.out_tokens - 1):
+            tok = sess.pred_token(kv, [tok])
+        sess.kv_close(kv)
+        return wl.out_tokens
 
     try:
         with stopwatch() as t:
-            produced = sum(run_threads([lambda k=k: lip(k) for k in range(len(sessions))]))
+            produced = sum(share_out(prompts, len(sessions), complete))
     finally:
         for sess, sid in sessions:
             worker.end(sess, sid)
@@ -241,40 +228,20 @@ def compare(worker: WorkerProcess, base: VLLMBaseline, wl: Workload, reps: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", default=None)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--seed", type=int, default=0)
-    for f in ("prompts", "prompt_tokens", "out_tokens", "max_batch", "sandbox_containers"):
-        p.add_argument("--" + f.replace("_", "-"), type=int, default=None)
-    a = p.parse_args(argv)
-    wl = QUICK if a.quick else Workload()
-    wl = Workload(**{**asdict(wl), **{f: v for f, v in vars(a).items() if f in asdict(wl) and v is not None}})
-    cfg = BenchConfig(model=a.model or default_model(a.quick), quick=a.quick, reps=a.reps, dtype=a.dtype, seed=a.seed)
-    started = time.perf_counter()
+    cfg, wl = workload_args(argv, __doc__ or NAME, Workload(), QUICK)
     max_len = max_len_for(wl.prompt_tokens + wl.out_tokens)
     # vLLM refuses to start unless one sequence of max_len fits (it needs one block beyond it).
     num_pages = max(wl.pages(128), max_len // 128 + 2)
     opts = WorkerOptions(
         model=cfg.model, num_pages=num_pages, dtype=cfg.dtype, max_model_len=max_len, max_num_seqs=wl.max_batch
     )
-    result = BenchResult(NAME, config_dict(cfg, **asdict(wl), device_pages=num_pages))
-    worker = WorkerProcess(opts)
-    try:
-        base = VLLMBaseline(cfg.model, num_pages, dtype=cfg.dtype, max_num_seqs=wl.max_batch, max_model_len=max_len)
-        worker.wait_ready()
-        with worker.sample_pages(), tempfile.TemporaryDirectory(prefix="b2-") as workdir:
+
+    def measure(worker: WorkerProcess, base: VLLMBaseline, result: BenchResult) -> None:
+        with tempfile.TemporaryDirectory(prefix="b2-") as workdir:
             result.comparisons += compare_sandboxed(worker, base, wl, cfg.reps, cfg.seed, workdir)
-            result.comparisons.append(compare(worker, base, wl, cfg.reps, cfg.seed))
-        result.memory = worker.memory()
-        base.close()
-    finally:
-        worker.close()
-    result.wall_s = time.perf_counter() - started
-    result.print()
-    print(f"  wrote {result.write()}")
+        result.comparisons.append(compare(worker, base, wl, cfg.reps, cfg.seed))
+
+    run_standalone(NAME, cfg, wl, opts, measure)
     return 0
 
 

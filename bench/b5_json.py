@@ -22,7 +22,6 @@ Figures: output tokens/s (EOS counted on both sides) and requests/s; the share o
 from __future__ import annotations
 
 import json
-import queue
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,7 +35,7 @@ from bench.harness import (
     WorkerProcess,
     max_len_for,
     run_standalone,
-    run_threads,
+    share_out,
     stopwatch,
     workload_args,
 )
@@ -98,41 +97,36 @@ class Outputs:
 def symphony_side(worker: WorkerProcess, wl: Workload, ps: list[list[int]], outs: Outputs) -> tuple[float, float]:
     """(tokens/s, requests/s) of the grammar-masked LIP."""
     sessions = [worker.connect(TENANT) for _ in range(min(wl.max_batch, len(ps)))]
-    todo: queue.Queue[int] = queue.Queue()
-    for i in range(len(ps)):
-        todo.put(i)
-    results: list[list[int]] = [[] for _ in ps]
+    # One compiled grammar per session (compiled lazily by the session's first request).
+    grammars: dict[int, Any] = {}
 
-    def lip(k: int) -> int:
+    def generate(k: int, prompt: list[int]) -> tuple[int, list[int]]:
+        """One request: (tokens produced, EOS included; the object's tokens)."""
         sess = sessions[k][0]
         eos = set(sess.info.eos_token_ids)
-        g = sess.grammar(SCHEMA)
-        n = 0
-        while True:
-            try:
-                i = todo.get_nowait()
-            except queue.Empty:
-                return n
-            kv = sess.kv_create()
-            state = g.state()
-            pending = ps[i]
-            for _ in range(wl.max_tokens):
-                tok = sess.pred_token(kv, pending, mask=state.advancing())
-                n += 1
-                if tok in eos:
-                    break
-                results[i].append(tok)
-                pending = [tok]
-            sess.kv_close(kv)
+        if k not in grammars:
+            grammars[k] = sess.grammar(SCHEMA)
+        kv = sess.kv_create()
+        state = grammars[k].state()
+        pending, text, n = prompt, [], 0
+        for _ in range(wl.max_tokens):
+            tok = sess.pred_token(kv, pending, mask=state.advancing())
+            n += 1
+            if tok in eos:
+                break
+            text.append(tok)
+            pending = [tok]
+        sess.kv_close(kv)
+        return n, text
 
     try:
         with stopwatch() as t:
-            produced = sum(run_threads([lambda k=k: lip(k) for k in range(len(sessions))]))
+            done = share_out(ps, len(sessions), generate)
     finally:
         for sess, sid in sessions:
             worker.end(sess, sid)
-    outs.tokens = results
-    return produced / t[0], len(ps) / t[0]
+    outs.tokens = [text for _, text in done]
+    return sum(n for n, _ in done) / t[0], len(ps) / t[0]
 
 
 def baseline_side(base: VLLMBaseline, wl: Workload, ps: list[list[int]], outs: Outputs) -> tuple[float, float]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import shutil
 import statistics
 import subprocess
@@ -27,9 +28,12 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 ROOT = Path(__file__).resolve().parent.parent
 #: JSON results; ``SYMPHONY_BENCH_OUT`` redirects them (the smoke test writes to a temp dir).
@@ -475,6 +479,28 @@ def run_threads(fns: Sequence[Callable[[], Any]]) -> list[Any]:
         t.join()
     if errors:
         raise errors[0]
+    return results
+
+
+def share_out(items: Sequence[T], workers: int, handle: Callable[[int, T], R]) -> list[R]:
+    """Serve ``items`` from one shared queue with ``workers`` threads; thread ``k`` calls
+    ``handle(k, item)`` for each item it takes (so it can use its own session). Returns the
+    results in the items' order. Why a queue and not a fixed split: a worker that finishes early
+    takes the next item, which is how a client pool with ``workers`` requests in flight behaves."""
+    todo: queue.Queue[int] = queue.Queue()
+    for i in range(len(items)):
+        todo.put(i)
+    results: list[Any] = [None] * len(items)
+
+    def worker(k: int) -> None:
+        while True:
+            try:
+                i = todo.get_nowait()
+            except queue.Empty:
+                return
+            results[i] = handle(k, items[i])
+
+    run_threads([lambda k=k: worker(k) for k in range(workers)])
     return results
 
 
