@@ -37,32 +37,50 @@ def _saved() -> dict:
         return {}
 
 
+def _connection_flags(suppress: bool) -> argparse.ArgumentParser:
+    """``--url``/``--api-key``, accepted before the command and after it (``symphony login
+    --api-key ...`` as well as ``symphony --api-key ... login``). On the commands' parsers the
+    defaults are suppressed, so a flag given before the command is not reset by them."""
+    flags = argparse.ArgumentParser(add_help=False)
+    default = argparse.SUPPRESS if suppress else None
+    flags.add_argument("--url", default=default, help=f"API base URL (default: $SYMPHONY_URL, login, {DEFAULT_URL})")
+    flags.add_argument("--api-key", default=default, help="API key (default: $SYMPHONY_API_KEY, login)")
+    return flags
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="symphony", description="Symphony CLI: programs, runs, KV files, usage.")
-    parser.add_argument("--url", help=f"API base URL (default: $SYMPHONY_URL, login, {DEFAULT_URL})")
-    parser.add_argument("--api-key", help="API key (default: $SYMPHONY_API_KEY, login)")
+    parser = argparse.ArgumentParser(
+        prog="symphony",
+        description="Symphony CLI: programs, runs, KV files, usage.",
+        parents=[_connection_flags(suppress=False)],
+    )
+    command_flags = _connection_flags(suppress=True)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("login", help="check the URL and key, then save them for later commands")
+
+    def command(group: argparse._SubParsersAction, name: str, text: str) -> argparse.ArgumentParser:
+        return group.add_parser(name, help=text, parents=[command_flags])
+
+    command(sub, "login", "check the URL and key, then save them for later commands")
 
     programs = sub.add_parser("programs", help="list or push programs").add_subparsers(dest="action", required=True)
-    programs.add_parser("ls", help="list programs")
-    push = programs.add_parser("push", help="upload a .py or .zip (a new version if the name exists)")
+    command(programs, "ls", "list programs")
+    push = command(programs, "push", "upload a .py or .zip (a new version if the name exists)")
     push.add_argument("path")
     push.add_argument("--name", help="program name (default: the file name without extension)")
 
-    run = sub.add_parser("run", help="start a run of a program id, or of a file (pushed first)")
+    run = command(sub, "run", "start a run of a program id, or of a file (pushed first)")
     run.add_argument("program", help="program id, or path to a .py/.zip")
     run.add_argument("--args", default="{}", help="JSON object passed to main(args)")
     run.add_argument("--limits", default="{}", help='JSON, e.g. {"max_tokens": 512, "deadline_s": 60}')
     run.add_argument("--idempotency-key")
     run.add_argument("--follow", action="store_true", help="stream tokens and events until the run ends")
     for name, text in (("get", "show a run"), ("cancel", "cancel a run"), ("events", "follow a run's events")):
-        sub.add_parser(name, help=text).add_argument("run_id")
+        command(sub, name, text).add_argument("run_id")
 
     kv = sub.add_parser("kv", help="persistent KV files").add_subparsers(dest="action", required=True)
-    kv.add_parser("ls", help="list KV files")
-    kv.add_parser("rm", help="delete a KV file").add_argument("name")
-    sub.add_parser("usage", help="usage per day and quota")
+    command(kv, "ls", "list KV files")
+    command(kv, "rm", "delete a KV file").add_argument("name")
+    command(sub, "usage", "usage per day and quota")
     return parser
 
 

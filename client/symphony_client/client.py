@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -70,14 +71,23 @@ class Client:
         path = Path(path)
         return self._call("POST", f"programs/{program}/versions", files={"file": (path.name, path.read_bytes())})
 
+    def list_versions(self, program: int) -> list[dict]:
+        return self._call("GET", f"programs/{program}/versions")
+
     def push_program(self, path: str | Path, name: str | None = None) -> tuple[dict, int]:
         """Upload ``path`` as a new program, or as the next version of the program of that
-        name; returns ``(program, version_number)``."""
-        name = name or Path(path).stem
+        name; returns ``(program, version_number)``. A file whose bytes equal the latest
+        version's (same SHA-256) is not uploaded again, so ``symphony run prog.py`` repeated
+        does not mint a version per run."""
+        path = Path(path)
+        name = name or path.stem
         existing = next((p for p in self.list_programs() if p["name"] == name), None)
         if existing is None:
             program = self.upload_program(path, name)
             return program, program["latest_version"]
+        versions = self.list_versions(existing["id"])
+        if versions and versions[-1]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest():
+            return existing, versions[-1]["number"]
         version = self.add_version(existing["id"], path)
         return existing, version["number"]
 

@@ -36,8 +36,10 @@ def cli(tmp_path, settings):
 
 def test_cli_round_trip(cli, api_asgi_server, api_tenant_a, tmp_path):
     assert cli("programs", "ls").returncode == 2  # no key anywhere yet
-    login = cli("login", url=api_asgi_server, key=api_tenant_a.key_secret)
+    # As the README writes it: the flags after the command (before it works too, see `cli`).
+    login = cli("login", "--url", api_asgi_server, "--api-key", api_tenant_a.key_secret)
     assert login.returncode == 0, login.stderr
+    assert json.loads(cli.config.read_text()) == {"url": api_asgi_server, "api_key": api_tenant_a.key_secret}
     assert stat.S_IMODE(cli.config.stat().st_mode) == 0o600
 
     source = tmp_path / "hello.py"
@@ -45,9 +47,10 @@ def test_cli_round_trip(cli, api_asgi_server, api_tenant_a, tmp_path):
     first = json.loads(cli("programs", "push", str(source)).stdout)
     source.write_text("def main(args):\n    return {'v': 2}\n")
     second = json.loads(cli("programs", "push", str(source)).stdout)
-    assert (first["name"], first["version"], second["version"]) == ("hello", 1, 2)
+    unchanged = json.loads(cli("programs", "push", str(source)).stdout)
+    assert (first["name"], first["version"], second["version"], unchanged["version"]) == ("hello", 1, 2, 2)
     assert second["program"] == first["program"]
-    assert ProgramVersion.objects.filter(program_id=first["program"]).count() == 2
+    assert ProgramVersion.objects.filter(program_id=first["program"]).count() == 2  # same bytes: no new version
     assert [p["name"] for p in json.loads(cli("programs", "ls").stdout)] == ["hello"]
 
     run_one = cli("run", str(first["program"]), "--args", '{"x": 1}', "--idempotency-key", "k1")
