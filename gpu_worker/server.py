@@ -124,7 +124,10 @@ class Worker:
             "block_size": self.block_size,
             "pages_total": st.total_pages,
             "pages_free": st.free_pages,
+            "host_pages": st.host_pages,
+            "disk_pages": st.disk_pages,
             "sessions": len(self.sessions),
+            "events_dropped": self.events.dropped,
             "metrics": self.scheduler.snapshot(),
         }
 

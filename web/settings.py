@@ -48,6 +48,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "api.health.HealthProbeMiddleware",  # before host validation and HTTPS redirect (LB probes)
+    "api.metrics.MetricsEndpointMiddleware",  # the same for Prometheus scrapers (token-guarded)
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -175,6 +176,8 @@ if not DEBUG:
 
 # --- Control plane (api/) ---------------------------------------------------------------------
 SYMPHONY_WORKER_NAME = os.environ.get("SYMPHONY_WORKER_NAME", "local")
+#: Bearer token for ``GET /metrics`` (Prometheus); unset: served to loopback requests only.
+SYMPHONY_METRICS_TOKEN = os.environ.get("SYMPHONY_METRICS_TOKEN", "")
 #: "heartbeat": runs go to the live worker with the best KV affinity (api/services/routing.py);
 #: "static": always to SYMPHONY_WORKER_NAME (one-host deployments, tests).
 SYMPHONY_ROUTING = os.environ.get("SYMPHONY_ROUTING", "heartbeat")

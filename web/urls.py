@@ -39,5 +39,5 @@ urlpatterns = [
     path("v1/", include("api.openai_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
-    re_path(r"^(?!api/|v1/|admin/?$|admin/|static/)(?P<route>.*)$", console, name="console"),
+    re_path(r"^(?!api/|v1/|admin/?$|admin/|static/|metrics$)(?P<route>.*)$", console, name="console"),
 ]

@@ -183,3 +183,26 @@ resource "aws_secretsmanager_secret_version" "django" {
     ignore_changes = [secret_string]
   }
 }
+
+# --- metrics token: GET /metrics answers only a scraper that sends it (api/metrics.py) -------------
+
+data "aws_secretsmanager_random_password" "metrics" {
+  password_length     = 48
+  exclude_punctuation = true
+}
+
+resource "aws_secretsmanager_secret" "metrics" {
+  name_prefix = "${local.name}/metrics-token-"
+  description = "SYMPHONY_METRICS_TOKEN of ${local.name}: bearer token of the Prometheus scraper"
+  kms_key_id  = aws_kms_key.main.arn
+  #checkov:skip=CKV2_AWS_57:The scraper's configuration holds this token; it is rotated by hand together with it (docs/DEPLOY.md).
+}
+
+resource "aws_secretsmanager_secret_version" "metrics" {
+  secret_id     = aws_secretsmanager_secret.metrics.id
+  secret_string = data.aws_secretsmanager_random_password.metrics.random_password
+
+  lifecycle {
+    ignore_changes = [secret_string]
+  }
+}

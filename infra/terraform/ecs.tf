@@ -42,6 +42,7 @@ locals {
     { name = "DJANGO_SECRET_KEY", valueFrom = aws_secretsmanager_secret.django.arn },
     { name = "DATABASE_PASSWORD", valueFrom = "${aws_db_instance.main.master_user_secret[0].secret_arn}:password::" },
     { name = "REDIS_AUTH_TOKEN", valueFrom = aws_secretsmanager_secret.redis_auth.arn },
+    { name = "SYMPHONY_METRICS_TOKEN", valueFrom = aws_secretsmanager_secret.metrics.arn },
   ]
 
   app_container = {

@@ -22,6 +22,7 @@ locals {
   app_secret_arns = [
     aws_secretsmanager_secret.django.arn,
     aws_secretsmanager_secret.redis_auth.arn,
+    aws_secretsmanager_secret.metrics.arn,
     aws_db_instance.main.master_user_secret[0].secret_arn,
   ]
 }

@@ -72,3 +72,8 @@ output "kms_key_arn" {
   description = "Customer-managed KMS key encrypting every store."
   value       = aws_kms_key.main.arn
 }
+
+output "metrics_token_secret_arn" {
+  description = "Secrets Manager secret with the bearer token for GET /metrics (give it to the Prometheus scraper)."
+  value       = aws_secretsmanager_secret.metrics.arn
+}

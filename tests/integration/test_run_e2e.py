@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_for
 from tests.plugins.worker import RunningWorker, start_worker
@@ -98,6 +100,25 @@ def test_run_through_api_celery_sandbox_and_worker(stack, api_tenant_a, default_
     usage = UsageRecord.objects.get(run_id=run["id"])
     assert usage.prefill_tokens >= len(result["prompt_ids"])
     assert usage.pred_calls >= len(result["ids"])
+
+    # Operators see the run in the Prometheus metrics: the worker's forwards (its heartbeat) and
+    # the finished run (the database), scraped from loopback as a local Prometheus would.
+    def scraped() -> dict[tuple[str, str], float]:
+        text = httpx.get(f"{stack}/metrics", timeout=10).raise_for_status().text
+        return {
+            (s.name, s.labels.get("worker") or s.labels.get("status", "")): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
+
+    wait_for(
+        lambda: scraped().get(("symphony_worker_pred_calls_total", "e2e"), 0) >= usage.pred_calls,
+        timeout=30,
+        message="the run's pred calls in the worker's metrics",
+    )
+    metrics = scraped()
+    assert metrics["symphony_worker_up", "e2e"] == 1 and metrics["symphony_worker_forwards_total", "e2e"] > 0
+    assert metrics["symphony_runs_finished_total", "succeeded"] >= 1
 
 
 def _openai(base_url: str, secret: str):
