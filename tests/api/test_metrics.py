@@ -6,10 +6,12 @@ is in tests/integration/test_run_e2e.py."""
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
 import redis
+import yaml
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,6 +19,7 @@ from api.models import KVFile, Program, Run
 from api.services import programs
 from api.services.runs import create_run
 from gpu_worker.events import HEARTBEAT_PREFIX
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db
 
@@ -129,3 +132,23 @@ def test_with_a_token_the_bearer_decides_and_the_host_header_does_not(heartbeats
     post = remote.post("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-token")
     assert post.status_code == 405 and post["Allow"] == "GET, HEAD"
     assert b"symphony_" not in Client().get("/metricsx").content  # the console's routes are untouched
+
+
+def test_the_shipped_alert_rules_name_only_series_the_service_exports(heartbeats):
+    """deploy/prometheus/alerts.yml: valid YAML in Prometheus' rule-file shape, and no rule
+    watches a series that does not exist (a typo there would be an alert that never fires)."""
+    scheduler = ("forwards", "calls", "failed_calls", "tokens", "batch_occupancy", "avg_items_per_forward")
+    scheduler += ("forward_ms_ema", "queue_wait_ms_avg", "gap_ms_avg", "queued_calls")
+    health = ("pages_total", "pages_free", "host_pages", "disk_pages", "sessions", "events_dropped")
+    # A worker with every field a live one sends.
+    heartbeat = {"name": "w1", "ok": True, "at": time.time(), **dict.fromkeys(health, 1)}
+    heartbeats({**heartbeat, "metrics": dict.fromkeys(scheduler, 1)})
+    exported = {name for name, _ in scrape(Client(REMOTE_ADDR="127.0.0.1"))}
+    rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
+    alerts = [rule for group in rules["groups"] for rule in group["rules"]]
+    assert alerts and all({"alert", "expr", "annotations"} <= rule.keys() for rule in alerts)
+    named = {name for rule in alerts for name in re.findall(r"\bsymphony_\w+", rule["expr"])}
+    assert named and named <= exported, named - exported
+    config = yaml.safe_load((ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text())
+    assert config["rule_files"] == ["alerts.yml"]
+    assert config["scrape_configs"][0]["metrics_path"] == "/metrics"
