@@ -122,6 +122,12 @@ class Run(models.Model):
     result = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
+    #: What the program printed (the tail of each stream, ``SYMPHONY_RUN_OUTPUT_KEEP_BYTES``);
+    #: served by ``GET /runs/<id>/logs``, not in the run's own payload.
+    stdout = models.TextField(blank=True, default="")
+    stderr = models.TextField(blank=True, default="")
+    #: Whether either stream was cut to its tail.
+    output_truncated = models.BooleanField(default=False)
     worker = models.CharField(max_length=100, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)

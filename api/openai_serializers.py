@@ -9,6 +9,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from api.services.openai_compat import CompletionRequest, model_name
+from api.validators import reject_nul
 
 MAX_CHOICES = 8
 MAX_STOPS = 4
@@ -22,7 +23,7 @@ class MessageSerializer(serializers.Serializer):
 
 class ResponseFormatSerializer(serializers.Serializer):
     type = serializers.ChoiceField(choices=["text", "json_object", "json_schema"])
-    json_schema = serializers.DictField(required=False)
+    json_schema = serializers.DictField(required=False, validators=[reject_nul])
 
     def validate(self, attrs: dict) -> dict:
         if attrs["type"] == "json_schema" and not isinstance((attrs.get("json_schema") or {}).get("schema"), dict):
@@ -43,6 +44,7 @@ class _CommonSerializer(serializers.Serializer):
     response_format = ResponseFormatSerializer(required=False)
 
     def validate_stop(self, value: object) -> list[str]:
+        reject_nul(value)
         stops = [value] if isinstance(value, str) else value or []
         if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
             raise serializers.ValidationError(f"stop must be a string or a list of up to {MAX_STOPS} strings")

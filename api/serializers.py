@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from api.models import ApiKey, KVFile, Program, ProgramVersion, Run
 from api.tenancy import KEY_SCOPES
+from api.validators import reject_nul
 
 
 class SignupSerializer(serializers.Serializer):
@@ -49,6 +50,9 @@ class ProgramSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "description", "default_args", "created_at", "latest_version", "file"]
         read_only_fields = ["id", "created_at", "latest_version"]
 
+    def validate_default_args(self, value: object) -> object:
+        return reject_nul(value)
+
     def get_latest_version(self, obj: Program) -> int | None:
         return obj.versions.order_by("-number").values_list("number", flat=True).first()
 
@@ -60,8 +64,8 @@ class VersionUploadSerializer(serializers.Serializer):
 class RunCreateSerializer(serializers.Serializer):
     program = serializers.IntegerField()
     version = serializers.IntegerField(required=False, allow_null=True, min_value=1)
-    args = serializers.DictField(required=False, default=dict)
-    limits = serializers.DictField(required=False, default=dict)
+    args = serializers.DictField(required=False, default=dict, validators=[reject_nul])
+    limits = serializers.DictField(required=False, default=dict, validators=[reject_nul])
 
 
 class RunFilterSerializer(serializers.Serializer):
@@ -69,6 +73,15 @@ class RunFilterSerializer(serializers.Serializer):
 
     status = serializers.ChoiceField(choices=Run.STATUSES, required=False)
     program = serializers.IntegerField(min_value=1, max_value=2**63 - 1, required=False)
+
+
+class RunLogsSerializer(serializers.ModelSerializer):
+    truncated = serializers.BooleanField(source="output_truncated", read_only=True)
+
+    class Meta:
+        model = Run
+        fields = ["id", "status", "stdout", "stderr", "truncated"]
+        read_only_fields = fields
 
 
 class RunSerializer(serializers.ModelSerializer):

@@ -203,6 +203,9 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
 
     def get_queryset(self):
         qs = super().get_queryset()
+        if self.action == "logs":
+            return qs
+        qs = qs.defer("stdout", "stderr")  # up to 2 x 64 KiB a run, served by `logs` only
         if self.action != "list":
             return qs
         filters = s.RunFilterSerializer(data=self.request.query_params)
@@ -231,6 +234,12 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         return Response(s.RunSerializer(runs.cancel_run(self.get_object())).data)
+
+    @extend_schema(responses=s.RunLogsSerializer)
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """What the program printed: the tail of its stdout and stderr, once the run has ended."""
+        return Response(s.RunLogsSerializer(self.get_object()).data)
 
 
 class QuotaView(APIView):

@@ -143,6 +143,9 @@ SYMPHONY_WORKER_ADMIN_SOCKET = os.environ.get(
 )
 SYMPHONY_SANDBOX_IMAGE = os.environ.get("SYMPHONY_SANDBOX_IMAGE", "")
 SYMPHONY_MAX_PROGRAM_BYTES = int(os.environ.get("SYMPHONY_MAX_PROGRAM_BYTES", str(1024 * 1024)))
+#: Bytes of each of a run's stdout/stderr kept in the database (the tail; the sandbox's own
+#: output limit, 1 MiB by default, bounds what is captured at all).
+SYMPHONY_RUN_OUTPUT_KEEP_BYTES = int(os.environ.get("SYMPHONY_RUN_OUTPUT_KEEP_BYTES", str(64 * 1024)))
 
 # --- DRF ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -88,9 +88,10 @@ def _outcome(result, usage: dict, worker_error: str) -> RunOutcome:
     usage = {**usage, "sandbox_seconds": result.duration_s}
     if worker_error:
         lip_error = f"; the program reported: {result.error}" if result.error else ""
-        return RunOutcome("failed", result.result, worker_error + lip_error, result.exit_code, usage)
-    status = SANDBOX_STATUS.get(result.status, "failed")
-    return RunOutcome(status, result.result, result.error or "", result.exit_code, usage)
+        error, status = worker_error + lip_error, "failed"
+    else:
+        error, status = result.error or "", SANDBOX_STATUS.get(result.status, "failed")
+    return RunOutcome(status, result.result, error, result.exit_code, usage, result.stdout, result.stderr)
 
 
 #: Attempts at recording a run's outcome when the database connection fails under it.

@@ -17,6 +17,7 @@ from api.services import routing
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import check_can_start
+from api.validators import replace_nul
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,18 @@ class RunOutcome:
     error: str = ""
     exit_code: int | None = None
     usage: dict = field(default_factory=dict)
+    #: What the program printed, as the sandbox captured it (capped by its output limit).
+    stdout: str = ""
+    stderr: str = ""
+
+
+def output_tail(text: str, keep_bytes: int) -> tuple[str, bool]:
+    """The last ``keep_bytes`` of ``text`` (UTF-8, never a split character) and whether it was
+    cut: the end of a program's output is where its error or last progress line is."""
+    data = text.encode("utf-8", "replace")
+    if len(data) <= keep_bytes:
+        return text, False
+    return data[len(data) - keep_bytes :].decode("utf-8", "ignore"), True
 
 
 def _redis() -> redis.Redis:
@@ -172,9 +185,15 @@ def finish_run(run_id: str, outcome: RunOutcome) -> Run:
         run = Run.objects.select_for_update().get(pk=run_id)
         if run.status not in Run.TERMINAL:
             run.status = outcome.status
-        run.result = outcome.result
-        run.error = outcome.error
+        # The program's own bytes: PostgreSQL cannot store U+0000, and refusing them would lose
+        # the outcome and its usage, so they are kept with U+FFFD instead.
+        run.result = replace_nul(outcome.result)
+        run.error = replace_nul(outcome.error)
         run.exit_code = outcome.exit_code
+        keep = settings.SYMPHONY_RUN_OUTPUT_KEEP_BYTES
+        run.stdout, cut_out = output_tail(replace_nul(outcome.stdout), keep)
+        run.stderr, cut_err = output_tail(replace_nul(outcome.stderr), keep)
+        run.output_truncated = cut_out or cut_err
         run.finished_at = run.finished_at or timezone.now()
         run.save()
         usage = {k: outcome.usage.get(k, 0) or 0 for k in USAGE_FIELDS}

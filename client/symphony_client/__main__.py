@@ -4,6 +4,7 @@ read usage.
     symphony login --url http://127.0.0.1:8000 --api-key sk_...
     symphony programs push prog.py            # new program, or next version of "prog"
     symphony run prog.py --args '{"prompt": "hi"}' --follow
+    symphony logs RUN_ID                      # what the program printed (stdout, stderr)
     symphony kv ls | symphony kv rm NAME
     symphony usage
 
@@ -74,7 +75,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--limits", default="{}", help='JSON, e.g. {"max_tokens": 512, "deadline_s": 60}')
     run.add_argument("--idempotency-key")
     run.add_argument("--follow", action="store_true", help="stream tokens and events until the run ends")
-    for name, text in (("get", "show a run"), ("cancel", "cancel a run"), ("events", "follow a run's events")):
+    for name, text in (
+        ("get", "show a run"),
+        ("cancel", "cancel a run"),
+        ("events", "follow a run's events"),
+        ("logs", "print what a run's program wrote to stdout and stderr"),
+    ):
         command(sub, name, text).add_argument("run_id")
 
     kv = sub.add_parser("kv", help="persistent KV files").add_subparsers(dest="action", required=True)
@@ -135,6 +141,13 @@ def _dispatch(client: Client, opts: argparse.Namespace) -> object:
         return client.cancel_run(opts.run_id)
     if command == "events":
         _follow(client, opts.run_id)
+        return None
+    if command == "logs":
+        logs = client.run_logs(opts.run_id)
+        sys.stdout.write(logs["stdout"])
+        sys.stderr.write(logs["stderr"])
+        if logs["truncated"]:
+            print("(output truncated: only its tail is kept)", file=sys.stderr)
         return None
     if command == "kv":
         if opts.action == "ls":

@@ -119,6 +119,10 @@ class Client:
     def cancel_run(self, run_id: str) -> dict:
         return self._call("POST", f"runs/{run_id}/cancel")
 
+    def run_logs(self, run_id: str) -> dict:
+        """``{id, status, stdout, stderr, truncated}``: what the program printed (once it ended)."""
+        return self._call("GET", f"runs/{run_id}/logs")
+
     def events(self, run_id: str, last_event_id: str | None = None, reconnects: int = 5) -> Iterator[Event]:
         """Yield the run's events until ``end``. A stream that breaks or closes before ``end``
         (server restart, Redis failover past the server's own retries) is resumed with

@@ -10,7 +10,7 @@ from django.conf import settings
 
 from api.models import Program, Run, UsageRecord
 from api.services import programs
-from api.services.runs import RunOutcome, create_run, finish_run, start_run
+from api.services.runs import RunOutcome, create_run, finish_run, output_tail, start_run
 
 pytestmark = pytest.mark.django_db
 
@@ -114,3 +114,68 @@ def test_list_filters_are_validated_and_pages_bounded(api_tenant_a, program):
     page = client.get(f"/api/v1/runs?limit={10**20}")
     assert page.status_code == 200 and page.json()["count"] == 1
     assert client.get(f"/api/v1/programs?limit={10**20}&offset={10**20}").status_code == 200
+
+
+def test_nul_characters_in_api_json_are_a_400_not_a_database_error(api_tenant_a, program):
+    """PostgreSQL's jsonb and text refuse U+0000: caught by the serializers with a clear message,
+    for run args/limits and a program's default_args alike (OpenAI bodies too)."""
+    client = api_tenant_a.key_client()
+    for body in (
+        {"program": program.pk, "args": {"prompt": "a\u0000b"}},
+        {"program": program.pk, "args": {"nested": [{"k\u0000": 1}]}},
+        {"program": program.pk, "limits": {"allowed_hosts": ["x\u0000"]}},
+    ):
+        response = client.post("/api/v1/runs", body, format="json")
+        assert response.status_code == 400, response.content
+        assert response.json()["error"]["code"] == "invalid" and "NUL" in json.dumps(response.json()), body
+    upload = client.post(
+        "/api/v1/programs",
+        {"name": "q", "default_args": json.dumps({"a": "\u0000"}), "file": _source_file()},
+        format="multipart",
+    )
+    assert upload.status_code == 400 and "NUL" in json.dumps(upload.json()), upload.content
+    chat = client.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi\u0000"}]}, format="json")
+    assert chat.status_code == 400, chat.content
+    assert Run.objects.count() == 0 and Program.objects.filter(name="q").count() == 0
+
+
+def test_a_programs_nul_characters_do_not_lose_its_outcome(api_tenant_a, program):
+    """A LIP's result, error and output are its own bytes: NUL is stored as U+FFFD, and the
+    status, result and usage are recorded (before, the whole outcome was lost to a DataError)."""
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(run.pk), "local")
+    outcome = RunOutcome(
+        status="succeeded",
+        result={"text\u0000": ["a\u0000b", 1, None, {"deep": "\u0000"}]},
+        error="half\u0000way",
+        usage={"decode_tokens": 3},
+        stdout="out\u0000put\n",
+        stderr="err\u0000\n",
+    )
+    finish_run(str(run.pk), outcome)
+    run.refresh_from_db()
+    assert run.status == "succeeded" and run.error == "half\ufffdway"
+    assert run.result == {"text\ufffd": ["a\ufffdb", 1, None, {"deep": "\ufffd"}]}
+    assert (run.stdout, run.stderr) == ("out\ufffdput\n", "err\ufffd\n")
+    assert UsageRecord.objects.get(run=run).decode_tokens == 3
+
+
+def _source_file():
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    return SimpleUploadedFile("q.py", b"def main(args):\n    return 1\n")
+
+
+def test_logs_keep_the_tail_of_each_stream_and_only_for_the_runs_tenant(api_tenant_a, api_tenant_b, program, settings):
+    settings.SYMPHONY_RUN_OUTPUT_KEEP_BYTES = 10
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(run.pk), "local")
+    finish_run(str(run.pk), RunOutcome(status="succeeded", stdout="line 1\nline 2 é\n", stderr="warn\n"))
+    client = api_tenant_a.key_client()
+    logs = client.get(f"/api/v1/runs/{run.pk}/logs").json()
+    assert (logs["stdout"], logs["stderr"], logs["truncated"]) == ("line 2 é\n", "warn\n", True)
+    assert (logs["id"], logs["status"]) == (str(run.pk), "succeeded")
+    assert output_tail("aé", 1) == ("", True)  # never half a character (é is 2 bytes in UTF-8)
+    listed = client.get("/api/v1/runs").json()["results"][0]
+    assert "stdout" not in listed and "stdout" not in client.get(f"/api/v1/runs/{run.pk}").json()
+    assert api_tenant_b.key_client().get(f"/api/v1/runs/{run.pk}/logs").status_code == 404

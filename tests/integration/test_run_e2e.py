@@ -10,6 +10,9 @@ transformers on the same weights.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +21,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import wait_for
+from tests.conftest import ROOT, wait_for
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -119,6 +122,67 @@ def test_run_through_api_celery_sandbox_and_worker(stack, api_tenant_a, default_
     metrics = scraped()
     assert metrics["symphony_worker_up", "e2e"] == 1 and metrics["symphony_worker_forwards_total", "e2e"] > 0
     assert metrics["symphony_runs_finished_total", "succeeded"] >= 1
+
+
+PRINTING_LIP = b"""
+import sys
+
+from symphony import detokenize, tokenize
+
+
+def main(args):
+    print("hello from the LIP")
+    print("round trip:", detokenize(tokenize("Paris")))
+    print("a NUL here: \\x00.")
+    print("warning: about to fail" if args.get("fail") else "warning: none", file=sys.stderr)
+    if args.get("fail"):
+        raise RuntimeError("asked to fail")
+    return {"text": "with a NUL \\x00 inside"}
+"""
+
+
+def test_a_programs_prints_are_its_logs_and_nul_loses_nothing(stack, api_tenant_a, tmp_path):
+    """stdout/stderr of the LIP in its gVisor sandbox are kept (tail) and served by
+    ``GET /runs/<id>/logs`` and ``symphony logs``, for a run that succeeded and one that raised.
+    NUL characters a program writes (PostgreSQL cannot store them) reach the tenant as U+FFFD
+    instead of losing the run's outcome."""
+    from symphony_client import Client
+
+    lip = tmp_path / "printing.py"
+    lip.write_bytes(PRINTING_LIP)
+    client = Client(stack, api_tenant_a.key_secret, timeout=60)
+    program = client.upload_program(lip, name="printing")
+    ok = client.create_run(program["id"], args={}, limits={"deadline_s": 60})
+    failing = client.create_run(program["id"], args={"fail": True}, limits={"deadline_s": 60})
+    for run in (ok, failing):
+        wait_for(lambda r=run: client.get_run(r["id"])["status"] not in ("queued", "running"), timeout=120)
+
+    final = client.get_run(ok["id"])
+    assert final["status"] == "succeeded", final
+    assert final["result"] == {"text": "with a NUL \ufffd inside"}
+    logs = client.run_logs(ok["id"])
+    assert logs["stdout"] == "hello from the LIP\nround trip: Paris\na NUL here: \ufffd.\n", logs
+    assert logs["stderr"] == "warning: none\n" and logs["truncated"] is False
+
+    failed = client.get_run(failing["id"])
+    assert failed["status"] == "failed" and "asked to fail" in failed["error"], failed
+    logs = client.run_logs(failing["id"])
+    assert logs["stdout"].startswith("hello from the LIP\n")
+    assert logs["stderr"].startswith("warning: about to fail\n"), logs
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYMPHONY_")}
+    env.update(PYTHONPATH=str(ROOT / "client"), SYMPHONY_CONFIG=str(tmp_path / "cli.json"))
+    flags = ["--url", stack, "--api-key", api_tenant_a.key_secret]
+    cli = subprocess.run(
+        [sys.executable, "-m", "symphony_client", "logs", ok["id"], *flags],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert cli.returncode == 0, cli.stderr
+    logs_ok = client.run_logs(ok["id"])
+    assert (cli.stdout, cli.stderr) == (logs_ok["stdout"], logs_ok["stderr"])
 
 
 def _openai(base_url: str, secret: str):

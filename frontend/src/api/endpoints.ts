@@ -13,6 +13,7 @@ import type {
   ProgramVersion,
   Quota,
   Run,
+  RunLogs,
   ServiceHealth,
   UsageDay,
   WorkerHealth,
@@ -111,6 +112,9 @@ export async function getRun(id: string): Promise<Run> {
 }
 export async function cancelRun(id: string): Promise<Run> {
   return unwrap(http.POST("/api/v1/runs/{id}/cancel", { params: { path: { id } } }));
+}
+export async function getRunLogs(id: string): Promise<RunLogs> {
+  return unwrap(http.GET("/api/v1/runs/{id}/logs", { params: { path: { id } } }));
 }
 export function runEventsUrl(id: string): string {
   return `/api/v1/runs/${id}/events`;

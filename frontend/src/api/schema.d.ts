@@ -444,6 +444,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runs/{id}/logs": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description What the program printed: the tail of its stdout and stderr, once the run has ended. */
+        get: operations["v1_runs_logs_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/usage": {
         parameters: {
             query?: never;
@@ -595,6 +612,14 @@ export interface components {
             readonly started_at: string | null;
             /** Format: date-time */
             readonly finished_at: string | null;
+        };
+        RunLogs: {
+            /** Format: uuid */
+            readonly id: string;
+            readonly status: string;
+            readonly stdout: string;
+            readonly stderr: string;
+            readonly truncated: boolean;
         };
         /**
          * @description * `programs` - programs
@@ -1397,6 +1422,28 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Run"];
+                };
+            };
+        };
+    };
+    v1_runs_logs_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A UUID string identifying this run. */
+                id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunLogs"];
                 };
             };
         };

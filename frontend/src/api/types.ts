@@ -12,6 +12,7 @@ export type KeyScope = Schemas["ScopesEnum"];
 export const KEY_SCOPES: readonly KeyScope[] = ["programs", "runs", "kv", "usage"];
 export type Program = Schemas["Program"];
 export type Run = Schemas["Run"];
+export type RunLogs = Schemas["RunLogs"];
 export type KVFile = Schemas["KVFile"];
 
 /** `GET /programs/<id>/versions` (the schema leaves this action's response untyped). */

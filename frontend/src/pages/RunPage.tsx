@@ -1,7 +1,7 @@
 import { useEffect, useState } from "react";
 import { Link, useParams } from "react-router";
-import { cancelRun, getRun } from "../api/endpoints";
-import { TERMINAL_STATUSES, type Run } from "../api/types";
+import { cancelRun, getRun, getRunLogs } from "../api/endpoints";
+import { TERMINAL_STATUSES, type Run, type RunLogs } from "../api/types";
 import { KVUsagePanel } from "../components/KVUsagePanel";
 import { PageHeader } from "../components/PageHeader";
 import { AsyncBlock, ErrorBanner } from "../components/Status";
@@ -58,6 +58,38 @@ function Output({ text, messages, live }: { text: string; messages: unknown[]; l
               </li>
             ))}
           </ol>
+        </>
+      )}
+    </section>
+  );
+}
+
+/** What the program printed to stdout/stderr: kept by the server once the run has ended. */
+function ProgramLogs({ runId, finished, streamEnded }: { runId: string; finished: boolean; streamEnded: boolean }) {
+  const [logs, setLogs] = useState<RunLogs | null>(null);
+  const [error, setError] = useState<unknown>(null);
+  // Fetched when the row is terminal, and again at the stream's `end`: a run cancelled from
+  // here is terminal at once, while its executor records the output a moment later.
+  useEffect(() => {
+    if (!finished) return;
+    getRunLogs(runId).then(setLogs, setError);
+  }, [runId, finished, streamEnded]);
+  return (
+    <section className="card" aria-labelledby="logs-title">
+      <h2 id="logs-title">Program output</h2>
+      <ErrorBanner error={error} />
+      {!finished && <p className="muted">stdout and stderr appear here when the run has ended.</p>}
+      {logs && (
+        <>
+          {logs.truncated && <p className="muted">Only the end of the output is kept.</p>}
+          <h3>stdout</h3>
+          <pre className="mono small" data-testid="run-stdout">
+            {logs.stdout || "(nothing)"}
+          </pre>
+          <h3>stderr</h3>
+          <pre className="mono small" data-testid="run-stderr">
+            {logs.stderr || "(nothing)"}
+          </pre>
         </>
       )}
     </section>
@@ -144,6 +176,7 @@ function RunBody({ initial }: { initial: Run }) {
         </section>
       </div>
       <KVUsagePanel samples={stream.kv} live={!terminal && stream.connected && !stream.ended} />
+      <ProgramLogs runId={run.id} finished={terminal} streamEnded={stream.ended} />
     </>
   );
 }

@@ -167,7 +167,11 @@ describe("run view", () => {
     FakeEventSource.last = null;
     vi.stubGlobal("EventSource", FakeEventSource);
     let current = RUN;
-    mockApi({ "GET /api/v1/auth/me": ME, [`GET /api/v1/runs/${RUN.id}`]: () => ({ body: current }) });
+    mockApi({
+      "GET /api/v1/auth/me": ME,
+      [`GET /api/v1/runs/${RUN.id}`]: () => ({ body: current }),
+      [`GET /api/v1/runs/${RUN.id}/logs`]: { id: RUN.id, status: "succeeded", stdout: "step 1\n", stderr: "", truncated: false },
+    });
     renderAt(<App />, `/runs/${RUN.id}`);
     await screen.findByRole("heading", { name: /Run 0f0e0d0c/ });
     await waitFor(() => expect(FakeEventSource.last).not.toBeNull());
@@ -188,6 +192,9 @@ describe("run view", () => {
     expect(es.closed).toBe(true);
     await waitFor(() => expect(screen.getByTestId("run-status").textContent).toBe("succeeded"));
     expect(screen.queryByRole("button", { name: "Cancel run" })).toBeNull();
+    // Once the row is terminal, the program's stdout/stderr are fetched and shown.
+    expect((await screen.findByTestId("run-stdout")).textContent).toBe("step 1\n");
+    expect(screen.getByTestId("run-stderr").textContent).toBe("(nothing)");
   });
 
   it("cancels a running run", async () => {
