@@ -62,10 +62,20 @@ class VersionUploadSerializer(serializers.Serializer):
 
 
 class RunCreateSerializer(serializers.Serializer):
-    program = serializers.IntegerField()
-    version = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    # Bounded like the columns they are looked up in (bigint id, integer version): a larger
+    # number is a 400 here, not a PostgreSQL range error.
+    program = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
+    version = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)
     args = serializers.DictField(required=False, default=dict, validators=[reject_nul])
     limits = serializers.DictField(required=False, default=dict, validators=[reject_nul])
+
+
+class IdempotencyKeySerializer(serializers.Serializer):
+    """The ``Idempotency-Key`` header of ``POST /runs``: bounded like the column that stores it."""
+
+    key = serializers.CharField(
+        max_length=Run._meta.get_field("idempotency_key").max_length, required=False, allow_blank=True
+    )
 
 
 class RunFilterSerializer(serializers.Serializer):

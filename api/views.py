@@ -12,7 +12,7 @@ from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
 from django.utils.text import slugify
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound, ValidationError
@@ -195,7 +195,21 @@ class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.De
         return HttpResponse(bytes(version.content), content_type=content_type)
 
 
-@extend_schema_view(list=extend_schema(parameters=[s.RunFilterSerializer]))
+@extend_schema_view(
+    list=extend_schema(parameters=[s.RunFilterSerializer]),
+    create=extend_schema(
+        request=s.RunCreateSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="Same key within a tenant returns the first run (200) instead of a new one (201).",
+            )
+        ],
+        responses={201: s.RunSerializer, 200: s.RunSerializer},
+    ),
+)
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     queryset = Run.objects.select_related("program_version")
     serializer_class = s.RunSerializer
@@ -219,6 +233,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
     def create(self, request):
         data = s.RunCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        header = request.headers.get("Idempotency-Key")
+        idempotency = s.IdempotencyKeySerializer(data={} if header is None else {"key": header})
+        if not idempotency.is_valid():
+            raise ValidationError({"Idempotency-Key": idempotency.errors["key"]})
         program = get_object_or_404(Program, pk=data.validated_data["program"], tenant=self.tenant)
         run, created = runs.create_run(
             self.tenant,
@@ -226,7 +244,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             data.validated_data.get("version"),
             data.validated_data["args"],
             data.validated_data["limits"],
-            idempotency_key=request.headers.get("Idempotency-Key"),
+            idempotency_key=idempotency.validated_data.get("key"),
             api_key=request.auth if isinstance(request.auth, ApiKey) else None,
         )
         return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)

@@ -33,6 +33,19 @@ def test_create_is_idempotent_and_merges_default_args(api_tenant_a, program):
     assert Run.objects.count() == 1
 
 
+def test_an_idempotency_key_or_ids_past_their_columns_are_a_400(api_tenant_a, program):
+    client = api_tenant_a.key_client()
+    body = {"program": program.pk}
+    too_long = client.post("/api/v1/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="k" * 201)
+    assert too_long.status_code == 400, too_long.content
+    assert "Idempotency-Key" in too_long.json()["error"]["detail"]
+    assert client.post("/api/v1/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="k" * 200).status_code == 201
+    assert Run.objects.count() == 1
+    for out_of_range in ({"program": 2**63}, {"program": program.pk, "version": 2**31}):
+        response = client.post("/api/v1/runs", out_of_range, format="json")
+        assert response.status_code == 400 and response.json()["error"]["code"] == "invalid", response.content
+
+
 def test_quota_rejects_over_plan_requests(api_tenant_a, program):
     client = api_tenant_a.key_client()
     response = client.post("/api/v1/runs", {"program": program.pk, "limits": {"max_tokens": 10**9}}, format="json")

@@ -613,6 +613,17 @@ export interface components {
             /** Format: date-time */
             readonly finished_at: string | null;
         };
+        RunCreate: {
+            /** Format: int64 */
+            program: number;
+            version?: number | null;
+            args?: {
+                [key: string]: unknown;
+            };
+            limits?: {
+                [key: string]: unknown;
+            };
+        };
         RunLogs: {
             /** Format: uuid */
             readonly id: string;
@@ -1354,18 +1365,29 @@ export interface operations {
     v1_runs_create: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description Same key within a tenant returns the first run (200) instead of a new one (201). */
+                "Idempotency-Key"?: string;
+            };
             path?: never;
             cookie?: never;
         };
-        requestBody?: {
+        requestBody: {
             content: {
-                "application/json": components["schemas"]["Run"];
-                "application/x-www-form-urlencoded": components["schemas"]["Run"];
-                "multipart/form-data": components["schemas"]["Run"];
+                "application/json": components["schemas"]["RunCreate"];
+                "application/x-www-form-urlencoded": components["schemas"]["RunCreate"];
+                "multipart/form-data": components["schemas"]["RunCreate"];
             };
         };
         responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Run"];
+                };
+            };
             201: {
                 headers: {
                     [name: string]: unknown;
