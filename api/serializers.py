@@ -10,7 +10,8 @@ from api.validators import reject_nul
 
 
 class SignupSerializer(serializers.Serializer):
-    email = serializers.EmailField()
+    # The email is also the username, whose column holds 150 characters.
+    email = serializers.EmailField(max_length=150)
     password = serializers.CharField(min_length=8, write_only=True)
     tenant_name = serializers.CharField(max_length=200)
 

@@ -44,6 +44,17 @@ def test_bearer_auth_and_error_shape(api_tenant_a):
     assert APIClient().get("/api/v1/runs").status_code in (401, 403)
 
 
+def test_signup_with_an_email_longer_than_the_username_column_is_a_400():
+    """The email is the username (150 characters): a longer, otherwise valid address is refused
+    with a message instead of failing at the database."""
+    email = "a" * 64 + "@" + "b" * 63 + "." + "c" * 30 + ".com"  # 163 characters, valid
+    response = APIClient().post(
+        "/api/v1/auth/signup", {"email": email, "password": "long-pass-123", "tenant_name": "Long"}, format="json"
+    )
+    assert response.status_code == 400, response.content
+    assert "email" in response.json()["error"]["detail"]
+
+
 def test_signup_login_me_and_key_lifecycle_over_http():
     client = APIClient()
     response = client.post(
