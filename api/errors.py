@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.db.models import ProtectedError
-from rest_framework import status
+from django.http import Http404
+from rest_framework import exceptions, status
 from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
@@ -27,6 +29,12 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
         if isinstance(exc, cls):
             message = "still referenced by runs" if isinstance(exc, ProtectedError) else str(exc)
             return Response({"error": {"code": code, "message": message, "detail": None}}, status=code_status)
+    # Django's own 404/403 (get_object_or_404, get_object) become DRF's, as DRF's handler does
+    # internally, so they carry the documented codes `not_found` / `permission_denied`.
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound(*exc.args)
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied(*exc.args)
     response = drf_handler(exc, context)
     if response is None:
         return None

@@ -41,7 +41,10 @@ def test_every_router_resource_is_tenant_scoped(api_tenant_a, api_tenant_b, sett
                 ("post", "/cancel"),
                 ("get", "/versions"),
                 ("post", "/pin"),
+                ("get", "/logs"),
             ]:
                 response = getattr(intruder, method)(f"/api/v1/{prefix}/{objects[basename]}{suffix}")
                 assert response.status_code in (403, 404, 405), (prefix, method, suffix, response.status_code)
+                if response.status_code == 404 and response["Content-Type"] == "application/json":
+                    assert response.json()["error"]["code"] == "not_found", (prefix, suffix, response.json())
     assert Program.objects.filter(pk=prog.pk).exists() and KVFile.objects.filter(pk=kv.pk).exists()
