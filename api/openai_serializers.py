@@ -16,9 +16,43 @@ MAX_STOPS = 4
 DEFAULT_MAX_TOKENS = 256
 
 
+MAX_CONTENT_CHARS = 200_000
+
+
+class MessageContentField(serializers.Field):
+    """A message's ``content``: a string, or OpenAI's list of content parts, of which the text
+    parts are joined (what current OpenAI clients send for multi-part messages). Other part
+    types (images, audio) are refused: this model reads text only."""
+
+    default_error_messages = {
+        "type": "content must be a string or a list of content parts",
+        "part": "only text content parts (type 'text', with a 'text' string) are supported",
+        "long": f"content is longer than {MAX_CONTENT_CHARS} characters",
+    }
+
+    def to_internal_value(self, data: object) -> str:
+        if isinstance(data, list):
+            if not all(_is_text_part(p) for p in data):
+                self.fail("part")
+            data = "".join(p["text"] for p in data)
+        if not isinstance(data, str):
+            self.fail("type")
+        if len(data) > MAX_CONTENT_CHARS:
+            self.fail("long")
+        reject_nul(data)
+        return data
+
+    def to_representation(self, value: str) -> str:
+        return value
+
+
+def _is_text_part(part: object) -> bool:
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
 class MessageSerializer(serializers.Serializer):
     role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
-    content = serializers.CharField(allow_blank=True, max_length=200_000)
+    content = MessageContentField()
 
 
 class ResponseFormatSerializer(serializers.Serializer):

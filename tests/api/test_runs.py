@@ -147,8 +147,16 @@ def test_nul_characters_in_api_json_are_a_400_not_a_database_error(api_tenant_a,
         format="multipart",
     )
     assert upload.status_code == 400 and "NUL" in json.dumps(upload.json()), upload.content
-    chat = client.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi\u0000"}]}, format="json")
-    assert chat.status_code == 400, chat.content
+    for content, why in (("hi\u0000", "NUL"), ([{"type": "text", "text": "a\u0000"}], "NUL")):
+        chat = client.post(
+            "/v1/chat/completions", {"model": "any", "messages": [{"role": "user", "content": content}]}, format="json"
+        )
+        assert chat.status_code == 400 and why in chat.json()["error"]["message"], chat.content
+    image = [{"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
+    chat = client.post(
+        "/v1/chat/completions", {"model": "any", "messages": [{"role": "user", "content": image}]}, format="json"
+    )
+    assert chat.status_code == 400 and "only text content parts" in chat.json()["error"]["message"], chat.content
     assert Run.objects.count() == 0 and Program.objects.filter(name="q").count() == 0
 
 

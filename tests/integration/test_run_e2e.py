@@ -205,6 +205,12 @@ def test_openai_client_chat_plain_and_streaming_agree(stack, api_tenant_a):
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    # The same question as OpenAI content parts (text parts joined) gets the same greedy answer.
+    parts = [{"type": "text", "text": "What is the capital "}, {"type": "text", "text": "of France?"}]
+    as_parts = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": parts}], max_tokens=12, temperature=0
+    )
+    assert as_parts.choices[0].message.content == text
 
 
 def test_openai_client_n_seed_stop_and_json_schema(stack, api_tenant_a):
