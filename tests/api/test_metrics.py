@@ -5,12 +5,10 @@ is in tests/integration/test_run_e2e.py."""
 
 from __future__ import annotations
 
-import json
 import re
 import time
 
 import pytest
-import redis
 import yaml
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
@@ -18,24 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.models import KVFile, Program, Run
 from api.services import programs
 from api.services.runs import create_run
-from gpu_worker.events import HEARTBEAT_PREFIX
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def heartbeats(settings):
-    """A private Redis database, so workers running elsewhere on this machine stay out."""
-    settings.REDIS_URL = "redis://127.0.0.1:6379/9"
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.flushdb()
-
-    def beat(info: dict) -> None:
-        client.set(HEARTBEAT_PREFIX + info["name"], json.dumps(info), ex=10)
-
-    yield beat
-    client.flushdb()
 
 
 def scrape(client: Client, **headers: str) -> dict[tuple[str, tuple], float]:
@@ -49,8 +32,8 @@ def scrape(client: Client, **headers: str) -> dict[tuple[str, tuple], float]:
     return samples
 
 
-def test_worker_runs_and_kv_figures(heartbeats, api_tenant_a, api_tenant_b):
-    heartbeats(
+def test_worker_runs_and_kv_figures(worker_heartbeats, api_tenant_a, api_tenant_b):
+    worker_heartbeats(
         {
             "name": "w1",
             "ok": True,
@@ -75,7 +58,7 @@ def test_worker_runs_and_kv_figures(heartbeats, api_tenant_a, api_tenant_b):
             },
         }
     )
-    heartbeats({"name": "sick", "ok": False, "pages_total": 10, "pages_free": 0, "sessions": 0, "metrics": {}})
+    worker_heartbeats({"name": "sick", "ok": False, "pages_total": 10, "pages_free": 0, "sessions": 0, "metrics": {}})
     program = Program.objects.create(tenant=api_tenant_a.tenant, name="p")
     programs.add_version(program, "p.py", b"def main(a):\n    return 1\n")
     for status in ("queued", "succeeded", "succeeded", "failed"):
@@ -114,14 +97,14 @@ def test_worker_runs_and_kv_figures(heartbeats, api_tenant_a, api_tenant_b):
     assert m["symphony_kv_file_bytes", (("residency", "disk"),)] == 7
 
 
-def test_without_a_token_only_loopback_may_read(heartbeats, settings):
+def test_without_a_token_only_loopback_may_read(worker_heartbeats, settings):
     settings.SYMPHONY_METRICS_TOKEN = ""
     assert Client(REMOTE_ADDR="::1").get("/metrics").status_code == 200
     refused = Client(REMOTE_ADDR="10.0.3.7").get("/metrics")
     assert refused.status_code == 403 and "SYMPHONY_METRICS_TOKEN" in refused.json()["error"]["message"]
 
 
-def test_with_a_token_the_bearer_decides_and_the_host_header_does_not(heartbeats, settings):
+def test_with_a_token_the_bearer_decides_and_the_host_header_does_not(worker_heartbeats, settings):
     settings.SYMPHONY_METRICS_TOKEN = "s3cret-token"
     remote = Client(REMOTE_ADDR="10.0.3.7")
     ok = remote.get("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-token", HTTP_HOST="10.0.3.9:8000")
@@ -134,7 +117,7 @@ def test_with_a_token_the_bearer_decides_and_the_host_header_does_not(heartbeats
     assert b"symphony_" not in Client().get("/metricsx").content  # the console's routes are untouched
 
 
-def test_the_shipped_alert_rules_name_only_series_the_service_exports(heartbeats):
+def test_the_shipped_alert_rules_name_only_series_the_service_exports(worker_heartbeats):
     """deploy/prometheus/alerts.yml: valid YAML in Prometheus' rule-file shape, and no rule
     watches a series that does not exist (a typo there would be an alert that never fires)."""
     scheduler = ("forwards", "calls", "failed_calls", "tokens", "batch_occupancy", "avg_items_per_forward")
@@ -142,7 +125,7 @@ def test_the_shipped_alert_rules_name_only_series_the_service_exports(heartbeats
     health = ("pages_total", "pages_free", "host_pages", "disk_pages", "sessions", "events_dropped")
     # A worker with every field a live one sends.
     heartbeat = {"name": "w1", "ok": True, "at": time.time(), **dict.fromkeys(health, 1)}
-    heartbeats({**heartbeat, "metrics": dict.fromkeys(scheduler, 1)})
+    worker_heartbeats({**heartbeat, "metrics": dict.fromkeys(scheduler, 1)})
     exported = {name for name, _ in scrape(Client(REMOTE_ADDR="127.0.0.1"))}
     rules = yaml.safe_load((ROOT / "deploy" / "prometheus" / "alerts.yml").read_text())
     alerts = [rule for group in rules["groups"] for rule in group["rules"]]

@@ -6,7 +6,6 @@ database, so workers running elsewhere on this machine cannot influence the outc
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 import pytest
@@ -16,23 +15,16 @@ from django.utils import timezone
 from api.models import KVFile, Program, Run
 from api.services import programs, routing
 from api.services.runs import create_run, reap_orphaned_runs, start_run
-from gpu_worker.events import HEARTBEAT_PREFIX
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
-def heartbeats(settings):
-    settings.REDIS_URL = "redis://127.0.0.1:6379/9"
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    client.flushdb()
-
+def heartbeats(worker_heartbeats):
     def beat(name: str, pages_free: int, ok: bool = True) -> None:
-        info = {"name": name, "ok": ok, "pages_free": pages_free, "pages_total": 100, "sessions": 0}
-        client.set(HEARTBEAT_PREFIX + name, json.dumps(info), ex=10)
+        worker_heartbeats({"name": name, "ok": ok, "pages_free": pages_free, "pages_total": 100, "sessions": 0})
 
-    yield beat
-    client.flushdb()
+    return beat
 
 
 @pytest.fixture

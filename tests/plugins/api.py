@@ -85,3 +85,24 @@ def api_asgi_server() -> Iterator[str]:
     yield f"http://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=10)
+
+
+@pytest.fixture
+def worker_heartbeats(settings) -> Iterator:
+    """``beat(info)`` writes a worker heartbeat in the worker's own format (gpu_worker.events)
+    to a private Redis database, so workers running elsewhere on this machine stay out."""
+    import json
+
+    import redis
+
+    from gpu_worker.events import HEARTBEAT_PREFIX
+
+    settings.REDIS_URL = "redis://127.0.0.1:6379/9"
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.flushdb()
+
+    def beat(info: dict) -> None:
+        client.set(HEARTBEAT_PREFIX + info["name"], json.dumps(info), ex=10)
+
+    yield beat
+    client.flushdb()
