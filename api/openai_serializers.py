@@ -14,8 +14,6 @@ from api.validators import reject_nul
 MAX_CHOICES = 8
 MAX_STOPS = 4
 DEFAULT_MAX_TOKENS = 256
-
-
 MAX_CONTENT_CHARS = 200_000
 
 
