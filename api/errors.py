@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from api.services.kvfiles import WorkerUnavailable
+from api.services.members import InvitationInvalid, MembershipConflict, NotAllowed, TooManyTenants
 from api.services.programs import ProgramInvalid
 from api.services.quotas import QuotaExceeded
 from api.services.runs import RunConflict
@@ -21,6 +22,10 @@ DOMAIN_ERRORS = {
     RunConflict: (status.HTTP_409_CONFLICT, "conflict"),
     ProtectedError: (status.HTTP_409_CONFLICT, "conflict"),
     WorkerUnavailable: (status.HTTP_503_SERVICE_UNAVAILABLE, "worker_unavailable"),
+    MembershipConflict: (status.HTTP_409_CONFLICT, "conflict"),
+    NotAllowed: (status.HTTP_403_FORBIDDEN, "permission_denied"),
+    InvitationInvalid: (status.HTTP_404_NOT_FOUND, "not_found"),
+    TooManyTenants: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
 }
 
 

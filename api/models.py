@@ -6,6 +6,7 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class Plan(models.Model):
@@ -49,12 +50,37 @@ class Membership(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="memberships")
     role = models.CharField(max_length=16, choices=ROLES, default="member")
+    joined_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         unique_together = [("user", "tenant")]
 
     def __str__(self) -> str:
         return f"{self.user_id}@{self.tenant_id}:{self.role}"
+
+
+class Invitation(models.Model):
+    """An owner's offer of a membership to one email address, accepted through a one-time link.
+
+    No mail is sent: the owner is shown the link once and passes it on. Only a digest of the
+    token is stored (like API keys), and accepting requires a signed-in user with the invited
+    email, so a link that leaks is useless to anyone else."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
+    email = models.EmailField(max_length=150)
+    role = models.CharField(max_length=16, choices=Membership.ROLES, default="member")
+    token_hash = models.CharField(max_length=64, unique=True)
+    invited_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    expires_at = models.DateTimeField()
+    accepted_at = models.DateTimeField(null=True, blank=True)
+    accepted_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"invite {self.email} to {self.tenant_id} as {self.role}"
 
 
 class ApiKey(models.Model):

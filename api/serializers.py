@@ -4,16 +4,77 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from api.models import ApiKey, KVFile, Program, ProgramVersion, Run
+from api.models import ApiKey, Invitation, KVFile, Membership, Program, ProgramVersion, Run
 from api.tenancy import KEY_SCOPES
 from api.validators import reject_nul
 
 
 class SignupSerializer(serializers.Serializer):
+    """A new user and, unless they sign up through an invitation, a new tenant they own."""
+
     # The email is also the username, whose column holds 150 characters.
     email = serializers.EmailField(max_length=150)
     password = serializers.CharField(min_length=8, write_only=True)
-    tenant_name = serializers.CharField(max_length=200)
+    tenant_name = serializers.CharField(max_length=200, required=False)
+    invite = serializers.CharField(max_length=100, required=False, help_text="invitation token: join its tenant")
+
+    def validate(self, attrs: dict) -> dict:
+        if not attrs.get("invite") and not attrs.get("tenant_name"):
+            raise serializers.ValidationError({"tenant_name": "required unless you sign up with an invite"})
+        return attrs
+
+
+class PasswordChangeSerializer(serializers.Serializer):
+    current_password = serializers.CharField(write_only=True)
+    new_password = serializers.CharField(min_length=8, write_only=True)
+
+
+class TenantCreateSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=200)
+
+
+class MemberSerializer(serializers.ModelSerializer):
+    user_id = serializers.IntegerField(source="user.id", read_only=True)
+    email = serializers.EmailField(source="user.email", read_only=True)
+
+    class Meta:
+        model = Membership
+        fields = ["id", "user_id", "email", "role", "joined_at"]
+        read_only_fields = ["id", "user_id", "email", "joined_at"]
+
+
+class MemberRoleSerializer(serializers.Serializer):
+    role = serializers.ChoiceField(choices=Membership.ROLES)
+
+
+class InvitationSerializer(serializers.ModelSerializer):
+    invited_by = serializers.EmailField(source="invited_by.email", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = Invitation
+        fields = ["id", "email", "role", "invited_by", "created_at", "expires_at"]
+        read_only_fields = ["id", "invited_by", "created_at", "expires_at"]
+        extra_kwargs = {"role": {"default": "member"}}
+
+
+class NewInvitationSerializer(InvitationSerializer):
+    token = serializers.CharField(read_only=True, help_text="shown once: the console link is /invite/<token>")
+
+    class Meta(InvitationSerializer.Meta):
+        fields = [*InvitationSerializer.Meta.fields, "token"]
+        read_only_fields = fields
+
+
+class InvitationPreviewSerializer(serializers.ModelSerializer):
+    """What the invite link shows before anyone signs in: whom it invites, where, as what."""
+
+    tenant_name = serializers.CharField(source="tenant.name", read_only=True)
+    invited_by = serializers.EmailField(source="invited_by.email", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = Invitation
+        fields = ["tenant_name", "email", "role", "invited_by", "expires_at"]
+        read_only_fields = fields
 
 
 class LoginSerializer(serializers.Serializer):

@@ -10,6 +10,8 @@ router.register("api-keys", views.ApiKeyViewSet, basename="api-key")
 router.register("programs", views.ProgramViewSet, basename="program")
 router.register("runs", views.RunViewSet, basename="run")
 router.register("kv-files", views.KVFileViewSet, basename="kv-file")
+router.register("members", views.MemberViewSet, basename="member")
+router.register("invitations", views.InvitationViewSet, basename="invitation")
 
 staff_router = SimpleRouter(trailing_slash=False)
 staff_router.register("admin/kv-files", views.StaffKVFileViewSet, basename="admin-kv-file")
@@ -22,6 +24,10 @@ urlpatterns = [
     path("auth/me", views.MeView.as_view(), name="auth-me"),
     path("auth/switch-tenant", views.SwitchTenantView.as_view(), name="auth-switch-tenant"),
     path("auth/csrf", views.CsrfView.as_view(), name="auth-csrf"),
+    path("auth/password", views.PasswordChangeView.as_view(), name="auth-password"),
+    path("auth/invitations/<str:token>", views.InvitationPreviewView.as_view(), name="auth-invitation"),
+    path("auth/invitations/<str:token>/accept", views.InvitationAcceptView.as_view(), name="auth-invitation-accept"),
+    path("tenants", views.TenantCreateView.as_view(), name="tenants"),
     path("runs/<uuid:run_id>/events", run_events, name="run-events"),
     path("usage", views.UsageView.as_view(), name="usage"),
     path("admin/tenants", views.StaffTenantsView.as_view(), name="admin-tenants"),

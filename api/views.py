@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from datetime import date
 
-from django.contrib.auth import authenticate, get_user_model, login, logout
+from django.contrib.auth import authenticate, get_user_model, login, logout, update_session_auth_hash
 from django.db import transaction
 from django.db.models import Count, Q
 from django.http import HttpResponse
 from django.middleware.csrf import get_token
 from django.shortcuts import get_object_or_404
-from django.utils.text import slugify
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
 from rest_framework import mixins, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import NotFound, ValidationError
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.permissions import AllowAny, IsAdminUser
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
@@ -23,23 +22,19 @@ from rest_framework.views import APIView
 
 from api import serializers as s
 from api.authentication import ApiKeyUser
-from api.models import ApiKey, KVFile, Membership, Program, Run, Tenant
-from api.services import billing, keys, kvfiles, programs, quotas, routing, runs
+from api.models import ApiKey, Invitation, KVFile, Membership, Program, Run, Tenant
+from api.services import billing, keys, kvfiles, members, programs, quotas, routing, runs
 from api.tenancy import SESSION_TENANT_KEY, IsTenantMember, TenantScopedViewSet, active_tenant
 
 
-def _unique_slug(name: str) -> str:
-    base = slugify(name)[:50] or "tenant"
-    slug, n = base, 1
-    while Tenant.objects.filter(slug=slug).exists():
-        n += 1
-        slug = f"{base}-{n}"
-    return slug
-
-
 def _me(request) -> dict:
+    """Who is signed in, their tenants and the active one (``None`` once they belong to none,
+    e.g. removed from their only tenant: the console then offers to create one)."""
     user = request.user
-    tenant = active_tenant(request)
+    try:
+        tenant = active_tenant(request)
+    except PermissionDenied:
+        tenant = None
     if isinstance(user, ApiKeyUser):
         return {
             "user": None,
@@ -50,8 +45,15 @@ def _me(request) -> dict:
     return {
         "user": {"id": user.pk, "email": user.email, "is_staff": user.is_staff},
         "tenants": [{"id": m.tenant.pk, "name": m.tenant.name, "slug": m.tenant.slug, "role": m.role} for m in members],
-        "active_tenant": tenant.pk,
+        "active_tenant": tenant.pk if tenant else None,
     }
+
+
+def _console_user(request):
+    """The signed-in console user; API keys are refused (they belong to a tenant, not a person)."""
+    if isinstance(request.user, ApiKeyUser):
+        raise PermissionDenied("API keys cannot manage accounts or teams: use the console")
+    return request.user
 
 
 class SignupView(APIView):
@@ -66,14 +68,23 @@ class SignupView(APIView):
         data.is_valid(raise_exception=True)
         email = data.validated_data["email"].lower()
         users = get_user_model().objects
+        invite = data.validated_data.get("invite")
+        if invite:
+            try:
+                invited = members.find(invite)
+            except members.InvitationInvalid as exc:
+                raise ValidationError({"invite": str(exc)}) from exc
+            if invited.email != email:
+                raise ValidationError({"email": "this invitation is for another email address"})
         if users.filter(username=email).exists():
             return Response(
                 {"error": {"code": "exists", "message": "email already registered", "detail": None}}, status=409
             )
         user = users.create_user(username=email, email=email, password=data.validated_data["password"])
-        name = data.validated_data["tenant_name"]
-        tenant = Tenant.objects.create(name=name, slug=_unique_slug(name))
-        Membership.objects.create(user=user, tenant=tenant, role="owner")
+        if invite:
+            tenant = members.accept(user, invite).tenant
+        else:
+            tenant = members.create_tenant(user, data.validated_data["tenant_name"])
         login(request, user)
         request.session[SESSION_TENANT_KEY] = tenant.pk
         return Response(_me(request), status=status.HTTP_201_CREATED)
@@ -128,6 +139,63 @@ class SwitchTenantView(APIView):
         return Response(_me(request))
 
 
+class PasswordChangeView(APIView):
+    """Change the signed-in user's password; this session stays signed in, others end."""
+
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=s.PasswordChangeSerializer, responses={204: None})
+    def post(self, request):
+        user = _console_user(request)
+        data = s.PasswordChangeSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        if not user.check_password(data.validated_data["current_password"]):
+            raise ValidationError({"current_password": "wrong password"})
+        user.set_password(data.validated_data["new_password"])
+        user.save(update_fields=["password"])
+        update_session_auth_hash(request, user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class TenantCreateView(APIView):
+    """A new tenant owned by the signed-in user, who is switched to it."""
+
+    @extend_schema(request=s.TenantCreateSerializer, responses={201: OpenApiTypes.OBJECT})
+    def post(self, request):
+        user = _console_user(request)
+        data = s.TenantCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        tenant = members.create_tenant(user, data.validated_data["name"])
+        request.session[SESSION_TENANT_KEY] = tenant.pk
+        return Response(_me(request), status=status.HTTP_201_CREATED)
+
+
+class InvitationPreviewView(APIView):
+    """What an invite link offers, readable before signing in (the token is the credential)."""
+
+    permission_classes = [AllowAny]
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=None, responses=s.InvitationPreviewSerializer)
+    def get(self, request, token: str):
+        return Response(s.InvitationPreviewSerializer(members.find(token)).data)
+
+
+class InvitationAcceptView(APIView):
+    """Join the invitation's tenant as the signed-in user and make it the active tenant."""
+
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    def post(self, request, token: str):
+        membership = members.accept(_console_user(request), token)
+        request.session[SESSION_TENANT_KEY] = membership.tenant_id
+        return Response(_me(request))
+
+
 class CsrfView(APIView):
     permission_classes = [AllowAny]
 
@@ -156,6 +224,48 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
 
     def destroy(self, request, pk=None):
         keys.revoke_key(self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """The active tenant's members. Owners change roles and remove members; anyone may leave."""
+
+    queryset = Membership.objects.select_related("user", "tenant").order_by("joined_at", "id")
+    serializer_class = s.MemberSerializer
+
+    @extend_schema(request=s.MemberRoleSerializer, responses=s.MemberSerializer)
+    def partial_update(self, request, pk=None):
+        data = s.MemberRoleSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = members.change_role(_console_user(request), self.get_object(), data.validated_data["role"])
+        return Response(s.MemberSerializer(membership).data)
+
+    def destroy(self, request, pk=None):
+        members.remove(_console_user(request), self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class InvitationViewSet(mixins.ListModelMixin, TenantScopedViewSet):
+    """Pending invitations of the active tenant; owners create (token shown once) and revoke."""
+
+    queryset = Invitation.objects.select_related("invited_by", "tenant")
+    serializer_class = s.InvitationSerializer
+
+    def get_queryset(self):
+        return members.pending(self.tenant).select_related("invited_by", "tenant")
+
+    @extend_schema(request=s.InvitationSerializer, responses={201: s.NewInvitationSerializer})
+    def create(self, request):
+        data = s.InvitationSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        issued = members.invite(
+            _console_user(request), self.tenant, data.validated_data["email"], data.validated_data["role"]
+        )
+        body = {**s.InvitationSerializer(issued.invitation).data, "token": issued.token}
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        members.revoke(_console_user(request), self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 

@@ -146,6 +146,9 @@ SYMPHONY_MAX_PROGRAM_BYTES = int(os.environ.get("SYMPHONY_MAX_PROGRAM_BYTES", st
 #: Bytes of each of a run's stdout/stderr kept in the database (the tail; the sandbox's own
 #: output limit, 1 MiB by default, bounds what is captured at all).
 SYMPHONY_RUN_OUTPUT_KEEP_BYTES = int(os.environ.get("SYMPHONY_RUN_OUTPUT_KEEP_BYTES", str(64 * 1024)))
+#: Days an invitation link stays valid, and tenants one user may own (each has its own quota).
+SYMPHONY_INVITATION_DAYS = int(os.environ.get("SYMPHONY_INVITATION_DAYS", "7"))
+SYMPHONY_MAX_OWNED_TENANTS = int(os.environ.get("SYMPHONY_MAX_OWNED_TENANTS", "10"))
 
 # --- DRF ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -21,7 +21,8 @@ class IssuedKey:
     secret: str  # the full "sk_..." string; shown once
 
 
-def _digest(secret: str) -> str:
+def secret_digest(secret: str) -> str:
+    """HMAC-SHA256 of a bearer secret (API key or invitation token), keyed with SECRET_KEY."""
     return hmac.new(settings.SECRET_KEY.encode(), secret.encode(), hashlib.sha256).hexdigest()
 
 
@@ -35,7 +36,7 @@ def issue_key(
         tenant=tenant,
         name=name,
         prefix=prefix,
-        secret_hash=_digest(secret),
+        secret_hash=secret_digest(secret),
         scopes=scopes,
         created_by=created_by,
         expires_at=expires_at,
@@ -49,7 +50,7 @@ def verify_key(raw: str) -> ApiKey | None:
     if len(parts) != 3 or parts[0] != "sk":
         return None
     key = ApiKey.objects.select_related("tenant").filter(prefix=parts[1]).first()
-    if key is None or not hmac.compare_digest(key.secret_hash, _digest(parts[2])):
+    if key is None or not hmac.compare_digest(key.secret_hash, secret_digest(parts[2])):
         return None
     now = timezone.now()
     if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):

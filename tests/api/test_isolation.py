@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from api.models import ApiKey, KVFile, Program
-from api.services import programs
+from api.models import ApiKey, KVFile, Membership, Program
+from api.services import members, programs
 from api.services.runs import create_run
 from api.urls import router
 
 pytestmark = pytest.mark.django_db
+
+#: Resources an API key cannot reach at all (they manage people and keys, not programs).
+CONSOLE_ONLY = {"api-key", "member", "invitation"}
 
 
 def test_every_router_resource_is_tenant_scoped(api_tenant_a, api_tenant_b, settings, tmp_path):
@@ -24,14 +27,16 @@ def test_every_router_resource_is_tenant_scoped(api_tenant_a, api_tenant_b, sett
         "program": prog.pk,
         "run": run.pk,
         "api-key": ApiKey.objects.filter(tenant=api_tenant_a.tenant).first().pk,
+        "member": Membership.objects.get(tenant=api_tenant_a.tenant).pk,
+        "invitation": members.invite(api_tenant_a.user, api_tenant_a.tenant, "x@example.com", "member").invitation.pk,
     }
     registered = {basename for _, _, basename in router.registry}
     assert registered == set(objects), "new tenant resource: add it to this matrix"
     for intruder in (api_tenant_b.key_client(), api_tenant_b.session_client()):
         for prefix, _, basename in router.registry:
             listing = intruder.get(f"/api/v1/{prefix}")
-            if listing.status_code == 403:  # API keys never reach key management
-                assert basename == "api-key" and intruder.__dict__.get("_credentials"), prefix
+            if listing.status_code == 403:  # API keys never reach key or team management
+                assert basename in CONSOLE_ONLY and intruder.__dict__.get("_credentials"), prefix
                 continue
             ids = [str(item["id"]) for item in listing.json()["results"]]
             assert str(objects[basename]) not in ids, prefix
@@ -48,3 +53,4 @@ def test_every_router_resource_is_tenant_scoped(api_tenant_a, api_tenant_b, sett
                 if response.status_code == 404 and response["Content-Type"] == "application/json":
                     assert response.json()["error"]["code"] == "not_found", (prefix, suffix, response.json())
     assert Program.objects.filter(pk=prog.pk).exists() and KVFile.objects.filter(pk=kv.pk).exists()
+    assert Membership.objects.filter(pk=objects["member"]).exists()

@@ -108,7 +108,19 @@ def _check(case, response) -> None:
         assert isinstance(err["code"], str) and isinstance(err["message"], str), (where, err)
 
 
-def _fuzz(schema, mode: GenerationMode, credentials) -> dict[int, int]:
+#: Routes that serve people, not programs: an API key is refused there by design (403).
+CONSOLE_ONLY = (
+    "/api/v1/api-keys",
+    "/api/v1/members",
+    "/api/v1/invitations",
+    "/api/v1/tenants",
+    "/api/v1/auth/password",
+    "/api/v1/auth/switch-tenant",
+    "/api/v1/auth/invitations/",
+)
+
+
+def _fuzz(schema, mode: GenerationMode, credentials) -> dict[int | str, int]:
     """Run ``MAX_EXAMPLES`` generated cases; returns a histogram of status codes."""
     statuses: dict[int, int] = {}
     deadline = time.monotonic() + BUDGET_S
@@ -134,20 +146,23 @@ def _fuzz(schema, mode: GenerationMode, credentials) -> dict[int, int]:
             case.cookies.clear()
         headers, cookies = credentials()
         response = case.call(headers=headers, cookies=cookies)
-        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+        bucket = response.status_code
+        if bucket == 403 and case.path.startswith(CONSOLE_ONLY):
+            bucket = "403 console-only"  # expected for API keys; kept out of the coverage check
+        statuses[bucket] = statuses.get(bucket, 0) + 1
         _check(case, response)
 
     run()
     return statuses
 
 
-def _assert_authenticated_coverage(statuses: dict[int, int]) -> None:
+def _assert_authenticated_coverage(statuses: dict[int | str, int]) -> None:
     """Fuzzing that mostly saw 401s would prove nothing about the authenticated code paths."""
-    print(f"status histogram: {dict(sorted(statuses.items()))}")
-    total = sum(statuses.values())
+    print(f"status histogram: {statuses}")
+    total = sum(n for status, n in statuses.items() if isinstance(status, int))
     assert total >= 30, statuses
     assert statuses.get(401, 0) + statuses.get(403, 0) < total / 2, statuses
-    assert any(200 <= s < 300 for s in statuses), statuses
+    assert any(isinstance(s, int) and 200 <= s < 300 for s in statuses), statuses
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=["positive", "negative"])

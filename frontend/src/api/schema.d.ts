@@ -123,6 +123,40 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/auth/invitations/{token}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description What an invite link offers, readable before signing in (the token is the credential). */
+        get: operations["v1_auth_invitations_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/invitations/{token}/accept": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Join the invitation's tenant as the signed-in user and make it the active tenant. */
+        post: operations["v1_auth_invitations_accept_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/login": {
         parameters: {
             query?: never;
@@ -165,6 +199,23 @@ export interface paths {
         get: operations["v1_auth_me_retrieve"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/password": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description Change the signed-in user's password; this session stays signed in, others end. */
+        post: operations["v1_auth_password_create"];
         delete?: never;
         options?: never;
         head?: never;
@@ -215,6 +266,41 @@ export interface paths {
         put?: never;
         post?: never;
         delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/invitations": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Pending invitations of the active tenant; owners create (token shown once) and revoke. */
+        get: operations["v1_invitations_list"];
+        put?: never;
+        /** @description Pending invitations of the active tenant; owners create (token shown once) and revoke. */
+        post: operations["v1_invitations_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/invitations/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /** @description Pending invitations of the active tenant; owners create (token shown once) and revoke. */
+        delete: operations["v1_invitations_destroy"];
         options?: never;
         head?: never;
         patch?: never;
@@ -314,6 +400,42 @@ export interface paths {
         options?: never;
         head?: never;
         patch?: never;
+        trace?: never;
+    };
+    "/api/v1/members": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The active tenant's members. Owners change roles and remove members; anyone may leave. */
+        get: operations["v1_members_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/members/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description The active tenant's members. Owners change roles and remove members; anyone may leave. */
+        get: operations["v1_members_retrieve"];
+        put?: never;
+        post?: never;
+        /** @description The active tenant's members. Owners change roles and remove members; anyone may leave. */
+        delete: operations["v1_members_destroy"];
+        options?: never;
+        head?: never;
+        /** @description The active tenant's members. Owners change roles and remove members; anyone may leave. */
+        patch: operations["v1_members_partial_update"];
         trace?: never;
     };
     "/api/v1/programs": {
@@ -461,6 +583,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/tenants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description A new tenant owned by the signed-in user, who is switched to it. */
+        post: operations["v1_tenants_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/usage": {
         parameters: {
             query?: never;
@@ -501,6 +640,30 @@ export interface components {
                 [key: string]: unknown;
             };
         };
+        Invitation: {
+            readonly id: number;
+            /** Format: email */
+            email: string;
+            /** @default member */
+            role: components["schemas"]["RoleEnum"];
+            /** Format: email */
+            readonly invited_by: string | null;
+            /** Format: date-time */
+            readonly created_at: string;
+            /** Format: date-time */
+            readonly expires_at: string;
+        };
+        /** @description What the invite link shows before anyone signs in: whom it invites, where, as what. */
+        InvitationPreview: {
+            readonly tenant_name: string;
+            /** Format: email */
+            readonly email: string;
+            readonly role: components["schemas"]["RoleEnum"];
+            /** Format: email */
+            readonly invited_by: string | null;
+            /** Format: date-time */
+            readonly expires_at: string;
+        };
         KVFile: {
             readonly id: number;
             readonly tenant: string;
@@ -520,6 +683,30 @@ export interface components {
             email: string;
             password: string;
         };
+        Member: {
+            readonly id: number;
+            readonly user_id: number;
+            /** Format: email */
+            readonly email: string;
+            role?: components["schemas"]["RoleEnum"];
+            /** Format: date-time */
+            readonly joined_at: string;
+        };
+        NewInvitation: {
+            readonly id: number;
+            /** Format: email */
+            readonly email: string;
+            /** @default member */
+            readonly role: components["schemas"]["RoleEnum"];
+            /** Format: email */
+            readonly invited_by: string | null;
+            /** Format: date-time */
+            readonly created_at: string;
+            /** Format: date-time */
+            readonly expires_at: string;
+            /** @description shown once: the console link is /invite/<token> */
+            readonly token: string;
+        };
         PaginatedApiKeyList: {
             /** @example 123 */
             count: number;
@@ -535,6 +722,21 @@ export interface components {
             previous?: string | null;
             results: components["schemas"]["ApiKey"][];
         };
+        PaginatedInvitationList: {
+            /** @example 123 */
+            count: number;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=400&limit=100
+             */
+            next?: string | null;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=200&limit=100
+             */
+            previous?: string | null;
+            results: components["schemas"]["Invitation"][];
+        };
         PaginatedKVFileList: {
             /** @example 123 */
             count: number;
@@ -549,6 +751,21 @@ export interface components {
              */
             previous?: string | null;
             results: components["schemas"]["KVFile"][];
+        };
+        PaginatedMemberList: {
+            /** @example 123 */
+            count: number;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=400&limit=100
+             */
+            next?: string | null;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=200&limit=100
+             */
+            previous?: string | null;
+            results: components["schemas"]["Member"][];
         };
         PaginatedProgramList: {
             /** @example 123 */
@@ -580,6 +797,13 @@ export interface components {
             previous?: string | null;
             results: components["schemas"]["Run"][];
         };
+        PasswordChange: {
+            current_password: string;
+            new_password: string;
+        };
+        PatchedMemberRole: {
+            role?: components["schemas"]["RoleEnum"];
+        };
         Pin: {
             pinned: boolean;
         };
@@ -594,6 +818,12 @@ export interface components {
             /** Format: uri */
             file: string;
         };
+        /**
+         * @description * `owner` - owner
+         *     * `member` - member
+         * @enum {string}
+         */
+        RoleEnum: "owner" | "member";
         Run: {
             /** Format: uuid */
             readonly id: string;
@@ -640,14 +870,20 @@ export interface components {
          * @enum {string}
          */
         ScopesEnum: "programs" | "runs" | "kv" | "usage";
+        /** @description A new user and, unless they sign up through an invitation, a new tenant they own. */
         Signup: {
             /** Format: email */
             email: string;
             password: string;
-            tenant_name: string;
+            tenant_name?: string;
+            /** @description invitation token: join its tenant */
+            invite?: string;
         };
         SwitchTenant: {
             tenant: number;
+        };
+        TenantCreate: {
+            name: string;
         };
     };
     responses: never;
@@ -861,6 +1097,50 @@ export interface operations {
             };
         };
     };
+    v1_auth_invitations_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                token: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["InvitationPreview"];
+                };
+            };
+        };
+    };
+    v1_auth_invitations_accept_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                token: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
     v1_auth_login_create: {
         parameters: {
             query?: never;
@@ -927,6 +1207,30 @@ export interface operations {
                         [key: string]: unknown;
                     };
                 };
+            };
+        };
+    };
+    v1_auth_password_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PasswordChange"];
+                "application/x-www-form-urlencoded": components["schemas"]["PasswordChange"];
+                "multipart/form-data": components["schemas"]["PasswordChange"];
+            };
+        };
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };
@@ -1000,6 +1304,76 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["Health"];
                 };
+            };
+        };
+    };
+    v1_invitations_list: {
+        parameters: {
+            query?: {
+                /** @description Number of results to return per page. */
+                limit?: number;
+                /** @description The initial index from which to return the results. */
+                offset?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PaginatedInvitationList"];
+                };
+            };
+        };
+    };
+    v1_invitations_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["Invitation"];
+                "application/x-www-form-urlencoded": components["schemas"]["Invitation"];
+                "multipart/form-data": components["schemas"]["Invitation"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["NewInvitation"];
+                };
+            };
+        };
+    };
+    v1_invitations_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this invitation. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };
@@ -1138,6 +1512,101 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["KVFile"];
+                };
+            };
+        };
+    };
+    v1_members_list: {
+        parameters: {
+            query?: {
+                /** @description Number of results to return per page. */
+                limit?: number;
+                /** @description The initial index from which to return the results. */
+                offset?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PaginatedMemberList"];
+                };
+            };
+        };
+    };
+    v1_members_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this membership. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Member"];
+                };
+            };
+        };
+    };
+    v1_members_destroy: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this membership. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    v1_members_partial_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A unique integer value identifying this membership. */
+                id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PatchedMemberRole"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedMemberRole"];
+                "multipart/form-data": components["schemas"]["PatchedMemberRole"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Member"];
                 };
             };
         };
@@ -1466,6 +1935,33 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["RunLogs"];
+                };
+            };
+        };
+    };
+    v1_tenants_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TenantCreate"];
+                "application/x-www-form-urlencoded": components["schemas"]["TenantCreate"];
+                "multipart/form-data": components["schemas"]["TenantCreate"];
+            };
+        };
+        responses: {
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
                 };
             };
         };
