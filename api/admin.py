@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from api.models import (
     ApiKey,
     AuditLog,
+    Invitation,
     KVFile,
     Membership,
     Plan,
@@ -42,6 +43,20 @@ class ApiKeyAdmin(admin.ModelAdmin):
     readonly_fields = ["prefix", "secret_hash", "last_used_at"]
 
 
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ["email", "tenant", "role", "invited_by", "created_at", "expires_at", "accepted_at", "revoked_at"]
+    readonly_fields = ["token_hash", "accepted_at", "accepted_by"]
+    search_fields = ["email", "tenant__slug"]
+
+
+@admin.register(Membership)
+class MembershipAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "role", "joined_at"]
+    list_filter = ["role"]
+    search_fields = ["user__email", "tenant__slug"]
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     list_display = ["id", "tenant", "status", "worker", "created_at", "finished_at"]
@@ -63,4 +78,4 @@ class KVFileAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{kv.name}: {exc}", messages.ERROR)
 
 
-admin.site.register([Membership, Program, ProgramVersion, UsageRecord, AuditLog])
+admin.site.register([Program, ProgramVersion, UsageRecord, AuditLog])

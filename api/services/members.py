@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.http import Http404
 from django.utils import timezone
 from django.utils.text import slugify
 
@@ -63,20 +64,26 @@ def _audit(actor, tenant: Tenant, action: str, target: str, **detail) -> None:
     AuditLog.objects.create(actor=actor, tenant=tenant, action=action, target=target[:200], detail=detail)
 
 
+def _lock_team(membership: Membership) -> Membership:
+    """Lock the tenant row, then re-read the membership: team changes of one tenant run one at a
+    time, so two owners demoting each other at once cannot both pass the last-owner check (and
+    row locks taken in one order cannot deadlock)."""
+    Tenant.objects.select_for_update().filter(pk=membership.tenant_id).first()
+    current = Membership.objects.select_related("user", "tenant").filter(pk=membership.pk).first()
+    if current is None:
+        raise Http404("no such member (removed meanwhile)")
+    return current
+
+
 def _other_owners(membership: Membership) -> bool:
-    return (
-        Membership.objects.select_for_update()
-        .filter(tenant_id=membership.tenant_id, role=OWNER)
-        .exclude(pk=membership.pk)
-        .exists()
-    )
+    return Membership.objects.filter(tenant_id=membership.tenant_id, role=OWNER).exclude(pk=membership.pk).exists()
 
 
 @transaction.atomic
 def change_role(actor, membership: Membership, role: str) -> Membership:
     """An owner sets a member's role; the last owner cannot step down."""
+    membership = _lock_team(membership)
     require_owner(actor, membership.tenant)
-    membership = Membership.objects.select_for_update().get(pk=membership.pk)
     if membership.role == OWNER and role != OWNER and not _other_owners(membership):
         raise MembershipConflict("a tenant needs at least one owner: make someone else owner first")
     if membership.role != role:
@@ -91,9 +98,9 @@ def remove(actor, membership: Membership) -> None:
     """An owner removes anyone; a member may only leave. The last owner cannot go.
 
     The API keys the person created for this tenant are revoked with the membership."""
+    membership = _lock_team(membership)
     if membership.user_id != actor.pk:
         require_owner(actor, membership.tenant)
-    membership = Membership.objects.select_for_update().get(pk=membership.pk)
     if membership.role == OWNER and not _other_owners(membership):
         raise MembershipConflict("a tenant needs at least one owner: make someone else owner first")
     # Keys the person minted for this tenant go with them: they hold the secrets.

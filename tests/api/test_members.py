@@ -6,6 +6,7 @@ someone else, an API key reaching for account routes)."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import pytest
@@ -270,3 +271,35 @@ def test_password_change_keeps_this_session_and_needs_the_current_password(api_t
         == 200
     )
     assert ApiKey.objects.filter(tenant=api_tenant_a.tenant, revoked_at__isnull=True).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_owners_demoting_each_other_at_once_leave_one_owner(api_tenant_a):
+    """Each check sees the other still an owner unless team changes are serialised; with the
+    tenant row locked exactly one demotion wins, and the loser, no longer an owner, is refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connection
+
+    from api.services import members
+
+    first = Membership.objects.get(user=api_tenant_a.user)
+    second = Membership.objects.create(user=_user("bob@example.com"), tenant=api_tenant_a.tenant, role="owner")
+    barrier = threading.Barrier(2)
+
+    def demote(actor, target) -> str:
+        try:
+            barrier.wait(timeout=10)
+            members.change_role(actor, target, "member")
+            return "ok"
+        except (members.MembershipConflict, members.NotAllowed):
+            return "refused"
+        finally:
+            connection.close()
+
+    for _ in range(5):
+        Membership.objects.filter(pk__in=[first.pk, second.pk]).update(role="owner")
+        with ThreadPoolExecutor(2) as pool:
+            outcomes = sorted(pool.map(lambda pair: demote(*pair), [(first.user, second), (second.user, first)]))
+        assert outcomes == ["ok", "refused"]
+        assert Membership.objects.filter(tenant=api_tenant_a.tenant, role="owner").count() == 1
