@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from api.models import ApiKey, Invitation, KVFile, Membership, Program, ProgramVersion, Run
+from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, ProgramVersion, Run
 from api.tenancy import KEY_SCOPES
 from api.validators import reject_nul
 
@@ -191,3 +191,12 @@ class KVFileSerializer(serializers.ModelSerializer):
 
 class PinSerializer(serializers.Serializer):
     pinned = serializers.BooleanField()
+
+
+class AuditLogSerializer(serializers.ModelSerializer):
+    actor = serializers.EmailField(source="actor.email", read_only=True, allow_null=True, default=None)
+
+    class Meta:
+        model = AuditLog
+        fields = ["id", "actor", "action", "target", "detail", "created_at"]
+        read_only_fields = fields

@@ -12,6 +12,7 @@ router.register("runs", views.RunViewSet, basename="run")
 router.register("kv-files", views.KVFileViewSet, basename="kv-file")
 router.register("members", views.MemberViewSet, basename="member")
 router.register("invitations", views.InvitationViewSet, basename="invitation")
+router.register("audit-log", views.AuditLogViewSet, basename="audit-log")
 
 staff_router = SimpleRouter(trailing_slash=False)
 staff_router.register("admin/kv-files", views.StaffKVFileViewSet, basename="admin-kv-file")

@@ -22,7 +22,7 @@ from rest_framework.views import APIView
 
 from api import serializers as s
 from api.authentication import ApiKeyUser
-from api.models import ApiKey, Invitation, KVFile, Membership, Program, Run, Tenant
+from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, Tenant
 from api.services import billing, keys, kvfiles, members, programs, quotas, routing, runs
 from api.tenancy import SESSION_TENANT_KEY, IsTenantMember, TenantScopedViewSet, active_tenant
 
@@ -267,6 +267,17 @@ class InvitationViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     def destroy(self, request, pk=None):
         members.revoke(_console_user(request), self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class AuditLogViewSet(mixins.ListModelMixin, TenantScopedViewSet):
+    """Owners: what happened to the tenant (team changes, operator KV evictions), newest first."""
+
+    queryset = AuditLog.objects.select_related("actor").order_by("-created_at", "-id")
+    serializer_class = s.AuditLogSerializer
+
+    def list(self, request, *args, **kwargs):
+        members.require_owner(_console_user(request), self.tenant)
+        return super().list(request, *args, **kwargs)
 
 
 class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, TenantScopedViewSet):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.models import ApiKey, KVFile, Membership, Program
+from api.models import ApiKey, AuditLog, KVFile, Membership, Program
 from api.services import members, programs
 from api.services.runs import create_run
 from api.urls import router
@@ -13,7 +13,7 @@ from api.urls import router
 pytestmark = pytest.mark.django_db
 
 #: Resources an API key cannot reach at all (they manage people and keys, not programs).
-CONSOLE_ONLY = {"api-key", "member", "invitation"}
+CONSOLE_ONLY = {"api-key", "member", "invitation", "audit-log"}
 
 
 def test_every_router_resource_is_tenant_scoped(api_tenant_a, api_tenant_b, settings, tmp_path):
@@ -29,6 +29,7 @@ def test_every_router_resource_is_tenant_scoped(api_tenant_a, api_tenant_b, sett
         "api-key": ApiKey.objects.filter(tenant=api_tenant_a.tenant).first().pk,
         "member": Membership.objects.get(tenant=api_tenant_a.tenant).pk,
         "invitation": members.invite(api_tenant_a.user, api_tenant_a.tenant, "x@example.com", "member").invitation.pk,
+        "audit-log": AuditLog.objects.get(tenant=api_tenant_a.tenant).pk,
     }
     registered = {basename for _, _, basename in router.registry}
     assert registered == set(objects), "new tenant resource: add it to this matrix"

@@ -303,3 +303,21 @@ def test_two_owners_demoting_each_other_at_once_leave_one_owner(api_tenant_a):
             outcomes = sorted(pool.map(lambda pair: demote(*pair), [(first.user, second), (second.user, first)]))
         assert outcomes == ["ok", "refused"]
         assert Membership.objects.filter(tenant=api_tenant_a.tenant, role="owner").count() == 1
+
+
+def test_owners_read_their_tenants_audit_log_and_no_one_elses(api_tenant_a, api_tenant_b):
+    owner = api_tenant_a.session_client()
+    bob = Membership.objects.create(user=_user("bob@example.com"), tenant=api_tenant_a.tenant)
+    _invite(owner, "carol@example.com")
+    owner.patch(f"/api/v1/members/{bob.pk}", {"role": "owner"}, format="json")
+    _invite(api_tenant_b.session_client(), "other@example.com")
+
+    entries = owner.get("/api/v1/audit-log").json()["results"]
+    assert [(e["action"], e["target"], e["actor"]) for e in entries] == [
+        ("member.role", "bob@example.com", "alpha@example.com"),
+        ("invitation.create", "carol@example.com", "alpha@example.com"),
+    ]
+    assert entries[0]["detail"] == {"old": "member", "new": "owner"}
+    Membership.objects.filter(pk=bob.pk).update(role="member")
+    assert _error(_session(bob.user).get("/api/v1/audit-log")) == (403, "permission_denied")
+    assert _error(api_tenant_a.key_client().get("/api/v1/audit-log"))[0] == 403

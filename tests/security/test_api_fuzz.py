@@ -113,6 +113,7 @@ CONSOLE_ONLY = (
     "/api/v1/api-keys",
     "/api/v1/members",
     "/api/v1/invitations",
+    "/api/v1/audit-log",
     "/api/v1/tenants",
     "/api/v1/auth/password",
     "/api/v1/auth/switch-tenant",
