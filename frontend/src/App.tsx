@@ -3,14 +3,17 @@ import { Navigate, Route, Routes, useLocation } from "react-router";
 import { useAuth } from "./auth/AuthContext";
 import { Layout } from "./components/Layout";
 import { ErrorBanner, Loading } from "./components/Status";
+import { AccountPage } from "./pages/AccountPage";
 import { AdminPage } from "./pages/AdminPage";
 import { ApiKeysPage } from "./pages/ApiKeysPage";
 import { LoginPage, SignupPage } from "./pages/AuthPages";
+import { InvitePage } from "./pages/InvitePage";
 import { KVFilesPage } from "./pages/KVFilesPage";
 import { ProgramDetailPage } from "./pages/ProgramDetailPage";
 import { ProgramsPage } from "./pages/ProgramsPage";
 import { RunPage } from "./pages/RunPage";
 import { RunsPage } from "./pages/RunsPage";
+import { TeamPage } from "./pages/TeamPage";
 import { UsagePage } from "./pages/UsagePage";
 
 function RequireAuth({ children }: { children: ReactNode }) {
@@ -36,6 +39,8 @@ export function App() {
     <Routes>
       <Route path="/login" element={<LoginPage />} />
       <Route path="/signup" element={<SignupPage />} />
+      {/* Outside RequireAuth: an invite link works signed out (sign up) as well as signed in. */}
+      <Route path="/invite/:token" element={<InvitePage />} />
       <Route
         element={
           <RequireAuth>
@@ -51,6 +56,8 @@ export function App() {
         <Route path="/kv-files" element={<KVFilesPage />} />
         <Route path="/usage" element={<UsagePage />} />
         <Route path="/api-keys" element={<ApiKeysPage />} />
+        <Route path="/team" element={<TeamPage />} />
+        <Route path="/account" element={<AccountPage />} />
         <Route path="/admin" element={<AdminPage />} />
         <Route path="*" element={<NotFound />} />
       </Route>

@@ -75,7 +75,8 @@ async function uploadProgram(page, name, source) {
 }
 
 const scenarios = {
-  /** sign up → upload (drag and drop) → list shows it → API key create/revoke → usage → KV → log out/in. */
+  /** sign up → upload (drag and drop) → list shows it → API key create/revoke → team invite
+   * link/revoke → usage → KV → log out/in. */
   async tenant(page) {
     const out = {};
     await page.goto(`${base}/programs`);
@@ -116,6 +117,34 @@ const scenarios = {
     await keyRow.getByRole("button", { name: "Revoke now" }).click();
     await keyRow.getByText("revoked").waitFor({ timeout: T });
     out.keyStatusAfter = (await fetch(`${base}/api/v1/programs`, { headers: { Authorization: `Bearer ${secret}` } })).status;
+
+    // Team: the owner invites an address and gets the link, shown once; the link opens the
+    // invitation (for another address than the signed-in owner's); revoking empties the list.
+    await gotoNav(page, "Team");
+    await page.getByRole("row").filter({ hasText: cfg.email }).getByText("you", { exact: true }).waitFor({ timeout: T });
+    const invitee = cfg.inviteEmail ?? `invitee-${Date.now()}@example.com`;
+    await page.getByLabel("Email").fill(invitee);
+    await page.getByRole("button", { name: "Create invitation link" }).click();
+    const link = (await page.getByTestId("invite-link").textContent({ timeout: T })) ?? "";
+    check(link.startsWith(`${new URL(base).origin}/invite/inv_`), `invitation link: ${link.slice(0, 40)}…`);
+    out.inviteLink = link;
+    const pending = page.getByRole("table", { name: "Pending invitations" }).getByRole("row").filter({ hasText: invitee });
+    await pending.waitFor({ timeout: T });
+    await shot(page, "team");
+    await page.getByRole("button", { name: "Done" }).click();
+    check((await page.getByTestId("invite-link").count()) === 0, "invitation link hidden after dismiss");
+    await page.goto(link);
+    await page.getByRole("heading", { name: `Join ${cfg.tenant}` }).waitFor({ timeout: T });
+    await page.getByText(`This invitation is for ${invitee}`).waitFor({ timeout: T });
+    await shot(page, "invite");
+    await page.goto(`${base}/team`);
+    await pending.getByRole("button", { name: `Revoke invitation for ${invitee}` }).click();
+    await pending.getByRole("button", { name: "Revoke now" }).click();
+    await page.getByText("No pending invitations.").waitFor({ timeout: T });
+    // The owner's activity log shows both changes, newest first.
+    const activity = page.getByRole("table", { name: "Activity" });
+    await activity.getByText("invitation.revoke").waitFor({ timeout: T });
+    await activity.getByText("invitation.create").waitFor({ timeout: T });
 
     await gotoNav(page, "Usage & billing");
     await page.getByRole("img", { name: /Tokens per day/ }).waitFor({ timeout: T });

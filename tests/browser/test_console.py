@@ -44,18 +44,24 @@ def test_tenant_signs_up_uploads_and_manages_keys(console_server, browser):
         tenant="Analytical Engines",
         programName="hello-lip",
         programSource=HELLO_LIP,
+        inviteEmail="babbage@example.com",
     )
     # The key authenticated the REST API until it was revoked in the console.
     assert result["keyStatusBefore"] == 200
     assert result["keyStatusAfter"] == 401
 
-    from api.models import ApiKey, Program
+    from api.models import ApiKey, Invitation, Program
 
     program = Program.objects.get(name="hello-lip")
     assert program.tenant.name == "Analytical Engines"
     assert bytes(program.versions.get(number=1).content).decode() == HELLO_LIP
     key = ApiKey.objects.get(prefix=result["prefix"])
     assert key.revoked_at is not None
+
+    # The owner's invitation link was shown once, then revoked in the console.
+    assert result["inviteLink"].startswith(console_server + "/invite/inv_")
+    invitation = Invitation.objects.get(email="babbage@example.com", tenant=program.tenant)
+    assert invitation.revoked_at is not None and invitation.accepted_at is None
 
 
 def test_staff_sees_admin_page(console_server, browser):

@@ -3,15 +3,21 @@ import { http, rawFetch, unwrap } from "./client";
 import { ApiError } from "./errors";
 import type {
   AdminTenant,
+  AuditEntry,
   ApiKey,
+  Invitation,
+  InvitationPreview,
   Invoice,
   KeyScope,
   KVFile,
   Me,
+  Member,
   NewApiKey,
+  NewInvitation,
   Program,
   ProgramVersion,
   Quota,
+  Role,
   Run,
   RunLogs,
   ServiceHealth,
@@ -43,11 +49,70 @@ export async function signup(email: string, password: string, tenant_name: strin
     http.POST("/api/v1/auth/signup", { body: { email, password, tenant_name } }),
   )) as unknown as Me;
 }
+/** Sign up through an invitation: the new user joins its tenant instead of creating one. */
+export async function signupWithInvite(email: string, password: string, invite: string): Promise<Me> {
+  await ensureCsrf();
+  return (await unwrap(
+    http.POST("/api/v1/auth/signup", { body: { email, password, invite } }),
+  )) as unknown as Me;
+}
 export async function logout(): Promise<void> {
   await unwrap(http.POST("/api/v1/auth/logout"));
 }
 export async function switchTenant(tenant: number): Promise<Me> {
   return (await unwrap(http.POST("/api/v1/auth/switch-tenant", { body: { tenant } }))) as unknown as Me;
+}
+
+export async function changePassword(current_password: string, new_password: string): Promise<void> {
+  await unwrap(http.POST("/api/v1/auth/password", { body: { current_password, new_password } }));
+}
+/** A new tenant owned by the signed-in user, who is switched to it (the /auth/me body). */
+export async function createTenant(name: string): Promise<Me> {
+  return (await unwrap(http.POST("/api/v1/tenants", { body: { name } }))) as unknown as Me;
+}
+/** What an invite link offers; readable without signing in (the token is the credential). */
+export async function getInvitation(token: string): Promise<InvitationPreview> {
+  return unwrap(http.GET("/api/v1/auth/invitations/{token}", { params: { path: { token } } }));
+}
+/** Join the invitation's tenant as the signed-in user; it becomes the active tenant. */
+export async function acceptInvitation(token: string): Promise<Me> {
+  return (await unwrap(
+    http.POST("/api/v1/auth/invitations/{token}/accept", { params: { path: { token } } }),
+  )) as unknown as Me;
+}
+
+// ---- team (active tenant) --------------------------------------------------------------
+export async function listMembers(): Promise<Member[]> {
+  const page = await unwrap(http.GET("/api/v1/members", { params: { query: PAGE } }));
+  return page.results as Member[];
+}
+export async function setMemberRole(id: number, role: Role): Promise<Member> {
+  return (await unwrap(
+    http.PATCH("/api/v1/members/{id}", { params: { path: { id } }, body: { role } }),
+  )) as Member;
+}
+/** Remove a member (owners), or leave the tenant when `id` is the caller's own membership. */
+export async function removeMember(id: number): Promise<void> {
+  await unwrap(http.DELETE("/api/v1/members/{id}", { params: { path: { id } } }));
+}
+export async function listAuditLog(): Promise<AuditEntry[]> {
+  const page = await unwrap(http.GET("/api/v1/audit-log", { params: { query: PAGE } }));
+  return page.results;
+}
+export async function listInvitations(): Promise<Invitation[]> {
+  const page = await unwrap(http.GET("/api/v1/invitations", { params: { query: PAGE } }));
+  return page.results;
+}
+export async function createInvitation(email: string, role: Role): Promise<NewInvitation> {
+  // The schema reuses the read model (with its read-only fields) as the request body.
+  return unwrap(http.POST("/api/v1/invitations", { body: { email, role } as never }));
+}
+export async function revokeInvitation(id: number): Promise<void> {
+  await unwrap(http.DELETE("/api/v1/invitations/{id}", { params: { path: { id } } }));
+}
+/** The link an owner passes on; the console serves /invite/<token> (see InvitePage). */
+export function invitationLink(token: string): string {
+  return `${window.location.origin}/invite/${encodeURIComponent(token)}`;
 }
 
 // ---- programs --------------------------------------------------------------------------

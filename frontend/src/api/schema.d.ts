@@ -107,6 +107,23 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/audit-log": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** @description Owners: what happened to the tenant (team changes, operator KV evictions), newest first. */
+        get: operations["v1_audit_log_list"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/csrf": {
         parameters: {
             query?: never;
@@ -634,6 +651,16 @@ export interface components {
             /** Format: date-time */
             readonly revoked_at: string | null;
         };
+        AuditLog: {
+            readonly id: number;
+            /** Format: email */
+            readonly actor: string | null;
+            readonly action: string;
+            readonly target: string;
+            readonly detail: unknown;
+            /** Format: date-time */
+            readonly created_at: string;
+        };
         Health: {
             status: string;
             checks: {
@@ -721,6 +748,21 @@ export interface components {
              */
             previous?: string | null;
             results: components["schemas"]["ApiKey"][];
+        };
+        PaginatedAuditLogList: {
+            /** @example 123 */
+            count: number;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=400&limit=100
+             */
+            next?: string | null;
+            /**
+             * Format: uri
+             * @example http://api.example.org/accounts/?offset=200&limit=100
+             */
+            previous?: string | null;
+            results: components["schemas"]["AuditLog"][];
         };
         PaginatedInvitationList: {
             /** @example 123 */
@@ -1073,6 +1115,30 @@ export interface operations {
                     [name: string]: unknown;
                 };
                 content?: never;
+            };
+        };
+    };
+    v1_audit_log_list: {
+        parameters: {
+            query?: {
+                /** @description Number of results to return per page. */
+                limit?: number;
+                /** @description The initial index from which to return the results. */
+                offset?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["PaginatedAuditLogList"];
+                };
             };
         };
     };

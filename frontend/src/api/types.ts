@@ -15,6 +15,21 @@ export type Run = Schemas["Run"];
 export type RunLogs = Schemas["RunLogs"];
 export type KVFile = Schemas["KVFile"];
 
+export type Role = Schemas["RoleEnum"];
+/** The roles of a tenant, least privileged first (the order of the role selects). */
+export const ROLES: readonly Role[] = ["member", "owner"];
+/** A membership of the active tenant. The schema marks `role` optional only because it is the
+ * writable field of a PATCH; every response carries it. */
+export type Member = Schemas["Member"] & { role: Role };
+/** A pending invitation (`GET /invitations`); its token is never listed. */
+export type Invitation = Schemas["Invitation"];
+/** `POST /invitations`: the invitation with its one-time token (the link is /invite/<token>). */
+export type NewInvitation = Schemas["NewInvitation"];
+/** `GET /auth/invitations/<token>`: what an invite link offers, readable before signing in. */
+export type InvitationPreview = Schemas["InvitationPreview"];
+/** One row of `GET /audit-log` (owners): a team change or an operator action on the tenant. */
+export type AuditEntry = Schemas["AuditLog"];
+
 /** `GET /programs/<id>/versions` (the schema leaves this action's response untyped). */
 export interface ProgramVersion {
   number: number;
@@ -37,7 +52,8 @@ export interface TenantRef {
 export interface Me {
   user: { id: number; email: string; is_staff: boolean } | null;
   tenants: TenantRef[];
-  active_tenant: number;
+  /** null once the user belongs to no tenant (e.g. removed from their only one). */
+  active_tenant: number | null;
 }
 
 export interface UsageDay {

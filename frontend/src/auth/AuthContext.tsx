@@ -10,6 +10,12 @@ export interface AuthValue {
   isStaff: boolean;
   login: (email: string, password: string) => Promise<void>;
   signup: (email: string, password: string, tenantName: string) => Promise<void>;
+  /** Sign up through an invitation token: the new user joins its tenant. */
+  signupWithInvite: (email: string, password: string, invite: string) => Promise<void>;
+  /** Join the invitation's tenant as the signed-in user; it becomes the active tenant. */
+  acceptInvitation: (token: string) => Promise<void>;
+  /** Create a tenant owned by the signed-in user and switch to it. */
+  createTenant: (name: string) => Promise<void>;
   logout: () => Promise<void>;
   switchTenant: (id: number) => Promise<void>;
   refresh: () => Promise<void>;
@@ -46,6 +52,10 @@ export function AuthProvider({ children }: { children: ReactNode }) {
       isStaff: Boolean(me?.user?.is_staff),
       login: async (email, password) => setMe(await api.login(email, password)),
       signup: async (email, password, tenantName) => setMe(await api.signup(email, password, tenantName)),
+      // These answer with the /auth/me body, so the new membership shows without a refetch.
+      signupWithInvite: async (email, password, invite) => setMe(await api.signupWithInvite(email, password, invite)),
+      acceptInvitation: async (token) => setMe(await api.acceptInvitation(token)),
+      createTenant: async (name) => setMe(await api.createTenant(name)),
       logout: async () => {
         await api.logout();
         setMe(null);

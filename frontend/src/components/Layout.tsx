@@ -1,6 +1,7 @@
 import { useState } from "react";
-import { NavLink, Outlet, useNavigate } from "react-router";
+import { NavLink, Outlet, useLocation, useNavigate } from "react-router";
 import { useAuth } from "../auth/AuthContext";
+import { NoTenantPage } from "../pages/NoTenantPage";
 import { TenantSwitcher } from "./TenantSwitcher";
 
 const LINKS = [
@@ -9,13 +10,22 @@ const LINKS = [
   { to: "/kv-files", label: "KV files" },
   { to: "/usage", label: "Usage & billing" },
   { to: "/api-keys", label: "API keys" },
+  { to: "/team", label: "Team" },
 ];
+const ADMIN_LINK = { to: "/admin", label: "Admin" };
+/** Pages that work without an active tenant (the rest are tenant-scoped and would answer 403). */
+const TENANTLESS_PATHS = new Set(["/account", "/admin"]);
 
 export function Layout() {
   const { me, isStaff, logout, activeTenant } = useAuth();
   const navigate = useNavigate();
+  const { pathname } = useLocation();
   const [open, setOpen] = useState(false);
-  const links = isStaff ? [...LINKS, { to: "/admin", label: "Admin" }] : LINKS;
+  // A user removed from (or who left) their last tenant has none: offer to create one instead
+  // of tenant pages that could only fail.
+  const stranded = me?.active_tenant === null;
+  const tenantLinks = stranded ? [] : LINKS;
+  const links = isStaff ? [...tenantLinks, ADMIN_LINK] : tenantLinks;
   return (
     <div className="shell">
       <a className="skip-link" href="#main">
@@ -46,6 +56,9 @@ export function Layout() {
           <span className="user-email" data-tenant={activeTenant?.slug}>
             {me?.user?.email}
           </span>
+          <NavLink to="/account" className="btn btn-small">
+            Account
+          </NavLink>
           <button
             type="button"
             className="btn btn-small"
@@ -59,7 +72,7 @@ export function Layout() {
         </div>
       </header>
       <main id="main" className="content" tabIndex={-1}>
-        <Outlet />
+        {stranded && !TENANTLESS_PATHS.has(pathname) ? <NoTenantPage /> : <Outlet />}
       </main>
     </div>
   );

@@ -17,7 +17,7 @@ export function TenantSwitcher() {
       <label htmlFor={id}>Tenant</label>
       <select
         id={id}
-        value={me.active_tenant}
+        value={me.active_tenant ?? ""}
         disabled={busy}
         onChange={async (e) => {
           setBusy(true);

@@ -3,7 +3,7 @@ import { Link, Navigate, useLocation, useNavigate } from "react-router";
 import { useAuth } from "../auth/AuthContext";
 import { ErrorBanner } from "../components/Status";
 
-function AuthCard({ title, children }: { title: string; children: React.ReactNode }) {
+export function AuthCard({ title, children }: { title: string; children: React.ReactNode }) {
   return (
     <main className="auth-page" id="main">
       <section className="card auth-card" aria-labelledby="auth-title">
@@ -15,21 +15,24 @@ function AuthCard({ title, children }: { title: string; children: React.ReactNod
   );
 }
 
+/** Where to go once signed in: the page that sent the user here (`from`), else Programs. */
 function useAfterAuth() {
   const navigate = useNavigate();
   const location = useLocation();
   const from = (location.state as { from?: string } | null)?.from;
-  return () => navigate(from && from !== "/login" ? from : "/programs", { replace: true });
+  const target = from && from !== "/login" ? from : "/programs";
+  return { target, done: () => navigate(target, { replace: true }) };
 }
 
 export function LoginPage() {
   const { me, login } = useAuth();
-  const done = useAfterAuth();
+  const { target, done } = useAfterAuth();
   const [email, setEmail] = useState("");
   const [password, setPassword] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [busy, setBusy] = useState(false);
-  if (me) return <Navigate to="/programs" replace />;
+  // Signing in sets `me`, which re-renders this page before done() runs: go to the same place.
+  if (me) return <Navigate to={target} replace />;
   const submit = async (e: FormEvent) => {
     e.preventDefault();
     setBusy(true);
@@ -66,13 +69,14 @@ export function LoginPage() {
 
 export function SignupPage() {
   const { me, signup } = useAuth();
-  const done = useAfterAuth();
+  const { target, done } = useAfterAuth();
   const [email, setEmail] = useState("");
   const [password, setPassword] = useState("");
   const [tenant, setTenant] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [busy, setBusy] = useState(false);
-  if (me) return <Navigate to="/programs" replace />;
+  // Signing in sets `me`, which re-renders this page before done() runs: go to the same place.
+  if (me) return <Navigate to={target} replace />;
   const submit = async (e: FormEvent) => {
     e.preventDefault();
     setBusy(true);

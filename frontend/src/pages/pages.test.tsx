@@ -273,3 +273,215 @@ describe("KV files, usage and admin", () => {
     expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
   });
 });
+
+describe("team", () => {
+  const ADA = { id: 11, user_id: 1, email: "ada@example.com", role: "owner", joined_at: "2026-01-01T00:00:00Z" };
+  const BOB = { id: 12, user_id: 2, email: "bob@example.com", role: "member", joined_at: "2026-01-02T00:00:00Z" };
+  const CAROL_INVITE = { id: 21, email: "carol@example.com", role: "owner", invited_by: "ada@example.com", created_at: "2026-01-03T00:00:00Z", expires_at: "2026-01-10T00:00:00Z" };
+  const membersTable = () => screen.getByRole("table", { name: "Members" });
+  const rowOf = (table: HTMLElement, email: string) => within(table).getByText(email, { exact: false, selector: "td" }).closest("tr")!;
+
+  it("lets an owner invite (the link is shown once), see it pending and remove a member", async () => {
+    let members = [ADA, BOB];
+    let invitations: (typeof CAROL_INVITE)[] = [];
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/members": () => ({ body: page(members) }),
+      "GET /api/v1/invitations": () => ({ body: page(invitations) }),
+      "POST /api/v1/invitations": () => {
+        invitations = [CAROL_INVITE];
+        return { status: 201, body: { ...CAROL_INVITE, token: "inv_SECRET" } };
+      },
+      "DELETE /api/v1/members/12": () => {
+        members = [ADA];
+        return { status: 204 };
+      },
+      "GET /api/v1/audit-log": () => ({
+        body: page(
+          members.length === 1
+            ? [{ id: 31, actor: "ada@example.com", action: "member.remove", target: "bob@example.com", detail: { role: "member" }, created_at: "2026-01-04T00:00:00Z" }]
+            : [],
+        ),
+      }),
+    });
+    const writeText = vi.fn().mockResolvedValue(undefined);
+    Object.defineProperty(navigator, "clipboard", { value: { writeText }, configurable: true });
+    renderAt(<App />, "/team");
+    await screen.findByText("bob@example.com");
+    const ada = rowOf(membersTable(), "ada@example.com");
+    expect(within(ada).getByText("you")).toBeTruthy();
+    expect(within(ada).getByRole("button", { name: "Leave tenant" })).toBeTruthy();
+    expect(within(ada).queryByRole("button", { name: /Remove/ })).toBeNull();
+    expect((screen.getByRole("combobox", { name: "Role of bob@example.com" }) as HTMLSelectElement).value).toBe("member");
+    expect(await screen.findByText("No pending invitations.")).toBeTruthy();
+
+    fireEvent.change(screen.getByLabelText(/^Email/), { target: { value: "carol@example.com" } });
+    fireEvent.change(screen.getByLabelText("Role"), { target: { value: "owner" } });
+    fireEvent.click(screen.getByRole("button", { name: "Create invitation link" }));
+    const link = `${window.location.origin}/invite/inv_SECRET`;
+    expect((await screen.findByTestId("invite-link")).textContent).toBe(link);
+    expect(screen.getByText(/shown only once/).textContent).toContain("expires 2026-01-10");
+    expect(calls.find((c) => c.method === "POST" && c.path === "/api/v1/invitations")?.body).toEqual({ email: "carol@example.com", role: "owner" });
+    fireEvent.click(screen.getByRole("button", { name: "Copy link" }));
+    await waitFor(() => expect(writeText).toHaveBeenCalledWith(link));
+    expect(await screen.findByRole("button", { name: "Revoke invitation for carol@example.com" })).toBeTruthy();
+    fireEvent.click(screen.getByRole("button", { name: "Done" }));
+    expect(screen.queryByTestId("invite-link")).toBeNull(); // once dismissed, the token is gone for good
+
+    fireEvent.click(screen.getByRole("button", { name: "Remove bob@example.com" }));
+    fireEvent.click(screen.getByRole("button", { name: "Remove now" }));
+    await waitFor(() => expect(within(membersTable()).queryByText("bob@example.com")).toBeNull());
+    expect(calls.some((c) => c.method === "DELETE" && c.path === "/api/v1/members/12")).toBe(true);
+    // The owner's activity log is re-read after the change and shows it.
+    const activity = await screen.findByRole("table", { name: "Activity" });
+    expect(within(activity).getByText("member.remove")).toBeTruthy();
+    expect(within(activity).getByText("as member")).toBeTruthy();
+  });
+
+  it("gives a member no owner controls, and leaving without another tenant shows the no-tenant screen", async () => {
+    const memberMe = { ...ME, tenants: [{ ...ME.tenants[0], role: "member" }] };
+    const grace = { ...ADA, user_id: 2, email: "grace@example.com" };
+    const self = { ...BOB, user_id: 1, email: "ada@example.com" };
+    let left = false;
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": () => ({ body: left ? { user: ME.user, tenants: [], active_tenant: null } : memberMe }),
+      "GET /api/v1/members": page([grace, self]),
+      "GET /api/v1/invitations": page([CAROL_INVITE]),
+      "DELETE /api/v1/members/12": () => {
+        left = true;
+        return { status: 204 };
+      },
+    });
+    renderAt(<App />, "/team");
+    await screen.findByText("grace@example.com");
+    expect(await screen.findByText("carol@example.com")).toBeTruthy(); // members see pending invitations…
+    expect(screen.queryByRole("button", { name: /Revoke/ })).toBeNull(); // …but cannot revoke them
+    expect(screen.queryByRole("heading", { name: "Invite someone" })).toBeNull();
+    expect(screen.queryByRole("combobox")).toBeNull();
+    expect(screen.queryByRole("button", { name: /Remove/ })).toBeNull();
+    expect(screen.queryByRole("heading", { name: "Activity" })).toBeNull(); // the audit log is the owners'
+    expect(calls.some((c) => c.path === "/api/v1/audit-log")).toBe(false);
+    expect(within(rowOf(membersTable(), "grace@example.com")).getByText("owner")).toBeTruthy();
+
+    fireEvent.click(within(rowOf(membersTable(), "ada@example.com")).getByRole("button", { name: "Leave tenant" }));
+    fireEvent.click(screen.getByRole("button", { name: "Leave now" }));
+    expect(await screen.findByRole("heading", { name: "No tenant" })).toBeTruthy();
+    expect(calls.some((c) => c.method === "DELETE" && c.path === "/api/v1/members/12")).toBe(true);
+    expect(screen.queryByRole("link", { name: "Programs" })).toBeNull();
+  });
+});
+
+describe("account", () => {
+  it("checks that the new password is confirmed before sending it", async () => {
+    const { calls } = mockApi({ "GET /api/v1/auth/me": ME, "POST /api/v1/auth/password": () => ({ status: 204 }) });
+    renderAt(<App />, "/account");
+    fireEvent.change(await screen.findByLabelText("Current password"), { target: { value: "old-pass-123" } });
+    fireEvent.change(screen.getByLabelText(/^New password/), { target: { value: "new-pass-123" } });
+    fireEvent.change(screen.getByLabelText("Confirm new password"), { target: { value: "new-pass-124" } });
+    fireEvent.click(screen.getByRole("button", { name: "Change password" }));
+    expect((await screen.findByRole("alert")).textContent).toContain("do not match");
+    expect(calls.some((c) => c.path === "/api/v1/auth/password")).toBe(false);
+
+    fireEvent.change(screen.getByLabelText("Confirm new password"), { target: { value: "new-pass-123" } });
+    fireEvent.click(screen.getByRole("button", { name: "Change password" }));
+    expect(await screen.findByText(/Password changed/)).toBeTruthy();
+    expect(calls.find((c) => c.path === "/api/v1/auth/password")?.body).toEqual({ current_password: "old-pass-123", new_password: "new-pass-123" });
+    expect(screen.queryByRole("alert")).toBeNull();
+  });
+
+  it("offers a user without a tenant to create one, then opens it", async () => {
+    let me: unknown = { user: ME.user, tenants: [], active_tenant: null };
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": () => ({ body: me }),
+      "POST /api/v1/tenants": () => {
+        me = ME;
+        return { status: 201, body: ME };
+      },
+      "GET /api/v1/programs": page([]),
+    });
+    renderAt(<App />, "/programs");
+    expect(await screen.findByRole("heading", { name: "No tenant" })).toBeTruthy();
+    expect(screen.queryByRole("link", { name: "Programs" })).toBeNull();
+    fireEvent.change(screen.getByLabelText("Tenant name"), { target: { value: "Acme" } });
+    fireEvent.click(screen.getByRole("button", { name: "Create tenant" }));
+    expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
+    expect(calls.find((c) => c.path === "/api/v1/tenants")?.body).toEqual({ name: "Acme" });
+    expect(screen.getByRole("link", { name: "Team" })).toBeTruthy();
+  });
+});
+
+describe("invite link", () => {
+  const TOKEN = "inv_abcDEF123";
+  const PREVIEW = { tenant_name: "Beta", email: "ada@example.com", role: "member", invited_by: "grace@example.com", expires_at: "2026-01-10T00:00:00Z" };
+  const JOINED = { ...ME, tenants: [...ME.tenants, { id: 8, name: "Beta", slug: "beta", role: "member" }], active_tenant: 8 };
+  const anonymous = () => ({ status: 403, body: { error: { code: "not_authenticated", message: "no", detail: null } } });
+
+  it("lets a signed-in user join and opens the tenant", async () => {
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      [`GET /api/v1/auth/invitations/${TOKEN}`]: PREVIEW,
+      [`POST /api/v1/auth/invitations/${TOKEN}/accept`]: JOINED,
+      "GET /api/v1/programs": page([]),
+    });
+    renderAt(<App />, `/invite/${TOKEN}`);
+    expect(await screen.findByRole("heading", { name: "Join Beta" })).toBeTruthy();
+    expect(screen.getByText(/grace@example.com invited/)).toBeTruthy();
+    fireEvent.click(screen.getByRole("button", { name: "Join Beta as member" }));
+    expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
+    expect(calls.some((c) => c.method === "POST" && c.path === `/api/v1/auth/invitations/${TOKEN}/accept`)).toBe(true);
+    expect((screen.getByLabelText("Tenant") as HTMLSelectElement).value).toBe("8");
+  });
+
+  it("says when the invitation is for another address and does not offer to join", async () => {
+    mockApi({ "GET /api/v1/auth/me": ME, [`GET /api/v1/auth/invitations/${TOKEN}`]: { ...PREVIEW, email: "bob@example.com" } });
+    renderAt(<App />, `/invite/${TOKEN}`);
+    expect((await screen.findByText(/This invitation is for bob@example.com/)).textContent).toContain("signed in as ada@example.com");
+    expect((screen.getByRole("button", { name: "Join Beta as member" }) as HTMLButtonElement).disabled).toBe(true);
+  });
+
+  it("signs up a visitor with the invitation instead of a new tenant", async () => {
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": anonymous,
+      "GET /api/v1/auth/csrf": { csrftoken: "t" },
+      [`GET /api/v1/auth/invitations/${TOKEN}`]: { ...PREVIEW, email: "carol@example.com" },
+      "POST /api/v1/auth/signup": () => ({ status: 201, body: { ...JOINED, user: { ...ME.user, email: "carol@example.com" }, tenants: [JOINED.tenants[1]] } }),
+      "GET /api/v1/programs": page([]),
+    });
+    renderAt(<App />, `/invite/${TOKEN}`);
+    const email = (await screen.findByLabelText("Email")) as HTMLInputElement;
+    expect(email.value).toBe("carol@example.com");
+    fireEvent.change(screen.getByLabelText(/Password/), { target: { value: "pw-12345678" } });
+    fireEvent.click(screen.getByRole("button", { name: "Sign up and join" }));
+    expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
+    expect(calls.find((c) => c.path === "/api/v1/auth/signup")?.body).toEqual({ email: "carol@example.com", password: "pw-12345678", invite: TOKEN });
+  });
+
+  it("comes back to the invitation after logging in", async () => {
+    let loggedIn = false;
+    mockApi({
+      "GET /api/v1/auth/me": () => (loggedIn ? { body: ME } : anonymous()),
+      "GET /api/v1/auth/csrf": { csrftoken: "t" },
+      "POST /api/v1/auth/login": () => {
+        loggedIn = true;
+        return { body: ME };
+      },
+      [`GET /api/v1/auth/invitations/${TOKEN}`]: PREVIEW,
+    });
+    renderAt(<App />, `/invite/${TOKEN}`);
+    fireEvent.click(await screen.findByRole("link", { name: "Log in" }));
+    fireEvent.change(await screen.findByLabelText("Email"), { target: { value: "ada@example.com" } });
+    fireEvent.change(screen.getByLabelText("Password"), { target: { value: "pw-12345678" } });
+    fireEvent.click(screen.getByRole("button", { name: "Log in" }));
+    expect(await screen.findByRole("button", { name: "Join Beta as member" })).toBeTruthy();
+  });
+
+  it("explains an invalid or expired link", async () => {
+    mockApi({
+      "GET /api/v1/auth/me": anonymous,
+      [`GET /api/v1/auth/invitations/${TOKEN}`]: () => ({ status: 404, body: { error: { code: "not_found", message: "no such invitation", detail: null } } }),
+    });
+    renderAt(<App />, `/invite/${TOKEN}`);
+    expect((await screen.findByRole("alert")).textContent).toContain("not valid");
+    expect(screen.queryByRole("button", { name: /Join|Sign up/ })).toBeNull();
+  });
+});

@@ -1,0 +1,110 @@
+import { useState, type FormEvent } from "react";
+import { useNavigate } from "react-router";
+import { changePassword } from "../api/endpoints";
+import { useAuth } from "../auth/AuthContext";
+import { PageHeader } from "../components/PageHeader";
+import { ErrorBanner, Notice } from "../components/Status";
+
+function PasswordForm() {
+  const [current, setCurrent] = useState("");
+  const [next, setNext] = useState("");
+  const [confirm, setConfirm] = useState("");
+  const [error, setError] = useState<unknown>(null);
+  const [changed, setChanged] = useState(false);
+  const [busy, setBusy] = useState(false);
+  const submit = async (e: FormEvent) => {
+    e.preventDefault();
+    setChanged(false);
+    // Checked here because the server only ever sees one copy of the new password.
+    if (next !== confirm) {
+      setError(new Error("The new password and its confirmation do not match."));
+      return;
+    }
+    setBusy(true);
+    try {
+      await changePassword(current, next);
+      setCurrent("");
+      setNext("");
+      setConfirm("");
+      setError(null);
+      setChanged(true);
+    } catch (err) {
+      setError(err);
+    } finally {
+      setBusy(false);
+    }
+  };
+  return (
+    <form className="card form" onSubmit={submit} aria-labelledby="password-title">
+      <h2 id="password-title">Change password</h2>
+      <ErrorBanner error={error} />
+      {changed && <Notice tone="ok">Password changed. Your other sessions were signed out; this one stays signed in.</Notice>}
+      <label className="field">
+        Current password
+        <input type="password" autoComplete="current-password" required value={current} onChange={(e) => setCurrent(e.target.value)} />
+      </label>
+      <div className="row">
+        <label className="field grow">
+          New password
+          <input type="password" autoComplete="new-password" minLength={8} required value={next} onChange={(e) => setNext(e.target.value)} />
+          <span className="hint">At least 8 characters.</span>
+        </label>
+        <label className="field grow">
+          Confirm new password
+          <input type="password" autoComplete="new-password" required value={confirm} onChange={(e) => setConfirm(e.target.value)} />
+        </label>
+      </div>
+      <button type="submit" className="btn btn-primary" disabled={busy}>
+        {busy ? "Changing…" : "Change password"}
+      </button>
+    </form>
+  );
+}
+
+/** Create a tenant owned by the signed-in user; the console switches to it. Also shown to a
+ * user who belongs to no tenant (NoTenantPage). */
+export function CreateTenantForm() {
+  const { createTenant } = useAuth();
+  const navigate = useNavigate();
+  const [name, setName] = useState("");
+  const [error, setError] = useState<unknown>(null);
+  const [busy, setBusy] = useState(false);
+  const submit = async (e: FormEvent) => {
+    e.preventDefault();
+    setBusy(true);
+    try {
+      await createTenant(name);
+      navigate("/programs");
+    } catch (err) {
+      setError(err);
+      setBusy(false);
+    }
+  };
+  return (
+    <form className="card form" onSubmit={submit} aria-labelledby="create-tenant-title">
+      <h2 id="create-tenant-title">Create a tenant</h2>
+      <p className="muted">
+        A tenant has its own programs, runs, KV files, API keys and quota. You become its owner and the console switches to it.
+      </p>
+      <ErrorBanner error={error} />
+      <label className="field">
+        Tenant name
+        <input type="text" required maxLength={200} value={name} onChange={(e) => setName(e.target.value)} />
+      </label>
+      <button type="submit" className="btn btn-primary" disabled={busy}>
+        {busy ? "Creating…" : "Create tenant"}
+      </button>
+    </form>
+  );
+}
+
+export function AccountPage() {
+  const { me } = useAuth();
+  return (
+    <>
+      <PageHeader title="Account">Signed in as {me?.user?.email}.</PageHeader>
+      <PasswordForm />
+      <CreateTenantForm />
+    </>
+  );
+}
