@@ -4,34 +4,28 @@ import { changePassword } from "../api/endpoints";
 import { useAuth } from "../auth/AuthContext";
 import { PageHeader } from "../components/PageHeader";
 import { ErrorBanner, Notice } from "../components/Status";
+import { useAction } from "../hooks/useAction";
 
 function PasswordForm() {
   const [current, setCurrent] = useState("");
   const [next, setNext] = useState("");
   const [confirm, setConfirm] = useState("");
-  const [error, setError] = useState<unknown>(null);
   const [changed, setChanged] = useState(false);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, run, fail } = useAction();
   const submit = async (e: FormEvent) => {
     e.preventDefault();
     setChanged(false);
     // Checked here because the server only ever sees one copy of the new password.
     if (next !== confirm) {
-      setError(new Error("The new password and its confirmation do not match."));
+      fail(new Error("The new password and its confirmation do not match."));
       return;
     }
-    setBusy(true);
-    try {
-      await changePassword(current, next);
+    const ok = await run(() => changePassword(current, next));
+    if (ok) {
       setCurrent("");
       setNext("");
       setConfirm("");
-      setError(null);
       setChanged(true);
-    } catch (err) {
-      setError(err);
-    } finally {
-      setBusy(false);
     }
   };
   return (
@@ -67,18 +61,10 @@ export function CreateTenantForm() {
   const { createTenant } = useAuth();
   const navigate = useNavigate();
   const [name, setName] = useState("");
-  const [error, setError] = useState<unknown>(null);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, run } = useAction();
   const submit = async (e: FormEvent) => {
     e.preventDefault();
-    setBusy(true);
-    try {
-      await createTenant(name);
-      navigate("/programs");
-    } catch (err) {
-      setError(err);
-      setBusy(false);
-    }
+    if (await run(() => createTenant(name).then(() => undefined))) navigate("/programs");
   };
   return (
     <form className="card form" onSubmit={submit} aria-labelledby="create-tenant-title">

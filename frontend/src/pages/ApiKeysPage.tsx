@@ -6,6 +6,7 @@ import { CopyButton } from "../components/CopyButton";
 import { PageHeader } from "../components/PageHeader";
 import { AsyncBlock, Empty, ErrorBanner } from "../components/Status";
 import { useAsync } from "../hooks/useAsync";
+import { useAction } from "../hooks/useAction";
 import { formatDate } from "../lib/format";
 
 function NewKeySecret({ apiKey, onDismiss }: { apiKey: NewApiKey; onDismiss: () => void }) {
@@ -27,21 +28,14 @@ function NewKeySecret({ apiKey, onDismiss }: { apiKey: NewApiKey; onDismiss: () 
 function CreateKeyForm({ onCreated }: { onCreated: (key: NewApiKey) => void }) {
   const [name, setName] = useState("");
   const [scopes, setScopes] = useState<KeyScope[]>([...KEY_SCOPES]);
-  const [error, setError] = useState<unknown>(null);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, run } = useAction();
   const submit = async (e: FormEvent) => {
     e.preventDefault();
-    setBusy(true);
-    try {
+    await run(async () => {
       if (!scopes.length) throw new Error("Choose at least one scope");
       onCreated(await createApiKey(name, scopes));
       setName("");
-      setError(null);
-    } catch (err) {
-      setError(err);
-    } finally {
-      setBusy(false);
-    }
+    });
   };
   return (
     <form className="card form" onSubmit={submit} aria-labelledby="create-key-title">

@@ -6,6 +6,7 @@ import type { InvitationPreview, Me } from "../api/types";
 import { useAuth } from "../auth/AuthContext";
 import { ErrorBanner, Loading, Notice } from "../components/Status";
 import { useAsync, type AsyncState } from "../hooks/useAsync";
+import { useAction } from "../hooks/useAction";
 import { formatDate } from "../lib/format";
 import { AuthCard } from "./AuthPages";
 
@@ -22,20 +23,12 @@ function InvitationSummary({ preview }: { preview: InvitationPreview }) {
 function AcceptInvitation({ token, preview, me }: { token: string; preview: InvitationPreview; me: Me }) {
   const { acceptInvitation, logout } = useAuth();
   const navigate = useNavigate();
-  const [error, setError] = useState<unknown>(null);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, run } = useAction();
   const email = me.user?.email ?? "";
   // The server refuses (403) a user whose email is not the invited one; say so up front.
   const otherAddress = email.toLowerCase() !== preview.email.toLowerCase();
   const accept = async () => {
-    setBusy(true);
-    try {
-      await acceptInvitation(token);
-      navigate("/programs", { replace: true });
-    } catch (err) {
-      setError(err);
-      setBusy(false);
-    }
+    if (await run(() => acceptInvitation(token).then(() => undefined))) navigate("/programs", { replace: true });
   };
   return (
     <div className="form">
@@ -64,18 +57,11 @@ function SignupWithInvite({ token, preview }: { token: string; preview: Invitati
   const navigate = useNavigate();
   const location = useLocation();
   const [password, setPassword] = useState("");
-  const [error, setError] = useState<unknown>(null);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, run } = useAction();
   const submit = async (e: FormEvent) => {
     e.preventDefault();
-    setBusy(true);
-    try {
-      await signupWithInvite(preview.email, password, token);
-      navigate("/programs", { replace: true });
-    } catch (err) {
-      setError(err);
-      setBusy(false);
-    }
+    const joined = await run(() => signupWithInvite(preview.email, password, token).then(() => undefined));
+    if (joined) navigate("/programs", { replace: true });
   };
   return (
     <>

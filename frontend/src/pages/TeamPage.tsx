@@ -17,6 +17,7 @@ import { CopyButton } from "../components/CopyButton";
 import { PageHeader } from "../components/PageHeader";
 import { AsyncBlock, Empty, ErrorBanner } from "../components/Status";
 import { useAsync } from "../hooks/useAsync";
+import { useAction } from "../hooks/useAction";
 import { formatDate } from "../lib/format";
 
 /** The invitation link, shown once: only a digest of its token is stored (like an API key). */
@@ -55,21 +56,14 @@ function RoleSelect({ value, label, onChange }: { value: Role; label: string; on
 function InviteForm({ onInvited }: { onInvited: (invitation: NewInvitation) => void }) {
   const [email, setEmail] = useState("");
   const [role, setRole] = useState<Role>("member");
-  const [error, setError] = useState<unknown>(null);
-  const [busy, setBusy] = useState(false);
+  const { busy, error, run } = useAction();
   const submit = async (e: FormEvent) => {
     e.preventDefault();
-    setBusy(true);
-    try {
+    await run(async () => {
       onInvited(await createInvitation(email, role));
       setEmail("");
       setRole("member");
-      setError(null);
-    } catch (err) {
-      setError(err);
-    } finally {
-      setBusy(false);
-    }
+    });
   };
   return (
     <form className="card form" onSubmit={submit} aria-labelledby="invite-title">
