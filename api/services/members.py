@@ -195,6 +195,19 @@ def _unique_slug(name: str) -> str:
     return slug
 
 
+def _insert_tenant(name: str) -> Tenant:
+    """Insert with a free slug. Two sign-ups with the same name at once can both see the same
+    slug free; the loser of the unique index gets a random suffix instead of an error."""
+    slug = _unique_slug(name)
+    for _ in range(5):
+        try:
+            with transaction.atomic():
+                return Tenant.objects.create(name=name, slug=slug)
+        except IntegrityError:
+            slug = f"{slug[:50]}-{secrets.token_hex(3)}"
+    raise IntegrityError(f"no free slug for tenant {name!r}")
+
+
 @transaction.atomic
 def create_tenant(user, name: str) -> Tenant:
     """A new tenant on the default plan with ``user`` as its owner.
@@ -203,7 +216,7 @@ def create_tenant(user, name: str) -> Tenant:
     owned = Membership.objects.filter(user=user, role=OWNER).count()
     if owned >= settings.SYMPHONY_MAX_OWNED_TENANTS:
         raise TooManyTenants(f"you already own {owned} tenants (the limit is {settings.SYMPHONY_MAX_OWNED_TENANTS})")
-    tenant = Tenant.objects.create(name=name, slug=_unique_slug(name))
+    tenant = _insert_tenant(name)
     Membership.objects.create(user=user, tenant=tenant, role=OWNER)
     _audit(user, tenant, "tenant.create", tenant.slug)
     return tenant

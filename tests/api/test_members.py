@@ -321,3 +321,13 @@ def test_owners_read_their_tenants_audit_log_and_no_one_elses(api_tenant_a, api_
     Membership.objects.filter(pk=bob.pk).update(role="member")
     assert _error(_session(bob.user).get("/api/v1/audit-log")) == (403, "permission_denied")
     assert _error(api_tenant_a.key_client().get("/api/v1/audit-log"))[0] == 403
+
+
+def test_a_tenant_whose_slug_was_taken_meanwhile_gets_a_suffix_not_an_error(api_tenant_a, monkeypatch):
+    """The slug is chosen before the insert: a concurrent sign-up with the same name can take it
+    in between (simulated by handing out a taken slug)."""
+    from api.services import members
+
+    monkeypatch.setattr(members, "_unique_slug", lambda name: "alpha")
+    tenant = members.create_tenant(_user("erin@example.com"), "Alpha")
+    assert tenant.slug.startswith("alpha-") and tenant.slug != "alpha"
