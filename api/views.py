@@ -127,14 +127,10 @@ class MeView(APIView):
 class SwitchTenantView(APIView):
     @extend_schema(request=s.SwitchTenantSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
-        if isinstance(request.user, ApiKeyUser):
-            return Response(
-                {"error": {"code": "forbidden", "message": "API keys are bound to one tenant", "detail": None}},
-                status=403,
-            )
+        user = _console_user(request)  # an API key is bound to its one tenant
         data = s.SwitchTenantSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        membership = get_object_or_404(Membership, user=request.user, tenant_id=data.validated_data["tenant"])
+        membership = get_object_or_404(Membership, user=user, tenant_id=data.validated_data["tenant"])
         request.session[SESSION_TENANT_KEY] = membership.tenant_id
         return Response(_me(request))
 

@@ -1,5 +1,10 @@
 """API key issue, verify and revoke. Keys look like ``sk_<prefix>_<secret>``; only an HMAC-SHA256
-of the secret (keyed with SECRET_KEY) is stored, so a database leak does not leak usable keys."""
+of the secret (keyed with SECRET_KEY) is stored, so a database leak does not leak usable keys.
+
+Rotating SECRET_KEY follows Django's own scheme: the old key moves to SECRET_KEY_FALLBACKS
+(``DJANGO_SECRET_KEY_FALLBACKS``), where it still verifies keys and invitation links; a key that
+verifies under a fallback is re-hashed under the new key on that use, so once every live key has
+been used (or after the keys' rotation period) the fallback can be dropped."""
 
 from __future__ import annotations
 
@@ -21,9 +26,18 @@ class IssuedKey:
     secret: str  # the full "sk_..." string; shown once
 
 
+def _hmac(signing_key: str, secret: str) -> str:
+    return hmac.new(signing_key.encode(), secret.encode(), hashlib.sha256).hexdigest()
+
+
 def secret_digest(secret: str) -> str:
     """HMAC-SHA256 of a bearer secret (API key or invitation token), keyed with SECRET_KEY."""
-    return hmac.new(settings.SECRET_KEY.encode(), secret.encode(), hashlib.sha256).hexdigest()
+    return _hmac(settings.SECRET_KEY, secret)
+
+
+def secret_digests(secret: str) -> list[str]:
+    """The digests ``secret`` may be stored under: SECRET_KEY's first, then each fallback's."""
+    return [_hmac(k, secret) for k in (settings.SECRET_KEY, *settings.SECRET_KEY_FALLBACKS)]
 
 
 def issue_key(
@@ -50,12 +64,20 @@ def verify_key(raw: str) -> ApiKey | None:
     if len(parts) != 3 or parts[0] != "sk":
         return None
     key = ApiKey.objects.select_related("tenant").filter(prefix=parts[1]).first()
-    if key is None or not hmac.compare_digest(key.secret_hash, secret_digest(parts[2])):
+    if key is None:
+        return None
+    digests = secret_digests(parts[2])
+    # Every candidate is compared (no early exit), so timing does not tell which one matched.
+    matches = [hmac.compare_digest(key.secret_hash, digest) for digest in digests]
+    if not any(matches):
         return None
     now = timezone.now()
     if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
         return None
-    ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+    changes: dict = {"last_used_at": now}
+    if not matches[0]:
+        changes["secret_hash"] = key.secret_hash = digests[0]  # verified under a fallback: re-hash
+    ApiKey.objects.filter(pk=key.pk).update(**changes)
     return key
 
 

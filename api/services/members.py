@@ -23,7 +23,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from api.models import ApiKey, AuditLog, Invitation, Membership, Tenant
-from api.services.keys import secret_digest
+from api.services.keys import secret_digest, secret_digests
 
 OWNER, MEMBER = "owner", "member"
 TOKEN_PREFIX = "inv_"  # noqa: S105 (a marker, not a secret)
@@ -156,7 +156,7 @@ def find(token: str) -> Invitation:
         raise InvitationInvalid("no such invitation, or it was used, revoked or has expired")
     invitation = (
         Invitation.objects.select_related("tenant", "invited_by")
-        .filter(token_hash=secret_digest(token), accepted_at__isnull=True, revoked_at__isnull=True)
+        .filter(token_hash__in=secret_digests(token), accepted_at__isnull=True, revoked_at__isnull=True)
         .filter(expires_at__gt=timezone.now())
         .first()
     )

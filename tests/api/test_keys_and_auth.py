@@ -102,3 +102,22 @@ def test_key_scopes_limit_what_a_key_can_reach(api_tenant_a):
     assert bad_scope.status_code == 400
     default = console.post("/api/v1/api-keys", {"name": "y"}, format="json").json()
     assert sorted(default["scopes"]) == ["kv", "programs", "runs", "usage"]
+
+
+def test_rotating_secret_key_keeps_keys_working_through_the_fallbacks(api_tenant_a, settings):
+    """Django's rotation scheme: the old SECRET_KEY moves to SECRET_KEY_FALLBACKS. A key made
+    under it still verifies and is re-hashed under the new key on that use, so it keeps working
+    once the fallback is dropped; a key never used during the rotation stops working then."""
+    used = issue_key(api_tenant_a.tenant, "used", [])
+    idle = issue_key(api_tenant_a.tenant, "idle", [])
+    old_key = settings.SECRET_KEY
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "rotated-" + old_key, [old_key]
+
+    assert verify_key(used.secret).pk == used.key.pk
+    stored = ApiKey.objects.get(pk=used.key.pk)
+    assert stored.secret_hash != used.key.secret_hash  # now under the new key
+
+    settings.SECRET_KEY_FALLBACKS = []
+    assert verify_key(used.secret).pk == used.key.pk
+    assert verify_key(idle.secret) is None
+    assert verify_key(used.secret[:-1] + ("A" if used.secret[-1] != "A" else "B")) is None

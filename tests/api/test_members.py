@@ -222,9 +222,10 @@ def test_api_keys_cannot_reach_team_or_account_routes(api_tenant_a):
         ("post", "/api/v1/invitations", {"email": "x@example.com"}),
         ("post", "/api/v1/tenants", {"name": "via key"}),
         ("post", "/api/v1/auth/password", {"current_password": "pw-12345678", "new_password": "new-pass-123"}),
+        ("post", "/api/v1/auth/switch-tenant", {"tenant": api_tenant_a.tenant.pk}),
     ]:
         response = getattr(key, method)(path, body, format="json")
-        assert _error(response)[0] == 403, (method, path, response.content)
+        assert _error(response) == (403, "permission_denied"), (method, path, response.content)
     assert Membership.objects.filter(pk=other.pk).exists()
     assert api_tenant_a.user.check_password("pw-12345678")
 
@@ -331,3 +332,13 @@ def test_a_tenant_whose_slug_was_taken_meanwhile_gets_a_suffix_not_an_error(api_
     monkeypatch.setattr(members, "_unique_slug", lambda name: "alpha")
     tenant = members.create_tenant(_user("erin@example.com"), "Alpha")
     assert tenant.slug.startswith("alpha-") and tenant.slug != "alpha"
+
+
+def test_an_invitation_link_survives_a_secret_key_rotation_through_the_fallbacks(api_tenant_a, settings):
+    owner = api_tenant_a.session_client()
+    token = owner.post("/api/v1/invitations", {"email": "rot@example.com"}, format="json").json()["token"]
+    old_key = settings.SECRET_KEY
+    settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = "rotated-" + old_key, [old_key]
+    assert APIClient().get(f"/api/v1/auth/invitations/{token}").status_code == 200
+    settings.SECRET_KEY_FALLBACKS = []
+    assert _error(APIClient().get(f"/api/v1/auth/invitations/{token}"))[0] == 404
