@@ -5,17 +5,24 @@ Wrong keys are counted per client address (rate ``bad_api_key`` in DEFAULT_THROT
 shared Redis cache). Past the limit that address gets 429 before any key is looked at, so a
 guesser learns nothing more, valid key or not, until the window ends. DRF's own throttles cannot
 do this: they run after authentication, and a failed authentication ends the request first.
+
+Every route that takes a bearer key goes through :func:`bearer_key`: the DRF views through
+:class:`ApiKeyAuthentication`, and the plain async views (run events over SSE, the OpenAI
+endpoints) directly, each answering :class:`KeyRefused` in its own error envelope. A route that
+verified keys on its own would be an unthrottled oracle for the same secrets.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from django.contrib.auth.models import AnonymousUser
 from django.core.cache import cache
 from rest_framework import authentication, exceptions
 from rest_framework.settings import api_settings
 
+from api.models import ApiKey
 from api.services.keys import verify_key
 
 
@@ -61,23 +68,54 @@ class BadKeyGuard:
             cache.incr(self.key)
 
 
+@dataclass
+class KeyRefused(Exception):
+    """A bearer key was not accepted: 401 (wrong, malformed, revoked, expired) or 429 (this
+    address sent too many wrong keys; ``retry_after`` seconds until its window ends)."""
+
+    status: int
+    message: str
+    retry_after: int | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+
+KEYWORD = "Bearer"
+
+
+def bearer_key(request) -> ApiKey | None:
+    """The API key of a request's ``Authorization: Bearer`` header, ``None`` when the request
+    has no bearer header (it may still carry a session), or :class:`KeyRefused`."""
+    header = authentication.get_authorization_header(request).decode(errors="replace").split()
+    if not header or header[0] != KEYWORD:
+        return None
+    guard = BadKeyGuard(request)
+    try:
+        guard.check()
+    except exceptions.Throttled as throttled:
+        raise KeyRefused(429, str(throttled.detail), int(throttled.wait or 1)) from None
+    if len(header) != 2:
+        guard.record_failure()
+        raise KeyRefused(401, "malformed Authorization header")
+    key = verify_key(header[1])
+    if key is None:
+        guard.record_failure()
+        raise KeyRefused(401, "invalid, revoked or expired API key")
+    return key
+
+
 class ApiKeyAuthentication(authentication.BaseAuthentication):
-    keyword = "Bearer"
+    keyword = KEYWORD
 
     def authenticate(self, request):
-        header = authentication.get_authorization_header(request).decode(errors="replace").split()
-        if not header or header[0] != self.keyword:
-            return None
-        guard = BadKeyGuard(request)
-        guard.check()
-        if len(header) != 2:
-            guard.record_failure()
-            raise exceptions.AuthenticationFailed("malformed Authorization header")
-        key = verify_key(header[1])
-        if key is None:
-            guard.record_failure()
-            raise exceptions.AuthenticationFailed("invalid, revoked or expired API key")
-        return ApiKeyUser(key), key
+        try:
+            key = bearer_key(request)
+        except KeyRefused as refused:
+            if refused.status == 429:
+                raise exceptions.Throttled(wait=refused.retry_after, detail=refused.message) from None
+            raise exceptions.AuthenticationFailed(refused.message) from None
+        return None if key is None else (ApiKeyUser(key), key)
 
     def authenticate_header(self, request) -> str:
         return self.keyword

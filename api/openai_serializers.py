@@ -9,7 +9,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from api.services.openai_compat import CompletionRequest, model_name
-from api.validators import reject_nul
+from api.validators import reject_nul, storable_json
 
 MAX_CHOICES = 8
 MAX_STOPS = 4
@@ -55,7 +55,7 @@ class MessageSerializer(serializers.Serializer):
 
 class ResponseFormatSerializer(serializers.Serializer):
     type = serializers.ChoiceField(choices=["text", "json_object", "json_schema"])
-    json_schema = serializers.DictField(required=False, validators=[reject_nul])
+    json_schema = serializers.DictField(required=False, validators=[storable_json])
 
     def validate(self, attrs: dict) -> dict:
         if attrs["type"] == "json_schema" and not isinstance((attrs.get("json_schema") or {}).get("schema"), dict):

@@ -16,26 +16,36 @@ from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
+from api import parsers
+from api.authentication import KeyRefused, bearer_key
 from api.events import stream_entries
 from api.models import ApiKey, Run
 from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
 from api.services import openai_compat
-from api.services.keys import verify_key
 from api.services.openai_compat import CompletionRequest, chunk_body, completion_body, error_body
 from api.services.quotas import QuotaExceeded
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, body: dict) -> None:
+    def __init__(self, status: int, body: dict, headers: dict[str, str] | None = None) -> None:
         self.status = status
         self.body = body
+        self.headers = headers or {}
+
+    def response(self) -> JsonResponse:
+        return JsonResponse(self.body, status=self.status, headers=self.headers)
 
 
 def _key(request: HttpRequest) -> ApiKey:
-    header = request.headers.get("Authorization", "")
-    key = verify_key(header.removeprefix("Bearer ").strip()) if header.startswith("Bearer ") else None
+    try:
+        key = bearer_key(request)
+    except KeyRefused as refused:
+        if refused.status == 429:
+            body = error_body(refused.message, "rate_limit_error", "rate_limit_exceeded")
+            raise _Refused(429, body, {"Retry-After": str(refused.retry_after)}) from None
+        raise _Refused(401, error_body(refused.message, "invalid_request_error", "invalid_api_key")) from None
     if key is None:
-        message = "invalid, revoked or expired API key"
+        message = "an API key is required: Authorization: Bearer sk_..."
         raise _Refused(401, error_body(message, "invalid_request_error", "invalid_api_key"))
     if "runs" not in key.scopes:
         raise _Refused(403, error_body("this API key lacks the 'runs' scope", "invalid_request_error"))
@@ -44,9 +54,10 @@ def _key(request: HttpRequest) -> ApiKey:
 
 def _parse(request: HttpRequest, serializer_class: type) -> CompletionRequest:
     try:
-        body = json.loads(request.body or b"{}")
-    except ValueError:
-        raise _Refused(400, error_body("request body is not valid JSON", "invalid_request_error")) from None
+        body = parsers.loads(request.body or b"{}")  # the REST API's parser (api/parsers.py)
+    except ValueError as exc:
+        message = f"request body is not valid JSON: {exc}"
+        raise _Refused(400, error_body(message, "invalid_request_error")) from None
     serializer = serializer_class(data=body)
     if not serializer.is_valid():
         field, problems = next(iter(serializer.errors.items()))
@@ -101,7 +112,7 @@ async def _complete(request: HttpRequest, serializer_class: type):
     try:
         parsed, run = await sync_to_async(_start)(request, serializer_class)
     except _Refused as refused:
-        return JsonResponse(refused.body, status=refused.status)
+        return refused.response()
     if parsed.stream:
         response = StreamingHttpResponse(_chunks(parsed, run), content_type="text/event-stream")
         response["Cache-Control"] = "no-cache"
@@ -132,6 +143,6 @@ async def models(request: HttpRequest):
     try:
         await sync_to_async(_key)(request)
     except _Refused as refused:
-        return JsonResponse(refused.body, status=refused.status)
+        return refused.response()
     name = openai_compat.model_name()
     return JsonResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "symphony"}]})

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, ProgramVersion, Run
 from api.tenancy import KEY_SCOPES
-from api.validators import reject_nul
+from api.validators import storable_json
 
 
 class SignupSerializer(serializers.Serializer):
@@ -113,7 +113,7 @@ class ProgramSerializer(serializers.ModelSerializer):
         read_only_fields = ["id", "created_at", "latest_version"]
 
     def validate_default_args(self, value: object) -> object:
-        return reject_nul(value)
+        return storable_json(value)
 
     def get_latest_version(self, obj: Program) -> int | None:
         return obj.versions.order_by("-number").values_list("number", flat=True).first()
@@ -128,8 +128,8 @@ class RunCreateSerializer(serializers.Serializer):
     # number is a 400 here, not a PostgreSQL range error.
     program = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
     version = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)
-    args = serializers.DictField(required=False, default=dict, validators=[reject_nul])
-    limits = serializers.DictField(required=False, default=dict, validators=[reject_nul])
+    args = serializers.DictField(required=False, default=dict, validators=[storable_json])
+    limits = serializers.DictField(required=False, default=dict, validators=[storable_json])
 
 
 class IdempotencyKeySerializer(serializers.Serializer):

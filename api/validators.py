@@ -2,20 +2,34 @@
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Iterator
+
 from rest_framework import serializers
 
 NUL = "\x00"
+#: A UTF-16 surrogate code point alone in a Python string (JSON's ``\ud800`` escapes make them):
+#: not encodable as UTF-8, so PostgreSQL cannot store it.
+SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _leaves(value: object) -> Iterator[object]:
+    """Every key and scalar of a JSON value, depth first."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield key
+            yield from _leaves(item)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _leaves(item)
+    else:
+        yield value
 
 
 def contains_nul(value: object) -> bool:
     """Whether a JSON value has U+0000 in any string, keys included."""
-    if isinstance(value, str):
-        return NUL in value
-    if isinstance(value, dict):
-        return any(contains_nul(k) or contains_nul(v) for k, v in value.items())
-    if isinstance(value, list | tuple):
-        return any(contains_nul(v) for v in value)
-    return False
+    return any(isinstance(leaf, str) and NUL in leaf for leaf in _leaves(value))
 
 
 def reject_nul(value: object) -> object:
@@ -26,15 +40,43 @@ def reject_nul(value: object) -> object:
     return value
 
 
-def replace_nul(value: object) -> object:
-    """The same JSON value with every U+0000 (in strings and keys) replaced by U+FFFD.
+def contains_surrogate(value: object) -> bool:
+    """Whether a JSON value has a lone surrogate in any string, keys included."""
+    return any(isinstance(leaf, str) and SURROGATE.search(leaf) is not None for leaf in _leaves(value))
 
-    For what a program produced (its result, error and output): refusing those would lose the
-    run's outcome, so they are stored with the replacement character, as invalid UTF-8 is."""
+
+def contains_non_finite(value: object) -> bool:
+    """Whether a JSON value holds NaN or an infinity anywhere (``1e400`` parses to one)."""
+    return any(isinstance(leaf, float) and not math.isfinite(leaf) for leaf in _leaves(value))
+
+
+def storable_json(value: object) -> object:
+    """A serializer validator for free-form JSON kept in ``jsonb`` (run args and limits, default
+    args, schemas): PostgreSQL refuses U+0000, lone surrogates and non-finite numbers, which
+    Python's json module reads (``NaN``, ``1e400``, ``"\\ud800"``), so they are a 400 here instead
+    of a 500 there. JSON bodies are already refused at parsing (api/parsers.py); this catches
+    JSON that arrives as a form field (a program's ``default_args`` in its multipart upload)."""
+    reject_nul(value)
+    if contains_non_finite(value):
+        raise serializers.ValidationError("Numbers must be finite: NaN, Infinity and out-of-range numbers aren't JSON.")
+    if contains_surrogate(value):
+        raise serializers.ValidationError("Strings must not hold unpaired UTF-16 surrogates (\\ud800-\\udfff).")
+    return value
+
+
+def make_storable(value: object) -> object:
+    """The same JSON value with every U+0000 and lone surrogate (in strings and keys) replaced
+    by U+FFFD and every non-finite number by ``null`` (as JavaScript's JSON.stringify writes NaN).
+
+    For what a program produced (its result, error and output): the SDK refuses such results,
+    but the record comes from inside the sandbox and refusing it here would lose the run's
+    outcome and usage, so it is stored with the replacements, as invalid UTF-8 is."""
     if isinstance(value, str):
-        return value.replace(NUL, "\ufffd")
+        return SURROGATE.sub("\ufffd", value.replace(NUL, "\ufffd"))
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
     if isinstance(value, dict):
-        return {replace_nul(k): replace_nul(v) for k, v in value.items()}
+        return {make_storable(k): make_storable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [replace_nul(v) for v in value]
+        return [make_storable(v) for v in value]
     return value

@@ -9,6 +9,7 @@ pool (they may move page data and wait for the engine lock); forwards go through
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -74,6 +75,12 @@ async def send_to_user(w: Worker, s: Session, args: dict[str, Any]) -> Any:
     else:
         if isinstance(data, bytes) or len(msgpack.packb(data, use_bin_type=True)) > MAX_MESSAGE_BYTES:
             raise bad(f"message must be JSON-like data of at most {MAX_MESSAGE_BYTES} bytes")
+        try:
+            # What readers of the stream parse is JSON: NaN, Infinity or bytes inside would reach
+            # a browser's JSON.parse or an OpenAI client as something they cannot read.
+            json.dumps(data, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise bad(f"message must be JSON data: {exc}") from None
         w.events.publish(s.run_id, "message", {"data": data})
 
 

@@ -149,6 +149,10 @@ SYMPHONY_MAX_PROGRAM_BYTES = int(os.environ.get("SYMPHONY_MAX_PROGRAM_BYTES", st
 #: Bytes of each of a run's stdout/stderr kept in the database (the tail; the sandbox's own
 #: output limit, 1 MiB by default, bounds what is captured at all).
 SYMPHONY_RUN_OUTPUT_KEEP_BYTES = int(os.environ.get("SYMPHONY_RUN_OUTPUT_KEEP_BYTES", str(64 * 1024)))
+#: Seconds a run's event stream stays in Redis after the run ends (replays, reconnects, the
+#: console's live view of a finished run); afterwards its events endpoint sends the closing
+#: status and end from the run's row.
+SYMPHONY_RUN_EVENTS_RETENTION_S = int(os.environ.get("SYMPHONY_RUN_EVENTS_RETENTION_S", str(7 * 86400)))
 #: Days an invitation link stays valid, and tenants one user may own (each has its own quota).
 SYMPHONY_INVITATION_DAYS = int(os.environ.get("SYMPHONY_INVITATION_DAYS", "7"))
 SYMPHONY_MAX_OWNED_TENANTS = int(os.environ.get("SYMPHONY_MAX_OWNED_TENANTS", "10"))
@@ -201,6 +205,12 @@ REST_FRAMEWORK.update(
             "rest_framework.authentication.SessionAuthentication",
         ],
         "EXCEPTION_HANDLER": "api.errors.exception_handler",
+        # JSON as PostgreSQL can store it (no NaN, 1e400 or lone surrogates): a 400, not a 500.
+        "DEFAULT_PARSER_CLASSES": [
+            "api.parsers.StorableJSONParser",
+            "rest_framework.parsers.FormParser",
+            "rest_framework.parsers.MultiPartParser",
+        ],
         "DEFAULT_PAGINATION_CLASS": "api.pagination.BoundedLimitOffsetPagination",
         "PAGE_SIZE": 50,
         "DEFAULT_THROTTLE_RATES": {

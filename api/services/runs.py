@@ -17,7 +17,7 @@ from api.services import routing
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import check_can_start
-from api.validators import replace_nul
+from api.validators import make_storable
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +55,30 @@ def _redis() -> redis.Redis:
     return redis.Redis.from_url(settings.REDIS_URL)
 
 
+#: Entries a run's event stream keeps (approximately; the oldest are trimmed), as the worker's.
+STREAM_MAXLEN = 10_000
+
+
 def publish_event(run_id: str, type_: str, data: dict) -> None:
     """XADD one event to the run's live stream (same shape the worker writes)."""
-    _redis().xadd(f"run:{run_id}", {"type": type_, "data": json.dumps(data)}, maxlen=10000, approximate=True)
+    _redis().xadd(f"run:{run_id}", {"type": type_, "data": json.dumps(data)}, maxlen=STREAM_MAXLEN, approximate=True)
+
+
+def publish_end(run: Run) -> None:
+    """The run's closing ``status`` and ``end`` events, and its stream set to expire
+    ``SYMPHONY_RUN_EVENTS_RETENTION_S`` later: without that every run's events (up to 10,000
+    entries) would stay in Redis for good. The run's row keeps its result and output tails;
+    the event view answers a finished run whose stream is gone from that row (api/events.py)."""
+    key = f"run:{run.pk}"
+    pipe = _redis().pipeline(transaction=True)
+    closing = {
+        "status": {"status": run.status, "error": run.error},
+        "end": {"status": run.status, "result": run.result},
+    }
+    for type_, data in closing.items():
+        pipe.xadd(key, {"type": type_, "data": json.dumps(data)}, maxlen=STREAM_MAXLEN, approximate=True)
+    pipe.expire(key, settings.SYMPHONY_RUN_EVENTS_RETENTION_S)
+    pipe.execute()
 
 
 def create_run(
@@ -171,8 +192,7 @@ def cancel_run(run: Run) -> Run:
         locked.status = "cancelled"
         locked.finished_at = timezone.now()
         locked.save(update_fields=["status", "finished_at"])
-    publish_event(str(locked.pk), "status", {"status": "cancelled"})
-    publish_event(str(locked.pk), "end", {"status": "cancelled"})
+    publish_end(locked)
     return locked
 
 
@@ -187,18 +207,17 @@ def finish_run(run_id: str, outcome: RunOutcome) -> Run:
             run.status = outcome.status
         # The program's own bytes: PostgreSQL cannot store U+0000, and refusing them would lose
         # the outcome and its usage, so they are kept with U+FFFD instead.
-        run.result = replace_nul(outcome.result)
-        run.error = replace_nul(outcome.error)
+        run.result = make_storable(outcome.result)
+        run.error = make_storable(outcome.error)
         run.exit_code = outcome.exit_code
         keep = settings.SYMPHONY_RUN_OUTPUT_KEEP_BYTES
-        run.stdout, cut_out = output_tail(replace_nul(outcome.stdout), keep)
-        run.stderr, cut_err = output_tail(replace_nul(outcome.stderr), keep)
+        run.stdout, cut_out = output_tail(make_storable(outcome.stdout), keep)
+        run.stderr, cut_err = output_tail(make_storable(outcome.stderr), keep)
         run.output_truncated = cut_out or cut_err
         run.finished_at = run.finished_at or timezone.now()
         run.save()
         usage = {k: outcome.usage.get(k, 0) or 0 for k in USAGE_FIELDS}
         UsageRecord.objects.update_or_create(run=run, defaults={"tenant": run.tenant, **usage})
-    publish_event(str(run.pk), "status", {"status": run.status, "error": run.error})
-    publish_event(str(run.pk), "end", {"status": run.status, "result": run.result})
+    publish_end(run)
     log.info("run_finished run=%s tenant=%s status=%s", run.pk, run.tenant.slug, run.status)
     return run

@@ -27,6 +27,10 @@ class Event:
     data: object
 
 
+class _AfterEnd(Exception):
+    """The events endpoint's 204: the caller already had the run's ``end``."""
+
+
 class Client:
     def __init__(self, base_url: str, api_key: str, timeout: float = 30.0) -> None:
         self._http = httpx.Client(
@@ -126,7 +130,8 @@ class Client:
     def events(self, run_id: str, last_event_id: str | None = None, reconnects: int = 5) -> Iterator[Event]:
         """Yield the run's events until ``end``. A stream that breaks or closes before ``end``
         (server restart, Redis failover past the server's own retries) is resumed with
-        ``Last-Event-ID`` up to ``reconnects`` times in a row, so no event is lost or repeated."""
+        ``Last-Event-ID`` up to ``reconnects`` times in a row, so no event is lost or repeated.
+        Resuming after the run's ``end`` yields nothing (the server answers 204)."""
         failures = 0
         while True:
             try:
@@ -138,6 +143,8 @@ class Client:
                         return
             except httpx.TransportError:
                 pass  # counted below like a stream closed before ``end``
+            except _AfterEnd:
+                return
             failures += 1
             if failures > reconnects:
                 raise ApiError(0, "stream_lost", f"events of run {run_id} broke off {failures} times in a row")
@@ -146,6 +153,8 @@ class Client:
     def _event_stream(self, run_id: str, last_event_id: str | None) -> Iterator[Event]:
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
         with self._http.stream("GET", f"runs/{run_id}/events", headers=headers, timeout=None) as response:
+            if response.status_code == 204:
+                raise _AfterEnd
             if response.status_code >= 400:
                 response.read()
                 raise ApiError(response.status_code, "http_error", response.text[:500])

@@ -171,7 +171,7 @@ def run(path: str, on_connected: Callable[[], None] | None = None, records: list
         return EXIT_SETUP_FAILED
     try:
         result = call_main(module, args)
-        json.dumps(result)  # the result must be JSON: fail here, clearly, rather than in the worker
+        json.dumps(result, allow_nan=False)  # the result must be JSON: fail here, clearly, not later
     except SystemExit as exc:
         if exc.code in (None, 0):
             result = None
@@ -182,7 +182,8 @@ def run(path: str, on_connected: Callable[[], None] | None = None, records: list
             return EXIT_PROGRAM_FAILED
     except BaseException as exc:
         msg = error_summary(exc)
-        if isinstance(exc, TypeError | ValueError) and "JSON serializable" in str(exc):
+        not_json = "JSON serializable" in str(exc) or "JSON compliant" in str(exc)
+        if isinstance(exc, TypeError | ValueError) and not_json:
             msg = f"main() returned a value that is not JSON: {exc}"
         _finish(session, None, msg)
         emit({"ok": False, "error": msg})

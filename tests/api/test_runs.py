@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import redis
@@ -158,6 +159,45 @@ def test_nul_characters_in_api_json_are_a_400_not_a_database_error(api_tenant_a,
     )
     assert chat.status_code == 400 and "only text content parts" in chat.json()["error"]["message"], chat.content
     assert Run.objects.count() == 0 and Program.objects.filter(name="q").count() == 0
+
+
+def test_json_postgresql_cannot_store_is_a_400_not_a_database_error(api_tenant_a, program):
+    """NaN, numbers that overflow to infinity and lone surrogate escapes are read by Python's json
+    module but refused by jsonb: each was a 500 at the insert (the last two found by the OpenAI
+    fuzzer). JSON bodies are refused while parsing, form fields by the serializer."""
+    client = api_tenant_a.key_client()
+    for args in ('{"x": NaN}', '{"x": -Infinity}', '{"x": 1e400}', '{"x": [-1e999]}', '{"\\ud800": 1}', '["\\udfff"]'):
+        body = f'{{"program": {program.pk}, "args": {args}}}'
+        response = client.post("/api/v1/runs", body, content_type="application/json")
+        assert response.status_code == 400, (args, response.content)
+        assert response.json()["error"]["code"] == "parse_error", (args, response.json())
+    for default_args, why in (('{"x": 1e400}', "finite"), ('{"s": "\\ud800"}', "surrogate")):
+        upload = client.post(
+            "/api/v1/programs", {"name": "q", "default_args": default_args, "file": _source_file()}, format="multipart"
+        )
+        assert upload.status_code == 400 and why in json.dumps(upload.json()), upload.content
+    for body in (
+        b'{"model": "m", "prompt": "p", "response_format": {"type": "json_schema", "json_schema": {"schema": '
+        b'{"maximum": 1e400}}}}',
+        b'{"model": "m", "prompt": "\\ud800"}',
+        b'{"model": "m", "prompt": "p", "temperature": NaN}',
+    ):
+        response = client.post("/v1/completions", body, content_type="application/json")
+        assert response.status_code == 400 and "not valid JSON" in response.json()["error"]["message"], body
+    assert Run.objects.count() == 0 and Program.objects.filter(name="q").count() == 0
+
+
+def test_a_programs_nan_and_lone_surrogates_do_not_lose_its_outcome(api_tenant_a, program):
+    """The SDK refuses a NaN result, but the record comes from inside the sandbox: NaN and
+    infinities are stored as null and lone surrogates as U+FFFD, with the status and usage."""
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(run.pk), "local")
+    result = {"nan": math.nan, "inf": [math.inf, -math.inf, 1.5], "\ud800key": "a\udfffb"}
+    finish_run(str(run.pk), RunOutcome(status="succeeded", result=result, usage={"decode_tokens": 2}))
+    run.refresh_from_db()
+    assert run.status == "succeeded"
+    assert run.result == {"nan": None, "inf": [None, None, 1.5], "\ufffdkey": "a\ufffdb"}
+    assert UsageRecord.objects.get(run=run).decode_tokens == 2
 
 
 def test_a_programs_nul_characters_do_not_lose_its_outcome(api_tenant_a, program):

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 from django.core.cache import cache
+from django.test import Client
 from rest_framework.test import APIClient
 
 from api.models import Program
@@ -66,6 +67,34 @@ def test_api_key_guessing_is_refused_after_the_limit_even_for_a_valid_key(api_te
     assert valid.get("/api/v1/programs", REMOTE_ADDR="127.0.0.2").status_code == 200
     cache.clear()
     assert valid.get("/api/v1/programs").status_code == 200
+
+
+@pytest.mark.django_db
+def test_every_route_that_takes_a_key_shares_the_guessing_limit(api_tenant_a):
+    """The OpenAI endpoints and the SSE events view are plain async views, not DRF: they count
+    wrong keys into the same per-address window and refuse every key past it, each in its own
+    error envelope, so none of them is an unthrottled oracle for the same secrets."""
+    cache.clear()
+    prog = Program.objects.create(tenant=api_tenant_a.tenant, name="p")
+    programs.add_version(prog, "p.py", b"def main(a):\n    return 1\n")
+    run, _ = create_run(api_tenant_a.tenant, prog, None, {}, {})
+    events = f"/api/v1/runs/{run.pk}/events"
+    guess = {"HTTP_AUTHORIZATION": "Bearer sk_guess_" + "x" * 40}
+    client = Client()
+    codes = [client.get("/v1/models", **guess).status_code for _ in range(20)]
+    codes += [client.get(events, **guess).status_code for _ in range(10)]
+    assert codes == [401] * 30, codes
+
+    valid = {"HTTP_AUTHORIZATION": f"Bearer {api_tenant_a.key_secret}"}
+    models = client.get("/v1/models", **valid)
+    assert models.status_code == 429 and models.json()["error"]["code"] == "rate_limit_exceeded"
+    assert int(models.headers["Retry-After"]) >= 1
+    streamed = client.get(events, **valid)
+    assert streamed.status_code == 429 and streamed.json()["error"]["code"] == "throttled"
+    assert int(streamed.headers["Retry-After"]) >= 1
+    assert client.get("/api/v1/programs", **valid).status_code == 429
+    cache.clear()
+    assert client.get("/v1/models", **valid).status_code == 200
 
 
 def test_check_deploy_clean_with_production_env():

@@ -71,6 +71,8 @@ def test_setup_errors_are_clear(lip_runner) -> None:
     assert "main(args)" in res.error
     res = lip_runner.run("def main(args):\n    return object()\n").result
     assert res.status == "failed" and "not JSON" in res.error
+    res = lip_runner.run("def main(args):\n    return {'score': float('nan')}\n").result
+    assert res.status == "failed" and "not JSON" in res.error, res.error
 
 
 def test_zip_program_with_main_module(lip_runner, tmp_path: Path) -> None:

@@ -322,6 +322,10 @@ def test_an_advancing_grammar_state_is_advanced_by_the_worker(session) -> None:
 def test_send_to_user_and_sleep(session) -> None:
     session.send_to_user("hello")
     session.send_to_user({"step": 1, "items": [1, 2]})
+    # Readers of the stream parse JSON (browsers, OpenAI clients): no NaN, infinities or bytes.
+    for not_json in ({"score": float("nan")}, [float("inf")], {"raw": b"\x00"}):
+        with pytest.raises(sy.InvalidArgument, match="must be JSON"):
+            session.send_to_user(not_json)
     t0 = time.monotonic()
     session.sleep(0.2)
     assert time.monotonic() - t0 >= 0.19

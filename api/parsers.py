@@ -1,0 +1,50 @@
+"""JSON as PostgreSQL can store it, for every JSON request body (REST and OpenAI endpoints).
+
+Python's json module reads more than JSON: ``NaN`` and ``Infinity``, numbers that overflow to
+an infinity (``1e400``), and ``\\ud800`` escapes that make a lone surrogate. PostgreSQL's
+``jsonb`` and ``text`` refuse all of them, so a body carrying one used to pass validation and
+fail at the insert with a 500. They are refused here, while parsing, with a 400 that says why.
+(U+0000, which JSON allows but PostgreSQL does not, is refused by the serializers'
+validators: api/validators.py.)
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import math
+
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
+
+from api.validators import contains_surrogate
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def loads(data: str | bytes) -> object:
+    """Parse a JSON document; ``ValueError`` says what is not storable JSON."""
+    value = json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+    if contains_surrogate(value):
+        raise ValueError("a string holds an unpaired UTF-16 surrogate escape (\\ud800-\\udfff)")
+    return value
+
+
+class StorableJSONParser(JSONParser):
+    """DRF's JSON parser with :func:`loads` (400 ``parse_error`` naming the problem)."""
+
+    def parse(self, stream, media_type=None, parser_context=None):
+        encoding = (parser_context or {}).get("encoding", "utf-8")
+        try:
+            return loads(codecs.getreader(encoding)(stream).read())
+        except ValueError as exc:
+            raise ParseError(f"JSON parse error - {exc}") from None
