@@ -23,6 +23,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.settings import api_settings
 
 from api.models import ApiKey
+from api.services import auth_failures
 from api.services.keys import verify_key
 
 
@@ -94,14 +95,15 @@ def bearer_key(request) -> ApiKey | None:
     try:
         guard.check()
     except exceptions.Throttled as throttled:
+        auth_failures.record("throttled_api_key")
         raise KeyRefused(429, str(throttled.detail), int(throttled.wait or 1)) from None
-    if len(header) != 2:
-        guard.record_failure()
-        raise KeyRefused(401, "malformed Authorization header")
-    key = verify_key(header[1])
+    key = verify_key(header[1]) if len(header) == 2 else None
     if key is None:
         guard.record_failure()
-        raise KeyRefused(401, "invalid, revoked or expired API key")
+        auth_failures.record("bad_api_key")
+        raise KeyRefused(
+            401, "malformed Authorization header" if len(header) != 2 else "invalid, revoked or expired API key"
+        )
     return key
 
 

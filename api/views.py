@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 from api import serializers as s
 from api.authentication import ApiKeyUser
 from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, Tenant
-from api.services import billing, keys, kvfiles, members, programs, quotas, routing, runs
+from api.services import auth_failures, billing, keys, kvfiles, members, programs, quotas, routing, runs
 from api.tenancy import SESSION_TENANT_KEY, IsTenantMember, TenantScopedViewSet, active_tenant
 
 
@@ -103,6 +103,7 @@ class LoginView(APIView):
             request, username=data.validated_data["email"].lower(), password=data.validated_data["password"]
         )
         if user is None:
+            auth_failures.record("bad_login")
             return Response(
                 {"error": {"code": "invalid_credentials", "message": "wrong email or password", "detail": None}},
                 status=401,

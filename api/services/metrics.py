@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from api.models import KVFile, Run, Tenant
-from api.services import routing
+from api.services import auth_failures, routing
 
 #: Heartbeat keys (``health`` fields) exported per worker as gauges: (key, metric name, help).
 WORKER_GAUGES = (
@@ -56,6 +56,7 @@ class ServiceCollector:
         yield from self._workers()
         yield from self._runs()
         yield from self._tenants_and_kv()
+        yield self._auth_failures()
 
     def _workers(self) -> Iterator[Metric]:
         workers = sorted(routing.live_workers(), key=lambda w: w.name)
@@ -114,6 +115,14 @@ class ServiceCollector:
             size.add_metric([residency], float(total or 0))
         yield files
         yield size
+
+    def _auth_failures(self) -> Metric:
+        family = CounterMetricFamily(
+            "symphony_auth_failures", "Refused credentials across all web processes, by reason.", labels=["reason"]
+        )
+        for reason, count in auth_failures.totals().items():
+            family.add_metric([reason], float(count))
+        return family
 
 
 def _is_number(value: object) -> bool:

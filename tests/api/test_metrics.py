@@ -10,6 +10,7 @@ import time
 
 import pytest
 import yaml
+from django.core.cache import cache
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -115,6 +116,24 @@ def test_with_a_token_the_bearer_decides_and_the_host_header_does_not(worker_hea
     post = remote.post("/metrics", HTTP_AUTHORIZATION="Bearer s3cret-token")
     assert post.status_code == 405 and post["Allow"] == "GET, HEAD"
     assert b"symphony_" not in Client().get("/metricsx").content  # the console's routes are untouched
+
+
+def test_refused_credentials_are_counted_across_processes(worker_heartbeats, api_tenant_a):
+    """Wrong keys, throttled keys and failed sign-ins are counted in the shared cache, so any web
+    process's scrape shows the service's totals (what the guessing alerts watch)."""
+    cache.clear()
+    metrics = Client(REMOTE_ADDR="127.0.0.1")
+    for reason in ("bad_api_key", "throttled_api_key", "bad_login"):
+        assert scrape(metrics)["symphony_auth_failures_total", (("reason", reason),)] == 0
+    guesser = Client(REMOTE_ADDR="10.0.3.7")
+    for _ in range(31):
+        guesser.get("/v1/models", HTTP_AUTHORIZATION="Bearer sk_guess_" + "x" * 40)
+    Client().post("/api/v1/auth/login", {"email": "alpha@example.com", "password": "wrong"}, "application/json")
+    m = scrape(metrics)
+    assert m["symphony_auth_failures_total", (("reason", "bad_api_key"),)] == 30
+    assert m["symphony_auth_failures_total", (("reason", "throttled_api_key"),)] == 1
+    assert m["symphony_auth_failures_total", (("reason", "bad_login"),)] == 1
+    cache.clear()
 
 
 def test_the_shipped_alert_rules_name_only_series_the_service_exports(worker_heartbeats):
