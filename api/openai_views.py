@@ -8,7 +8,9 @@ Authentication is an API key with the ``runs`` scope; errors use OpenAI's error 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
@@ -24,6 +26,8 @@ from api.openai_serializers import ChatCompletionSerializer, CompletionSerialize
 from api.services import openai_compat
 from api.services.openai_compat import CompletionRequest, chunk_body, completion_body, error_body
 from api.services.quotas import QuotaExceeded
+
+log = logging.getLogger(__name__)
 
 
 class _Refused(Exception):
@@ -86,19 +90,32 @@ def _failure(run: Run) -> JsonResponse:
     return JsonResponse(error_body(f"run {run.pk} {run.status}: {run.error[:2000]}", "server_error"), status=status)
 
 
+async def _abandon(run: Run) -> None:
+    """The client disconnected before the answer was complete (Django cancels the view, or
+    closes the streaming generator): stop the run instead of generating for nobody."""
+    try:
+        await sync_to_async(openai_compat.abandon)(run.pk)
+    except Exception:  # the disconnect is being handled: log, never mask it
+        log.exception("openai_abandon_failed run=%s", run.pk)
+
+
 async def _chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[bytes]:
     def sse(body: dict) -> bytes:
         return f"data: {json.dumps(body)}\n\n".encode()
 
-    async for entry in stream_entries(run.pk):
-        if entry.type is None:
-            yield b": keep-alive\n\n"
-        elif entry.type == "message":
-            message = json.loads(entry.data).get("data") or {}
-            if isinstance(message, dict) and "delta" in message:
-                yield sse(chunk_body(parsed, run, int(message.get("index", 0)), str(message["delta"]), None))
-        elif entry.type == "end":
-            break
+    try:
+        async for entry in stream_entries(run.pk):
+            if entry.type is None:
+                yield b": keep-alive\n\n"
+            elif entry.type == "message":
+                message = json.loads(entry.data).get("data") or {}
+                if isinstance(message, dict) and "delta" in message:
+                    yield sse(chunk_body(parsed, run, int(message.get("index", 0)), str(message["delta"]), None))
+            elif entry.type == "end":
+                break
+    except (asyncio.CancelledError, GeneratorExit):
+        await _abandon(run)
+        raise
     done = await Run.objects.aget(pk=run.pk)
     if done.status != "succeeded":
         yield sse(error_body(f"run {done.pk} {done.status}: {done.error[:2000]}", "server_error"))
@@ -118,7 +135,11 @@ async def _complete(request: HttpRequest, serializer_class: type):
         response["Cache-Control"] = "no-cache"
         response["X-Accel-Buffering"] = "no"
     else:
-        done = await _finished_run(run)
+        try:
+            done = await _finished_run(run)
+        except asyncio.CancelledError:
+            await _abandon(run)
+            raise
         if done.status != "succeeded":
             return _failure(done)
         response = JsonResponse(completion_body(parsed, done))

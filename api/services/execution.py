@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import redis
@@ -14,6 +15,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 
 from api.models import Run
 from api.services import kvfiles
+from api.services.cancellation import CancelWatch
 from api.services.executor_liveness import ExecutorHeartbeat, executor_alive
 from api.services.quotas import session_limits
 from api.services.runs import RunOutcome, finish_run, start_run
@@ -74,10 +76,10 @@ def _sandbox_spec(run: Run, program_path: Path, session, worker_limits: dict):
     )
 
 
-def _end_session(client, session_id: str) -> tuple[dict, str]:
+def _end_session(watch: CancelWatch) -> tuple[dict, str]:
     """The worker's usage for the session, or ``({}, why)`` when the worker is gone."""
     try:
-        return dict(client.end_session(session_id).usage), ""
+        return dict(watch.end_session().usage), ""
     except Exception as exc:
         name = settings.SYMPHONY_WORKER_NAME
         return {}, f"gpu_worker {name!r} became unreachable during the run ({type(exc).__name__}: {exc})"
@@ -135,7 +137,9 @@ def _execute(run: Run) -> str:
         worker_limits = session_limits(run)
         session = client.create_session(tenant, str(run.pk), worker_limits)
         version = run.program_version
-        with tempfile.TemporaryDirectory(prefix="symphony-run-") as tmp:
+        # Ends the session early if the run is cancelled meanwhile (api/services/cancellation.py).
+        watch = CancelWatch(str(run.pk), lambda: client.end_session(session.session_id))
+        with watch, tempfile.TemporaryDirectory(prefix="symphony-run-") as tmp:
             program_path = Path(tmp) / ("program.zip" if version.kind == "zip" else "program.py")
             program_path.write_bytes(bytes(version.content))
             try:
@@ -145,8 +149,13 @@ def _execute(run: Run) -> str:
                 pool = shared_pool(settings.SYMPHONY_SANDBOX_IMAGE or None)
                 result = (pool.run(spec) if pool is not None else None) or SandboxLauncher().run(spec)
             finally:
-                usage, worker_error = _end_session(client, session.session_id)
+                usage, worker_error = _end_session(watch)
         outcome = _outcome(result, usage, worker_error)
+        if watch.cancelled.is_set():
+            said = f" (the program then reported: {outcome.error})" if outcome.error else ""
+            outcome = replace(
+                outcome, status="cancelled", error=f"cancelled while running; the program was stopped{said}"
+            )
     except Exception as exc:
         log.exception("run_failed run=%s tenant=%s", run.pk, tenant)
         outcome = RunOutcome(status="failed", error=f"{type(exc).__name__}: {exc}")

@@ -9,6 +9,7 @@ LIP result / stream messages -> OpenAI response objects and chunks.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,9 @@ from django.db import transaction
 from api.models import ApiKey, Program, Run, Tenant
 from api.services import programs
 from api.services.quotas import plan_limits
-from api.services.runs import create_run
+from api.services.runs import RunConflict, cancel_run, create_run
+
+log = logging.getLogger(__name__)
 
 BUILTIN_PROGRAM = "openai-compat"
 BUILTIN_SOURCE = Path(__file__).resolve().parent.parent / "builtin_lips" / "openai_compat.py"
@@ -64,6 +67,17 @@ def start(tenant: Tenant, api_key: ApiKey | None, request: CompletionRequest) ->
     limits = {"max_tokens": min(request.run_max_tokens, plan_limits(tenant).max_tokens_per_run)}
     run, _ = create_run(tenant, program, None, request.args, limits, api_key=api_key)
     return run
+
+
+def abandon(run_id: object) -> None:
+    """The client of an OpenAI request went away before its answer: cancel the run, so its
+    program stops and is billed only for what it did (what vLLM's server does on a disconnect).
+    A run that ended meanwhile is left as it is."""
+    try:
+        cancel_run(Run.objects.get(pk=run_id))
+    except RunConflict:
+        return
+    log.info("openai_request_abandoned run=%s", run_id)
 
 
 def _object(request: CompletionRequest, chunk: bool) -> str:

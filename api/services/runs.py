@@ -13,7 +13,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from api.models import ApiKey, Program, Run, Tenant, UsageRecord
-from api.services import routing
+from api.services import cancellation, routing
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import check_can_start
@@ -184,7 +184,8 @@ def start_run(run_id: str, worker: str) -> Run | None:
 
 
 def cancel_run(run: Run) -> Run:
-    """Cancel a queued or running run; terminal runs raise RunConflict."""
+    """Cancel a queued or running run (a running one's program is stopped by its executor);
+    terminal runs raise RunConflict."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status in Run.TERMINAL:
@@ -192,6 +193,8 @@ def cancel_run(run: Run) -> Run:
         locked.status = "cancelled"
         locked.finished_at = timezone.now()
         locked.save(update_fields=["status", "finished_at"])
+    # A running run's executor sees this and stops the program (api/services/cancellation.py).
+    cancellation.request_stop(str(locked.pk))
     publish_end(locked)
     return locked
 

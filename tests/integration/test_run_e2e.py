@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -250,3 +251,76 @@ def test_openai_client_n_seed_stop_and_json_schema(stack, api_tenant_a):
         client.chat.completions.create(model="any", messages=QUESTION, n=100)
     with pytest.raises(openai.AuthenticationError):
         _openai(stack, "sk_wrong_key").chat.completions.create(model="any", messages=QUESTION)
+
+
+ENDLESS_LIP = b"""
+from symphony import kv_create, kv_truncate, pred, send_to_user
+
+
+def main(args):
+    kv = kv_create()
+    dist = pred(kv, [1, 2, 3])[-1]
+    step = 0
+    while True:  # decodes until something stops it: its deadline, its tokens, or a cancel
+        dist = pred(kv, [dist.argmax()])[-1]
+        step += 1
+        send_to_user(f"step {step} ")
+        if step % 32 == 0:
+            kv_truncate(kv, 3)
+"""
+
+
+def _usage_of(run_id: str, timeout: float):
+    from api.models import UsageRecord
+
+    wait_for(lambda: UsageRecord.objects.filter(run_id=run_id).exists(), timeout=timeout, message="the run's usage")
+    return UsageRecord.objects.get(run_id=run_id)
+
+
+def test_cancelling_a_running_run_stops_its_program(stack, api_tenant_a, tmp_path):
+    """Cancel reaches the program in its sandbox: the executor sees the flag, ends the worker
+    session, the LIP's next call fails and the run's usage is recorded seconds later, not at its
+    120 s deadline; the run stays cancelled and says so."""
+    from symphony_client import Client
+
+    lip = tmp_path / "endless.py"
+    lip.write_bytes(ENDLESS_LIP)
+    client = Client(stack, api_tenant_a.key_secret, timeout=60)
+    program = client.upload_program(lip, name="endless")
+    run = client.create_run(program["id"], limits={"deadline_s": 120})
+    for event in client.events(run["id"]):
+        if event.type == "token":
+            break  # the program is decoding
+    cancelled_at = time.monotonic()
+    assert client.cancel_run(run["id"])["status"] == "cancelled"
+    usage = _usage_of(run["id"], timeout=60)
+    assert time.monotonic() - cancelled_at < 30
+    assert 0 < usage.sandbox_seconds < 60 and usage.decode_tokens > 0
+    final = client.get_run(run["id"])
+    assert final["status"] == "cancelled" and final["error"].startswith("cancelled while running"), final
+
+
+def test_an_openai_client_that_disconnects_cancels_its_run(stack, api_tenant_a):
+    """A streaming completion whose client goes away mid-answer stops its run (as vLLM's
+    server aborts the request), instead of decoding the rest of max_tokens for nobody."""
+    body = {"model": "any", "prompt": "Count: 1, 2, 3,", "max_tokens": 4000, "temperature": 0, "stream": True}
+    headers = {"Authorization": f"Bearer {api_tenant_a.key_secret}"}
+    with httpx.Client(base_url=stack, timeout=60) as http:
+        with http.stream("POST", "/v1/completions", json=body, headers=headers) as response:
+            assert response.status_code == 200
+            run_id = response.headers["X-Symphony-Run-Id"]
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    break  # one token arrived; now hang up
+    from api.models import Run
+
+    wait_for(lambda: Run.objects.get(pk=run_id).status == "cancelled", timeout=30, message="the run cancelled")
+    assert _usage_of(run_id, timeout=60).decode_tokens < 4000
+
+    # Not streaming: the client gives up waiting (its read timeout) and closes the connection.
+    before = set(Run.objects.values_list("pk", flat=True))
+    with pytest.raises(httpx.ReadTimeout), httpx.Client(base_url=stack, timeout=httpx.Timeout(60, read=5)) as http:
+        http.post("/v1/completions", json={**body, "stream": False}, headers=headers)
+    (run_id,) = set(Run.objects.values_list("pk", flat=True)) - before
+    wait_for(lambda: Run.objects.get(pk=run_id).status == "cancelled", timeout=30, message="the run cancelled")
+    assert _usage_of(run_id, timeout=60).decode_tokens < 4000
