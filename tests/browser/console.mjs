@@ -174,6 +174,36 @@ const scenarios = {
     return out;
   },
 
+  /** Someone without an account opens an owner's invitation link: signs up through it, lands in
+   * the tenant as a member (its programs, the Team page without owner controls), leaves it, and
+   * finds the spent link refused. */
+  async join(page) {
+    const out = {};
+    await page.goto(cfg.inviteLink);
+    await page.getByRole("heading", { name: `Join ${cfg.tenant}` }).waitFor({ timeout: T });
+    check((await page.getByLabel("Email").inputValue()) === cfg.email, "the invited address is filled in, read-only");
+    await page.getByLabel("Password").fill(cfg.password);
+    await page.getByRole("button", { name: "Sign up and join" }).click();
+    await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+    await page.getByRole("row").filter({ hasText: cfg.programName }).waitFor({ timeout: T }); // the tenant's program
+
+    await gotoNav(page, "Team");
+    const me = page.getByRole("row").filter({ hasText: cfg.email });
+    await me.getByText("you", { exact: true }).waitFor({ timeout: T });
+    out.myRole = (await me.getByRole("cell").nth(1).textContent()) ?? "";
+    out.ownerRow = (await page.getByRole("row").filter({ hasText: cfg.ownerEmail }).textContent()) ?? "";
+    out.inviteControls = await page.getByRole("button", { name: "Create invitation link" }).count();
+    out.roleSelects = await page.getByRole("combobox").count();
+
+    await me.getByRole("button", { name: "Leave tenant" }).click();
+    await me.getByRole("button", { name: "Leave now" }).click();
+    await page.getByRole("heading", { level: 1, name: "No tenant" }).waitFor({ timeout: T });
+
+    await page.goto(cfg.inviteLink);
+    await page.getByRole("alert").filter({ hasText: "This invitation link is not valid" }).waitFor({ timeout: T });
+    return out;
+  },
+
   /** A staff user sees the Admin page: tenants, all KV files, worker health. */
   async staff(page) {
     await login(page, cfg.email, cfg.password);

@@ -64,6 +64,42 @@ def test_tenant_signs_up_uploads_and_manages_keys(console_server, browser):
     assert invitation.revoked_at is not None and invitation.accepted_at is None
 
 
+def test_an_invitee_signs_up_through_the_link_joins_as_member_and_leaves(console_server, browser):
+    """The other half of the team flow above: the person the owner passed the link to."""
+    from django.contrib.auth import get_user_model
+
+    from api.models import AuditLog, Membership, Program, Tenant
+    from api.services import members, programs
+
+    owner = get_user_model().objects.create_user(
+        username="lovelace@example.com", email="lovelace@example.com", password="pw-owner-12345"
+    )
+    tenant = Tenant.objects.create(name="Difference Engines", slug="difference")
+    Membership.objects.create(user=owner, tenant=tenant, role="owner")
+    programs.add_version(Program.objects.create(tenant=tenant, name="shared-lip"), "p.py", HELLO_LIP.encode())
+    issued = members.invite(owner, tenant, "babbage@example.com", "member")
+
+    result = browser(
+        "join",
+        baseUrl=console_server,
+        inviteLink=f"{console_server}/invite/{issued.token}",
+        tenant="Difference Engines",
+        email="babbage@example.com",
+        password="pw-invitee-12345",
+        ownerEmail="lovelace@example.com",
+        programName="shared-lip",
+    )
+    assert result["myRole"].strip() == "member", result
+    assert "owner" in result["ownerRow"], result
+    assert result["inviteControls"] == 0 and result["roleSelects"] == 0, result  # members see, owners manage
+
+    joined = get_user_model().objects.get(username="babbage@example.com")
+    assert joined.check_password("pw-invitee-12345")
+    assert not Membership.objects.filter(tenant=tenant, user=joined).exists()  # left
+    actions = list(AuditLog.objects.filter(tenant=tenant).order_by("id").values_list("action", flat=True))
+    assert actions[-2:] == ["invitation.accept", "member.leave"], actions
+
+
 def test_staff_sees_admin_page(console_server, browser):
     from django.contrib.auth import get_user_model
 
