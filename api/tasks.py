@@ -72,3 +72,11 @@ def meter_kv_storage() -> int:
     from api.services.billing import meter_kv_storage as meter
 
     return meter()
+
+
+@shared_task(name="api.expire_finished_streams")
+def expire_finished_streams() -> int:
+    """Periodic (Celery beat): retention for finished runs' event streams that have none."""
+    from api.services.runs import expire_finished_streams as expire
+
+    return expire()

@@ -137,6 +137,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "reap-orphaned-runs": {"task": "api.reap_orphaned_runs", "schedule": 30.0},
     "meter-kv-storage": {"task": "api.meter_kv_storage", "schedule": 300.0},  # billing.KV_METER_PERIOD_S
+    "expire-finished-streams": {"task": "api.expire_finished_streams", "schedule": 3600.0},
 }
 
 # --- Symphony -----------------------------------------------------------------------------

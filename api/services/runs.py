@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass, field
 
 import redis
@@ -79,6 +80,53 @@ def publish_end(run: Run) -> None:
         pipe.xadd(key, {"type": type_, "data": json.dumps(data)}, maxlen=STREAM_MAXLEN, approximate=True)
     pipe.expire(key, settings.SYMPHONY_RUN_EVENTS_RETENTION_S)
     pipe.execute()
+
+
+#: Stream keys looked at per SCAN step of :func:`expire_finished_streams`.
+SWEEP_BATCH = 500
+
+
+def expire_finished_streams() -> int:
+    """Periodic (Celery beat): give a retention TTL to event streams that have none and whose
+    run is finished or gone. :func:`publish_end` sets it when a run ends; this catches the rest:
+    streams written before retention existed, and a worker's late event that re-created a
+    stream after it expired. A running run's stream is left alone. Returns how many it set."""
+    client = _redis()
+    expired = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match="run:*", count=SWEEP_BATCH, _type="stream"):
+        batch.append(key)
+        if len(batch) >= SWEEP_BATCH:
+            expired += _expire_if_finished(client, batch)
+            batch = []
+    if batch:
+        expired += _expire_if_finished(client, batch)
+    if expired:
+        log.info("run_streams_expiring count=%d retention_s=%d", expired, settings.SYMPHONY_RUN_EVENTS_RETENTION_S)
+    return expired
+
+
+def _run_id_of(key: bytes) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(key.decode().removeprefix("run:"))
+    except ValueError:
+        return None  # a key under run: that is not a run's stream
+
+
+def _expire_if_finished(client: redis.Redis, keys: list[bytes]) -> int:
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.ttl(key)
+    no_ttl = {key: _run_id_of(key) for key, ttl in zip(keys, pipe.execute(), strict=True) if ttl == -1}
+    candidates = {key: run_id for key, run_id in no_ttl.items() if run_id is not None}
+    running = set(
+        Run.objects.filter(pk__in=candidates.values()).exclude(status__in=Run.TERMINAL).values_list("pk", flat=True)
+    )
+    finished = [key for key, run_id in candidates.items() if run_id not in running]
+    for key in finished:
+        pipe.expire(key, settings.SYMPHONY_RUN_EVENTS_RETENTION_S)
+    pipe.execute()
+    return len(finished)
 
 
 def create_run(

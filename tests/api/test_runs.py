@@ -240,3 +240,31 @@ def test_logs_keep_the_tail_of_each_stream_and_only_for_the_runs_tenant(api_tena
     listed = client.get("/api/v1/runs").json()["results"][0]
     assert "stdout" not in listed and "stdout" not in client.get(f"/api/v1/runs/{run.pk}").json()
     assert api_tenant_b.key_client().get(f"/api/v1/runs/{run.pk}/logs").status_code == 404
+
+
+def test_finished_runs_streams_without_retention_get_it_and_running_ones_are_left(api_tenant_a, program):
+    """The hourly sweep: a finished run's stream written before retention existed (or re-created
+    by a late event) and a stream whose run is gone get the TTL; a running run's stream keeps
+    none; ``finish_run`` sets it at once."""
+    import uuid
+
+    from api.services.runs import expire_finished_streams, publish_event
+
+    r = redis.Redis.from_url(settings.REDIS_URL)
+    finished, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    running, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(running.pk), "local")
+    Run.objects.filter(pk=finished.pk).update(status="succeeded")  # ended before retention existed
+    gone = uuid.uuid4()
+    for run_id in (finished.pk, running.pk, gone):
+        publish_event(str(run_id), "token", {"text": "x"})
+        assert r.ttl(f"run:{run_id}") == -1
+    r.set("run:not-a-stream", "1")  # another type under the prefix is not touched
+
+    assert expire_finished_streams() >= 2
+    assert 0 < r.ttl(f"run:{finished.pk}") <= settings.SYMPHONY_RUN_EVENTS_RETENTION_S
+    assert 0 < r.ttl(f"run:{gone}") <= settings.SYMPHONY_RUN_EVENTS_RETENTION_S
+    assert r.ttl(f"run:{running.pk}") == -1 and r.ttl("run:not-a-stream") == -1
+    finish_run(str(running.pk), RunOutcome(status="succeeded"))
+    assert r.ttl(f"run:{running.pk}") > 0
+    r.delete("run:not-a-stream")
