@@ -391,14 +391,34 @@ class UsageView(APIView):
     permission_classes = [IsTenantMember]
     required_scope = "usage"
 
-    @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
+    @extend_schema(
+        request=None,
+        responses=OpenApiTypes.OBJECT,
+        parameters=[
+            OpenApiParameter("from", OpenApiTypes.DATE, description="first UTC day (inclusive)"),
+            OpenApiParameter("to", OpenApiTypes.DATE, description="last UTC day (inclusive)"),
+            OpenApiParameter(
+                "group_by",
+                OpenApiTypes.STR,
+                enum=list(billing.GROUPINGS),
+                description="also sum the range per program or per API key (`groups`)",
+            ),
+        ],
+    )
     def get(self, request):
         try:
             start = date.fromisoformat(request.query_params["from"]) if "from" in request.query_params else None
             end = date.fromisoformat(request.query_params["to"]) if "to" in request.query_params else None
         except ValueError as exc:
             raise ValidationError({"from/to": "dates must be YYYY-MM-DD"}) from exc
-        return Response({"days": billing.usage_by_day(active_tenant(request), start, end)})
+        tenant = active_tenant(request)
+        body: dict = {"days": billing.usage_by_day(tenant, start, end)}
+        group_by = request.query_params.get("group_by")
+        if group_by is not None:
+            if group_by not in billing.GROUPINGS:
+                raise ValidationError({"group_by": f"one of {', '.join(billing.GROUPINGS)}"})
+            body["groups"] = billing.usage_by_group(tenant, group_by, start, end)
+        return Response(body)
 
 
 class StaffWorkersView(APIView):

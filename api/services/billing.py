@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import date
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import Count, Sum
+from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from api.models import Tenant, UsageRecord
@@ -13,20 +13,59 @@ from api.models import Tenant, UsageRecord
 SUMMED = UsageRecord.METERED
 
 
-def usage_by_day(tenant: Tenant, start: date | None = None, end: date | None = None) -> list[dict]:
-    """One row per UTC day in [start, end] with the summed usage and the number of runs."""
+def _in_range(tenant: Tenant, start: date | None, end: date | None) -> QuerySet[UsageRecord]:
     qs = UsageRecord.objects.filter(tenant=tenant)
     if start:
         qs = qs.filter(created_at__date__gte=start)
     if end:
         qs = qs.filter(created_at__date__lte=end)
+    return qs
+
+
+def usage_by_day(tenant: Tenant, start: date | None = None, end: date | None = None) -> list[dict]:
+    """One row per UTC day in [start, end] with the summed usage and the number of runs."""
     rows = (
-        qs.annotate(day=TruncDate("created_at"))
+        _in_range(tenant, start, end)
+        .annotate(day=TruncDate("created_at"))
         .values("day")
         .annotate(runs=Count("run"), **{f: Sum(f) for f in SUMMED})
         .order_by("day")
     )
     return [{**row, "day": row["day"].isoformat()} for row in rows]
+
+
+#: ``group_by`` of :func:`usage_by_group` -> the run's fields that identify and name a group.
+GROUPINGS = {
+    "program": ("run__program_version__program_id", "run__program_version__program__name", None),
+    "api_key": ("run__api_key_id", "run__api_key__name", "run__api_key__prefix"),
+}
+
+
+def usage_by_group(tenant: Tenant, group_by: str, start: date | None = None, end: date | None = None) -> list[dict]:
+    """The usage in [start, end] summed per program or per API key, most decode tokens first.
+
+    Each row: ``kind`` (``program`` / ``api_key``; ``console`` for runs started without a key,
+    from the console; ``storage`` for stored KV files, which no run consumed), ``id``, ``name``,
+    ``prefix`` (keys only), ``runs`` and the metered sums. Raises KeyError for another grouping."""
+    id_field, name_field, prefix_field = GROUPINGS[group_by]
+    qs = _in_range(tenant, start, end)
+    fields = [f for f in (id_field, name_field, prefix_field) if f]
+    rows = []
+    for row in (
+        qs.filter(run__isnull=False)
+        .values(*fields)
+        .annotate(runs=Count("run"), **{f: Sum(f) for f in SUMMED})
+        .order_by(id_field)
+    ):
+        ident = row.pop(id_field)
+        entry = {"kind": group_by if ident is not None else "console", "id": ident, "name": row.pop(name_field)}
+        if prefix_field:
+            entry["prefix"] = row.pop(prefix_field)
+        rows.append({**entry, **row})
+    storage = qs.filter(run__isnull=True).aggregate(**{f: Sum(f) for f in SUMMED})
+    if any(storage.values()):
+        rows.append({"kind": "storage", "id": None, "name": None, "runs": 0, **storage})
+    return sorted(rows, key=lambda r: (-(r["decode_tokens"] or 0), -(r["prefill_tokens"] or 0), str(r["name"])))
 
 
 #: Prices in USD per unit. Tokens are priced per million, page-seconds per thousand.

@@ -86,7 +86,8 @@ def _parser() -> argparse.ArgumentParser:
     kv = sub.add_parser("kv", help="persistent KV files").add_subparsers(dest="action", required=True)
     command(kv, "ls", "list KV files")
     command(kv, "rm", "delete a KV file").add_argument("name")
-    command(sub, "usage", "usage per day and quota")
+    usage = command(sub, "usage", "usage per day and quota")
+    usage.add_argument("--group-by", choices=["program", "api_key"], help="also sum usage per program or API key")
     return parser
 
 
@@ -154,7 +155,7 @@ def _dispatch(client: Client, opts: argparse.Namespace) -> object:
             return client.list_kv_files()
         client.delete_kv_file(opts.name)
         return {"deleted": opts.name}
-    return {**client.quota(), "days": client.usage()["days"]}
+    return {**client.quota(), **client.usage(opts.group_by)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -104,8 +104,10 @@ class Client:
             raise ApiError(404, "not_found", f"no KV file named {name!r}")
         self._call("DELETE", f"kv-files/{match['id']}")
 
-    def usage(self) -> dict:
-        return self._call("GET", "usage")
+    def usage(self, group_by: str | None = None) -> dict:
+        """``{days}``; with ``group_by`` ("program" or "api_key") also ``groups``: the usage
+        summed per program or per API key."""
+        return self._call("GET", "usage", params={"group_by": group_by} if group_by else None)
 
     def quota(self) -> dict:
         return self._call("GET", "quota")

@@ -69,6 +69,8 @@ def test_cli_round_trip(cli, api_asgi_server, api_tenant_a, tmp_path):
     assert missing.returncode == 1 and "no KV file named 'nope'" in missing.stderr
     usage = json.loads(cli("usage").stdout)
     assert usage["plan"] == "free" and "days" in usage
+    grouped = json.loads(cli("usage", "--group-by", "program").stdout)  # the one run was cancelled unstarted
+    assert grouped["plan"] == "free" and grouped["groups"] == [] and "groups" not in usage
 
     bad = cli("get", run_id, key="sk_bad_bad")
     assert bad.returncode == 1 and "401" in bad.stderr

@@ -162,3 +162,44 @@ def test_stored_kv_is_billed_once_per_period_and_is_not_a_run(api_tenant_a, api_
     assert float(lines["kv_gib_hours"]["quantity"]) == pytest.approx(day["kv_gib_hours"])
     assert usage_by_day(api_tenant_b.tenant) == []
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
+
+
+@pytest.mark.django_db
+def test_usage_grouped_by_program_and_by_api_key(api_tenant_a, api_tenant_b):
+    """Which program and which key used what: runs summed per group over the range, console runs
+    (no key) and stored KV files (no run) as their own rows, another tenant's usage nowhere."""
+    from api.models import UsageRecord
+    from api.services.keys import issue_key
+
+    tenant = api_tenant_a.tenant
+    chat, batch = (Program.objects.create(tenant=tenant, name=n) for n in ("chat", "batch"))
+    for prog in (chat, batch):
+        programs.add_version(prog, "p.py", b"def main(a):\n    return 1\n")
+    ci_key = issue_key(tenant, "ci", ["runs"]).key
+    for prog, key, decode in ((chat, ci_key, 10), (chat, ci_key, 5), (batch, None, 100), (chat, None, 1)):
+        run, _ = create_run(tenant, prog, None, {}, {}, api_key=key)
+        finish_run(str(run.pk), RunOutcome(status="succeeded", usage={"decode_tokens": decode, "prefill_tokens": 2}))
+    UsageRecord.objects.create(tenant=tenant, kv_gib_hours=0.5)  # the storage meter's row
+    other = Program.objects.create(tenant=api_tenant_b.tenant, name="chat")
+    programs.add_version(other, "p.py", b"def main(a):\n    return 1\n")
+    run, _ = create_run(api_tenant_b.tenant, other, None, {}, {})
+    finish_run(str(run.pk), RunOutcome(status="succeeded", usage={"decode_tokens": 999}))
+
+    client = api_tenant_a.key_client()
+    by_program = client.get("/api/v1/usage?group_by=program").json()["groups"]
+    assert [(g["kind"], g["name"], g["runs"], g["decode_tokens"]) for g in by_program] == [
+        ("program", "batch", 1, 100),
+        ("program", "chat", 3, 16),
+        ("storage", None, 0, 0),
+    ]
+    assert by_program[-1]["kv_gib_hours"] == 0.5
+    by_key = client.get("/api/v1/usage?group_by=api_key").json()["groups"]
+    assert [(g["kind"], g["name"], g["runs"], g["decode_tokens"]) for g in by_key] == [
+        ("console", None, 2, 101),
+        ("api_key", "ci", 2, 15),
+        ("storage", None, 0, 0),
+    ]
+    assert by_key[1]["prefix"] == ci_key.prefix and by_key[1]["id"] == ci_key.pk
+    plain = client.get("/api/v1/usage").json()
+    assert "groups" not in plain and sum(d["decode_tokens"] for d in plain["days"]) == 116
+    assert client.get("/api/v1/usage?group_by=tenant").status_code == 400

@@ -279,6 +279,8 @@ const scenarios = {
 
     await gotoNav(page, "Usage & billing");
     out.usage = await page.getByTestId("usage-totals").textContent({ timeout: T });
+    const byProgram = page.getByRole("table", { name: "Usage by program" }).getByRole("row").filter({ hasText: cfg.programName });
+    out.byProgram = (await byProgram.textContent({ timeout: T })) ?? "";
     await page.locator(".invoice summary").first().click();
     await page.getByRole("cell", { name: "Decode tokens" }).first().waitFor({ timeout: T });
     await shot(page, "usage");

@@ -250,6 +250,7 @@ def test_live_run_view_and_populated_pages(console_server, browser, tmp_path):
             readyFile=str(ready),
             kvTenant="acme",
             kvName="chat-history",
+            programName="story",
         )
     finally:
         stop.set()
@@ -260,6 +261,8 @@ def test_live_run_view_and_populated_pages(console_server, browser, tmp_path):
     assert result["kvChart"] == 1
     assert '"tokens": 11' in result["result"]
     assert "runs" in result["usage"] and not result["usage"].startswith("0 tokens")
+    # 4 seeded runs and the one just streamed: 7,700 + 11 decode tokens
+    assert result["byProgram"].startswith("story5") and "7,711" in result["byProgram"], result["byProgram"]
     assert result["stale"] == 1  # no worker in this test: the KV mirror is served stale
 
 

@@ -22,6 +22,8 @@ import type {
   RunLogs,
   ServiceHealth,
   UsageDay,
+  UsageGroup,
+  UsageGrouping,
   WorkerHealth,
 } from "./types";
 
@@ -205,10 +207,15 @@ export async function deleteKVFile(id: number): Promise<void> {
 
 // ---- usage & billing -------------------------------------------------------------------
 export async function getUsage(from: string, to: string): Promise<UsageDay[]> {
-  const body = (await unwrap(http.GET("/api/v1/usage"/* from/to are documented query params */, {
-    params: { query: { from, to } as never },
-  }))) as unknown as { days: UsageDay[] };
+  const body = (await unwrap(http.GET("/api/v1/usage", { params: { query: { from, to } } }))) as unknown as { days: UsageDay[] };
   return body.days;
+}
+/** The range's usage summed per program or per API key (plus console runs and KV storage). */
+export async function getUsageGroups(from: string, to: string, groupBy: UsageGrouping): Promise<UsageGroup[]> {
+  const body = (await unwrap(http.GET("/api/v1/usage", { params: { query: { from, to, group_by: groupBy } } }))) as unknown as {
+    groups: UsageGroup[];
+  };
+  return body.groups;
 }
 export async function getQuota(): Promise<Quota> {
   return (await unwrap(http.GET("/api/v1/quota"))) as unknown as Quota;

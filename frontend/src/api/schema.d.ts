@@ -2034,7 +2034,14 @@ export interface operations {
     };
     v1_usage_retrieve: {
         parameters: {
-            query?: never;
+            query?: {
+                /** @description first UTC day (inclusive) */
+                from?: string;
+                /** @description also sum the range per program or per API key (`groups`) */
+                group_by?: "api_key" | "program";
+                /** @description last UTC day (inclusive) */
+                to?: string;
+            };
             header?: never;
             path?: never;
             cookie?: never;

@@ -66,6 +66,21 @@ export interface UsageDay {
   io_calls: number;
 }
 
+export type UsageGrouping = "program" | "api_key";
+
+/** One row of `GET /usage?group_by=`: a program, an API key, console runs (no key) or KV storage. */
+export interface UsageGroup {
+  kind: "program" | "api_key" | "console" | "storage";
+  id: number | null;
+  name: string | null;
+  prefix?: string | null;
+  runs: number;
+  prefill_tokens: number;
+  decode_tokens: number;
+  sandbox_seconds: number;
+  kv_gib_hours: number;
+}
+
 /** `GET /quota`. Fields beyond the first version of the API are optional (null = unlimited). */
 export interface Quota {
   plan: string;

@@ -1,6 +1,6 @@
 import { useState } from "react";
-import { getQuota, getUsage, listInvoices } from "../api/endpoints";
-import type { Invoice, Quota, UsageDay } from "../api/types";
+import { getQuota, getUsage, getUsageGroups, listInvoices } from "../api/endpoints";
+import type { Invoice, Quota, UsageDay, UsageGroup, UsageGrouping } from "../api/types";
 import { BarChart } from "../components/BarChart";
 import { Meter } from "../components/Meter";
 import { PageHeader } from "../components/PageHeader";
@@ -39,6 +39,51 @@ function UsageChart({ days }: { days: UsageDay[] }) {
         {formatNumber(days.reduce((s, d) => s + d.page_seconds, 0))} KV page-seconds in this range
       </p>
     </>
+  );
+}
+
+const GROUPINGS: { value: UsageGrouping; label: string }[] = [
+  { value: "program", label: "By program" },
+  { value: "api_key", label: "By API key" },
+];
+
+/** What a breakdown row is called: its program or key, or what the usage was without one. */
+export function groupLabel(g: UsageGroup): string {
+  if (g.kind === "console") return "Console (no API key)";
+  if (g.kind === "storage") return "Stored KV files";
+  if (g.kind === "api_key") return `${g.name ?? "key"} (sk_${g.prefix ?? "?"}_…)`;
+  return g.name ?? `program ${g.id}`;
+}
+
+function UsageBreakdown({ groups, grouping }: { groups: UsageGroup[]; grouping: UsageGrouping }) {
+  if (!groups.length) return <Empty>No usage in this range.</Empty>;
+  const label = GROUPINGS.find((g) => g.value === grouping)?.label ?? "";
+  return (
+    <div className="table-wrap">
+      <table>
+        <caption className="visually-hidden">Usage {label.replace(/^By/, "by")}</caption>
+        <thead>
+          <tr>
+            <th scope="col">{grouping === "program" ? "Program" : "API key"}</th>
+            <th scope="col" className="num">Runs</th>
+            <th scope="col" className="num">Prefill tokens</th>
+            <th scope="col" className="num">Decode tokens</th>
+            <th scope="col" className="num">Sandbox seconds</th>
+          </tr>
+        </thead>
+        <tbody>
+          {groups.map((g) => (
+            <tr key={`${g.kind}-${g.id ?? ""}`}>
+              <td>{groupLabel(g)}</td>
+              <td className="num">{formatNumber(g.runs)}</td>
+              <td className="num">{formatNumber(g.prefill_tokens ?? 0)}</td>
+              <td className="num">{formatNumber(g.decode_tokens ?? 0)}</td>
+              <td className="num">{formatNumber(Math.round(g.sandbox_seconds ?? 0))}</td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </div>
   );
 }
 
@@ -142,6 +187,8 @@ export function UsagePage() {
   const to = isoDay(new Date());
   const from = isoDay(new Date(Date.now() - (range - 1) * 86400_000));
   const usage = useAsync(() => getUsage(from, to).then((d) => fillDays(d, from, to)), [from, to]);
+  const [grouping, setGrouping] = useState<UsageGrouping>("program");
+  const groups = useAsync(() => getUsageGroups(from, to, grouping), [from, to, grouping]);
   const quota = useAsync(getQuota);
   const invoices = useAsync(listInvoices);
   const today = usage.data?.find((d) => d.day === to);
@@ -161,6 +208,21 @@ export function UsagePage() {
         </div>
         <AsyncBlock state={usage} label="Loading usage…">
           {(days) => <UsageChart days={days} />}
+        </AsyncBlock>
+      </section>
+      <section className="card" aria-labelledby="breakdown-title">
+        <div className="card-head">
+          <h2 id="breakdown-title">Who used it</h2>
+          <div role="group" aria-label="Breakdown" className="segmented">
+            {GROUPINGS.map((g) => (
+              <button key={g.value} type="button" className="btn btn-small" aria-pressed={grouping === g.value} onClick={() => setGrouping(g.value)}>
+                {g.label}
+              </button>
+            ))}
+          </div>
+        </div>
+        <AsyncBlock state={groups} label="Loading breakdown…">
+          {(list) => <UsageBreakdown groups={list} grouping={grouping} />}
         </AsyncBlock>
       </section>
       <div className="grid-2">

@@ -231,7 +231,18 @@ describe("KV files, usage and admin", () => {
     const today = new Date().toISOString().slice(0, 10);
     mockApi({
       "GET /api/v1/auth/me": ME,
-      "GET /api/v1/usage": { days: [{ day: today, runs: 2, prefill_tokens: 100, decode_tokens: 50, pred_calls: 60, page_seconds: 3, io_calls: 0 }] },
+      "GET /api/v1/usage": ({ search }: { search: URLSearchParams }) => {
+        const days = [{ day: today, runs: 2, prefill_tokens: 100, decode_tokens: 50, pred_calls: 60, page_seconds: 3, io_calls: 0 }];
+        const usage = { runs: 1, prefill_tokens: 50, decode_tokens: 25, sandbox_seconds: 2.4, kv_gib_hours: 0 };
+        const groups =
+          search.get("group_by") === "api_key"
+            ? [
+                { kind: "api_key", id: 4, name: "ci", prefix: "ab12", ...usage },
+                { kind: "console", id: null, name: null, ...usage },
+              ]
+            : [{ kind: "program", id: 3, name: "hello", ...usage, runs: 2 }];
+        return { body: search.has("group_by") ? { days, groups } : { days } };
+      },
       "GET /api/v1/quota": {
         plan: "free",
         limits: { max_concurrent_runs: 2, max_tokens_per_run: 4096, max_run_seconds: 120, tokens_per_month: 1000000, max_device_pages_per_run: 256, kv_bytes_stored: 1 << 30 },
@@ -247,6 +258,13 @@ describe("KV files, usage and admin", () => {
     expect(screen.getByRole("meter", { name: "KV bytes stored" })).toBeTruthy();
     expect(screen.getByText("120 s")).toBeTruthy();
     expect(screen.getByText("Decode tokens", { selector: "td" })).toBeTruthy();
+    // Who used it: per program, then per API key (console runs on their own row).
+    const byProgram = await screen.findByRole("table", { name: "Usage by program" });
+    expect(within(byProgram).getByRole("row", { name: /hello/ }).textContent).toContain("2");
+    fireEvent.click(screen.getByRole("button", { name: "By API key" }));
+    const byKey = await screen.findByRole("table", { name: "Usage by API key" });
+    expect(within(byKey).getByText("ci (sk_ab12_…)")).toBeTruthy();
+    expect(within(byKey).getByText("Console (no API key)")).toBeTruthy();
   });
 
   it("hides admin from non-staff and lets staff evict", async () => {
