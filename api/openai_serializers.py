@@ -63,6 +63,10 @@ class ResponseFormatSerializer(serializers.Serializer):
         return attrs
 
 
+class StreamOptionsSerializer(serializers.Serializer):
+    include_usage = serializers.BooleanField(default=False)
+
+
 class _CommonSerializer(serializers.Serializer):
     model = serializers.CharField(max_length=200)
     max_tokens = serializers.IntegerField(min_value=1, required=False)
@@ -73,6 +77,7 @@ class _CommonSerializer(serializers.Serializer):
     stop = serializers.JSONField(required=False, allow_null=True)
     seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31)
     stream = serializers.BooleanField(default=False)
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
     response_format = ResponseFormatSerializer(required=False)
 
     def validate_stop(self, value: object) -> list[str]:
@@ -102,6 +107,7 @@ class _CommonSerializer(serializers.Serializer):
             chat=chat,
             args=args,
             stream=data["stream"],
+            include_usage=bool((data.get("stream_options") or {}).get("include_usage")),
             model=model_name(),
             run_max_tokens=prompt_chars + 64 + max_tokens * data["n"],
         )

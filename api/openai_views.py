@@ -24,7 +24,7 @@ from api.events import stream_entries
 from api.models import ApiKey, Run
 from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
 from api.services import openai_compat
-from api.services.openai_compat import CompletionRequest, chunk_body, completion_body, error_body
+from api.services.openai_compat import CompletionRequest, chunk_body, completion_body, error_body, usage_chunk
 from api.services.quotas import QuotaExceeded
 
 log = logging.getLogger(__name__)
@@ -122,6 +122,8 @@ async def _chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[bytes]:
         return
     for choice in (done.result or {}).get("choices", []):
         yield sse(chunk_body(parsed, done, choice["index"], None, choice["finish_reason"]))
+    if parsed.include_usage:
+        yield sse(usage_chunk(parsed, done))
     yield b"data: [DONE]\n\n"
 
 

@@ -38,6 +38,8 @@ class CompletionRequest:
     model: str
     #: Worker-side token limit of the run: prompt and completion together, with headroom.
     run_max_tokens: int
+    #: ``stream_options.include_usage``: a last chunk with the usage and no choices.
+    include_usage: bool = False
 
 
 def model_name() -> str:
@@ -101,15 +103,13 @@ def completion_body(request: CompletionRequest, run: Run) -> dict:
         else:
             entry["text"] = choice["text"]
         choices.append(entry)
-    usage = result.get("usage", {})
-    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     return {
         "id": response_id(request, run),
         "object": _object(request, chunk=False),
         "created": int(run.created_at.timestamp()),
         "model": request.model,
         "choices": choices,
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion},
+        "usage": usage_body(run),
     }
 
 
@@ -126,6 +126,26 @@ def chunk_body(request: CompletionRequest, run: Run, index: int, text: str | Non
         "created": int(time.time()),
         "model": request.model,
         "choices": [choice],
+    }
+
+
+def usage_body(run: Run) -> dict:
+    """OpenAI's ``usage`` object from the built-in LIP's result."""
+    usage = (run.result or {}).get("usage", {}) if isinstance(run.result, dict) else {}
+    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def usage_chunk(request: CompletionRequest, run: Run) -> dict:
+    """The chunk ``stream_options.include_usage`` asks for: after the last choice, before
+    ``[DONE]``, with the usage and an empty ``choices`` (as OpenAI sends it)."""
+    return {
+        "id": response_id(request, run),
+        "object": _object(request, chunk=True),
+        "created": int(time.time()),
+        "model": request.model,
+        "choices": [],
+        "usage": usage_body(run),
     }
 
 

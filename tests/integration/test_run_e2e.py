@@ -206,6 +206,20 @@ def test_openai_client_chat_plain_and_streaming_agree(stack, api_tenant_a):
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
     assert chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    assert all(c.usage is None for c in chunks)
+    # stream_options.include_usage: one more chunk, no choices, the same usage as the plain answer.
+    counted = list(
+        client.chat.completions.create(
+            model="any",
+            messages=QUESTION,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert counted[-1].choices == [] and counted[-1].usage == plain.usage, counted[-1]
+    assert "".join(c.choices[0].delta.content or "" for c in counted[:-1]) == text
     # The same question as OpenAI content parts (text parts joined) gets the same greedy answer.
     parts = [{"type": "text", "text": "What is the capital "}, {"type": "text", "text": "of France?"}]
     as_parts = client.chat.completions.create(

@@ -77,6 +77,7 @@ VALID = {
     "stop": _text.filter(bool) | st.lists(_text.filter(bool), max_size=4),
     "seed": st.integers(min_value=0, max_value=2**31),
     "stream": st.booleans(),
+    "stream_options": st.none() | st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
     "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}])
     | st.fixed_dictionaries(
         {
