@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, ProgramVersion, Run
 from api.tenancy import KEY_SCOPES
-from api.validators import storable_json
+from api.validators import reject_nul, storable_json
 
 
 class SignupSerializer(serializers.Serializer):
@@ -123,13 +123,39 @@ class VersionUploadSerializer(serializers.Serializer):
     file = serializers.FileField()
 
 
+class RunLimitsSerializer(serializers.Serializer):
+    """What a run may ask for itself, typed and bounded here so a bad value is a 400 naming it,
+    not a 500 (or a failure at execution). The plan caps each one again when the run starts
+    (api/services/quotas.py, api/services/execution.py); unknown keys are refused rather than
+    silently ignored. Scheduling weight is not here: it is the operator's, not the tenant's."""
+
+    max_tokens = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
+    deadline_s = serializers.FloatField(required=False, min_value=0.001, max_value=7 * 86400)
+    max_pages = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
+    max_kv_bytes = serializers.IntegerField(required=False, min_value=1, max_value=2**62)
+    allowed_hosts = serializers.ListField(
+        child=serializers.CharField(max_length=260, validators=[reject_nul]), required=False, max_length=256
+    )
+    memory_mb = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
+    pids = serializers.IntegerField(required=False, min_value=1, max_value=2**31 - 1)
+    output_limit_bytes = serializers.IntegerField(required=False, min_value=1, max_value=2**62)
+
+    def to_internal_value(self, data: object) -> dict:
+        if isinstance(data, dict):
+            unknown = sorted(str(k) for k in data if k not in self.fields)
+            if unknown:
+                known = ", ".join(self.fields)
+                raise serializers.ValidationError({k: [f"not a run limit; known: {known}"] for k in unknown})
+        return dict(super().to_internal_value(data))
+
+
 class RunCreateSerializer(serializers.Serializer):
     # Bounded like the columns they are looked up in (bigint id, integer version): a larger
     # number is a 400 here, not a PostgreSQL range error.
     program = serializers.IntegerField(min_value=1, max_value=2**63 - 1)
     version = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)
     args = serializers.DictField(required=False, default=dict, validators=[storable_json])
-    limits = serializers.DictField(required=False, default=dict, validators=[storable_json])
+    limits = RunLimitsSerializer(required=False, default=dict)
 
 
 class IdempotencyKeySerializer(serializers.Serializer):

@@ -88,8 +88,9 @@ def check_can_start(tenant: Tenant, limits: dict) -> None:
 
 
 def session_limits(run: Run) -> dict:
-    """The limits the worker enforces for ``run``: the run's own, capped by the plan, with the
-    monthly token allowance left as a further cap on tokens."""
+    """The limits the worker enforces for ``run``: the run's own (validated when it was created:
+    api/serializers.py ``RunLimitsSerializer``), capped by the plan, with the monthly token
+    allowance left as a further cap on tokens and the tenant's allowlist as the widest one."""
     tenant = run.tenant
     plan = plan_limits(tenant)
     requested = run.limits
@@ -97,13 +98,16 @@ def session_limits(run: Run) -> dict:
     if plan.tokens_per_month is not None:
         max_tokens = max(0, min(max_tokens, plan.tokens_per_month - tokens_this_month(tenant)))
     deadline = min(float(requested.get("deadline_s") or DEFAULT_RUN_SECONDS), float(plan.max_run_seconds))
-    out: dict = {
-        "max_tokens": max_tokens,
-        "deadline_s": deadline,
-        "allowed_hosts": list(tenant.allowed_tool_hosts),
-    }
-    if plan.max_device_pages_per_run is not None:
-        out["max_pages"] = plan.max_device_pages_per_run
+    # A run may narrow the tenant's tool allowlist, never widen it.
+    hosts = [
+        h for h in tenant.allowed_tool_hosts if "allowed_hosts" not in requested or h in requested["allowed_hosts"]
+    ]
+    out: dict = {"max_tokens": max_tokens, "deadline_s": deadline, "allowed_hosts": hosts}
+    pages = [p for p in (plan.max_device_pages_per_run, requested.get("max_pages")) if p is not None]
+    if pages:
+        out["max_pages"] = min(int(p) for p in pages)
+    if requested.get("max_kv_bytes") is not None:
+        out["max_kv_bytes"] = int(requested["max_kv_bytes"])
     if plan.kv_bytes_stored is not None:
         out["max_stored_bytes"] = plan.kv_bytes_stored
     return out

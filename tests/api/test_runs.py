@@ -96,7 +96,7 @@ def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_ten
     from api.models import Plan
     from api.services.quotas import session_limits
 
-    Plan.objects.filter(name="free").update(tokens_per_month=1000, max_device_pages_per_run=32)
+    Plan.objects.filter(name="free").update(tokens_per_month=1000, max_device_pages_per_run=32, max_concurrent_runs=10)
     api_tenant_a.tenant.allowed_tool_hosts = ["127.0.0.1:8765"]
     api_tenant_a.tenant.save()
     run, _ = create_run(api_tenant_a.tenant, program, None, {}, {"max_tokens": 2000, "deadline_s": 30})
@@ -110,6 +110,47 @@ def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_ten
     }
     unbounded, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
     assert session_limits(unbounded)["deadline_s"] == 60.0
+    # A run may tighten what the plan and the tenant allow, never loosen it.
+    api_tenant_a.tenant.allowed_tool_hosts = ["127.0.0.1:8765", "127.0.0.1:9000"]
+    api_tenant_a.tenant.save()
+    narrowed, _ = create_run(
+        api_tenant_a.tenant,
+        program,
+        None,
+        {},
+        {"max_pages": 8, "max_kv_bytes": 1 << 20, "allowed_hosts": ["127.0.0.1:9000", "evil.example:80"]},
+    )
+    limits = session_limits(narrowed)
+    assert limits["max_pages"] == 8 and limits["max_kv_bytes"] == 1 << 20
+    assert limits["allowed_hosts"] == ["127.0.0.1:9000"]
+    wider, _ = create_run(api_tenant_a.tenant, program, None, {}, {"max_pages": 1000})
+    assert session_limits(wider)["max_pages"] == 32
+
+
+def test_malformed_or_unknown_run_limits_are_a_400_naming_them(api_tenant_a, program):
+    """Each was a 500 (``int("abc")`` in the quota check) or a run accepted only to fail when it
+    started; ``weight`` is the operator's to set, not the tenant's."""
+    client = api_tenant_a.key_client()
+    for limits, field in (
+        ({"max_tokens": "abc"}, "max_tokens"),
+        ({"deadline_s": [1]}, "deadline_s"),
+        ({"deadline_s": -1}, "deadline_s"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"memory_mb": "x"}, "memory_mb"),
+        ({"max_pages": 1.5}, "max_pages"),
+        ({"allowed_hosts": 5}, "allowed_hosts"),
+        ({"allowed_hosts": ["x" * 300]}, "allowed_hosts"),
+        ({"weight": 1000}, "weight"),
+        ({"cpus": 8}, "cpus"),
+    ):
+        response = client.post("/api/v1/runs", {"program": program.pk, "limits": limits}, format="json")
+        assert response.status_code == 400, (limits, response.content)
+        error = response.json()["error"]
+        assert error["code"] == "invalid" and field in error["detail"]["limits"], (limits, error)
+    assert not Run.objects.exists()
+    body = {"program": program.pk, "limits": {"max_tokens": 64, "deadline_s": 5}}
+    ok = client.post("/api/v1/runs", body, format="json")
+    assert ok.status_code == 201 and ok.json()["limits"] == {"max_tokens": 64, "deadline_s": 5.0}
 
 
 def test_list_filters_are_validated_and_pages_bounded(api_tenant_a, program):

@@ -892,9 +892,26 @@ export interface components {
             args?: {
                 [key: string]: unknown;
             };
-            limits?: {
-                [key: string]: unknown;
-            };
+            limits?: components["schemas"]["RunLimits"];
+        };
+        /**
+         * @description What a run may ask for itself, typed and bounded here so a bad value is a 400 naming it,
+         *     not a 500 (or a failure at execution). The plan caps each one again when the run starts
+         *     (api/services/quotas.py, api/services/execution.py); unknown keys are refused rather than
+         *     silently ignored. Scheduling weight is not here: it is the operator's, not the tenant's.
+         */
+        RunLimits: {
+            max_tokens?: number;
+            /** Format: double */
+            deadline_s?: number;
+            max_pages?: number;
+            /** Format: int64 */
+            max_kv_bytes?: number;
+            allowed_hosts?: string[];
+            memory_mb?: number;
+            pids?: number;
+            /** Format: int64 */
+            output_limit_bytes?: number;
         };
         RunLogs: {
             /** Format: uuid */
