@@ -34,6 +34,7 @@ class PlanAdmin(admin.ModelAdmin):
         "max_run_seconds",
         "max_device_pages_per_run",
         "kv_bytes_stored",
+        "scheduling_weight",
     ]
 
 

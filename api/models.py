@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
 
@@ -25,6 +26,9 @@ class Plan(models.Model):
     max_device_pages_per_run = models.PositiveIntegerField(null=True, blank=True)
     #: Bytes of persistent KV files the tenant may keep stored.
     kv_bytes_stored = models.BigIntegerField(null=True, blank=True)
+    #: Share of contended forward passes, relative to other tenants' (the worker's fair scheduler
+    #: serves tenants in proportion to it while they compete; 2 = twice a weight-1 tenant's tokens).
+    scheduling_weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(1000)])
 
     def __str__(self) -> str:
         return self.name

@@ -21,6 +21,8 @@ class PlanLimits:
     tokens_per_month: int | None
     max_device_pages_per_run: int | None
     kv_bytes_stored: int | None
+    #: The worker's fair-share weight for the tenant's runs (1 = an equal share).
+    scheduling_weight: float = 1.0
 
 
 #: Used when a tenant names a plan that has no row (e.g. deleted by an operator): the most
@@ -45,6 +47,7 @@ def plan_limits(tenant: Tenant) -> PlanLimits:
         plan.tokens_per_month,
         plan.max_device_pages_per_run,
         plan.kv_bytes_stored,
+        plan.scheduling_weight,
     )
 
 
@@ -102,7 +105,12 @@ def session_limits(run: Run) -> dict:
     hosts = [
         h for h in tenant.allowed_tool_hosts if "allowed_hosts" not in requested or h in requested["allowed_hosts"]
     ]
-    out: dict = {"max_tokens": max_tokens, "deadline_s": deadline, "allowed_hosts": hosts}
+    out: dict = {
+        "max_tokens": max_tokens,
+        "deadline_s": deadline,
+        "allowed_hosts": hosts,
+        "weight": plan.scheduling_weight,
+    }
     pages = [p for p in (plan.max_device_pages_per_run, requested.get("max_pages")) if p is not None]
     if pages:
         out["max_pages"] = min(int(p) for p in pages)

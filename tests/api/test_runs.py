@@ -107,6 +107,7 @@ def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_ten
         "allowed_hosts": ["127.0.0.1:8765"],
         "max_pages": 32,
         "max_stored_bytes": 1 << 30,
+        "weight": 1.0,
     }
     unbounded, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
     assert session_limits(unbounded)["deadline_s"] == 60.0
@@ -125,6 +126,9 @@ def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_ten
     assert limits["allowed_hosts"] == ["127.0.0.1:9000"]
     wider, _ = create_run(api_tenant_a.tenant, program, None, {}, {"max_pages": 1000})
     assert session_limits(wider)["max_pages"] == 32
+    # The plan's scheduling weight is the worker's fair share for every run of its tenants.
+    Plan.objects.filter(name="free").update(scheduling_weight=2.5)
+    assert session_limits(wider)["weight"] == 2.5
 
 
 def test_malformed_or_unknown_run_limits_are_a_400_naming_them(api_tenant_a, program):
