@@ -14,6 +14,7 @@ verified keys on its own would be an unthrottled oracle for the same secrets.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -96,7 +97,7 @@ def bearer_key(request) -> ApiKey | None:
         guard.check()
     except exceptions.Throttled as throttled:
         auth_failures.record("throttled_api_key")
-        raise KeyRefused(429, str(throttled.detail), int(throttled.wait or 1)) from None
+        raise KeyRefused(429, str(throttled.detail), math.ceil(throttled.wait or 1)) from None
     key = verify_key(header[1]) if len(header) == 2 else None
     if key is None:
         guard.record_failure()

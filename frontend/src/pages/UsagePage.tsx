@@ -188,7 +188,9 @@ export function UsagePage() {
   const from = isoDay(new Date(Date.now() - (range - 1) * 86400_000));
   const usage = useAsync(() => getUsage(from, to).then((d) => fillDays(d, from, to)), [from, to]);
   const [grouping, setGrouping] = useState<UsageGrouping>("program");
-  const groups = useAsync(() => getUsageGroups(from, to, grouping), [from, to, grouping]);
+  // The rows carry the grouping they were fetched for: while another one loads, the table keeps
+  // its own header instead of labelling old rows with the new grouping.
+  const groups = useAsync(() => getUsageGroups(from, to, grouping).then((rows) => ({ grouping, rows })), [from, to, grouping]);
   const quota = useAsync(getQuota);
   const invoices = useAsync(listInvoices);
   const today = usage.data?.find((d) => d.day === to);
@@ -222,7 +224,7 @@ export function UsagePage() {
           </div>
         </div>
         <AsyncBlock state={groups} label="Loading breakdown…">
-          {(list) => <UsageBreakdown groups={list} grouping={grouping} />}
+          {(data) => <UsageBreakdown groups={data.rows} grouping={data.grouping} />}
         </AsyncBlock>
       </section>
       <div className="grid-2">

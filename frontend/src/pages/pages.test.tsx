@@ -263,7 +263,7 @@ describe("KV files, usage and admin", () => {
     expect(within(byProgram).getByRole("row", { name: /hello/ }).textContent).toContain("2");
     fireEvent.click(screen.getByRole("button", { name: "By API key" }));
     const byKey = await screen.findByRole("table", { name: "Usage by API key" });
-    expect(within(byKey).getByText("ci (sk_ab12_…)")).toBeTruthy();
+    expect(await within(byKey).findByText("ci (sk_ab12_…)")).toBeTruthy();
     expect(within(byKey).getByText("Console (no API key)")).toBeTruthy();
   });
 
