@@ -51,8 +51,8 @@ def request_stop(run_id: str) -> bool:
         return False
 
 
-def stop_requested(run_id: str) -> bool:
-    return bool(_redis().exists(_key(str(run_id))))
+def stop_requested(run_id: str, client: redis.Redis | None = None) -> bool:
+    return bool((client or _redis()).exists(_key(str(run_id))))
 
 
 class CancelWatch(Generic[T]):
@@ -83,9 +83,10 @@ class CancelWatch(Generic[T]):
         return value  # type: ignore[return-value]
 
     def _watch(self) -> None:
+        client = _redis()  # one connection for every poll of this run, not one per poll
         while not self._stop.wait(POLL_S):
             try:
-                if not stop_requested(self.run_id):
+                if not stop_requested(self.run_id, client):
                     continue
             except redis.RedisError as exc:  # a Redis hiccup must not fail the run
                 log.warning("cancel_watch_failed run=%s error=%s", self.run_id, exc)
@@ -96,7 +97,8 @@ class CancelWatch(Generic[T]):
                 self.end_session()
             except Exception as exc:  # the executor's own call reports it
                 log.warning("cancel_end_session_failed run=%s error=%s", self.run_id, exc)
-            return
+            break
+        client.close()
 
     def __enter__(self) -> CancelWatch[T]:
         self._thread.start()

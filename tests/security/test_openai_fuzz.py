@@ -53,10 +53,6 @@ ANY_JSON = st.recursive(
 )
 
 
-def _either(plausible: st.SearchStrategy) -> st.SearchStrategy:
-    return plausible | ANY_JSON
-
-
 _text = st.text(st.characters(exclude_characters="\x00"), max_size=30)
 _message = st.fixed_dictionaries(
     {
