@@ -20,8 +20,10 @@ from api.services import kvfiles
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ["slug", "name", "plan", "created_at"]
+    list_display = ["slug", "name", "plan", "created_at", "closed_at", "purged_at"]
+    list_filter = [("closed_at", admin.EmptyFieldListFilter)]
     search_fields = ["slug", "name"]
+    readonly_fields = ["closed_at", "purged_at"]  # closing is the owner's, through the API
 
 
 @admin.register(Plan)

@@ -15,6 +15,7 @@ from api.services.members import InvitationInvalid, MembershipConflict, NotAllow
 from api.services.programs import ProgramInvalid
 from api.services.quotas import QuotaExceeded
 from api.services.runs import RunConflict
+from api.services.tenant_closure import TenantClosed
 
 DOMAIN_ERRORS = {
     ProgramInvalid: (status.HTTP_400_BAD_REQUEST, "invalid_program"),
@@ -26,6 +27,7 @@ DOMAIN_ERRORS = {
     NotAllowed: (status.HTTP_403_FORBIDDEN, "permission_denied"),
     InvitationInvalid: (status.HTTP_404_NOT_FOUND, "not_found"),
     TooManyTenants: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
+    TenantClosed: (status.HTTP_409_CONFLICT, "conflict"),
 }
 
 

@@ -43,6 +43,11 @@ class Tenant(models.Model):
     #: ``host`` or ``host:port`` entries a LIP of this tenant may reach through ``http_fetch``.
     allowed_tool_hosts = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    #: Set when an owner closes the tenant (api/services/tenant_closure.py): from then on no key,
+    #: member or run can use it. The row stays as the tombstone its usage and audit rows bill to.
+    closed_at = models.DateTimeField(null=True, blank=True)
+    #: Set once the closed tenant's programs, runs, keys and KV files have been deleted.
+    purged_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return self.slug

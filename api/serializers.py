@@ -33,6 +33,11 @@ class TenantCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
 
 
+class TenantCloseSerializer(serializers.Serializer):
+    #: The tenant's slug, typed by the owner: closing deletes its data and cannot be undone.
+    confirm = serializers.CharField(max_length=64, trim_whitespace=True)
+
+
 class MemberSerializer(serializers.ModelSerializer):
     user_id = serializers.IntegerField(source="user.id", read_only=True)
     email = serializers.EmailField(source="user.email", read_only=True)

@@ -80,3 +80,35 @@ def expire_finished_streams() -> int:
     from api.services.runs import expire_finished_streams as expire
 
     return expire()
+
+
+#: How long the purge of a closed tenant waits for its cancelled runs to record their usage.
+PURGE_RETRY_S = 30
+
+
+@shared_task(name="api.purge_tenant", bind=True, max_retries=240)
+def purge_tenant(self, tenant_id: int) -> dict[str, int]:
+    """Delete a closed tenant's programs, runs, keys and invitations (api/services/tenant_closure.py),
+    retried every PURGE_RETRY_S while its cancelled runs are still finishing."""
+    from dataclasses import asdict
+
+    from api.services.tenant_closure import PurgePending, purge
+
+    try:
+        return asdict(purge(tenant_id))
+    except PurgePending as exc:
+        log.info("tenant_purge_waiting tenant=%s reason=%s", tenant_id, exc)
+        raise self.retry(exc=exc, countdown=PURGE_RETRY_S) from exc
+
+
+@shared_task(name="api.purge_tenant_kv", bind=True, max_retries=None)
+def purge_tenant_kv(self, tenant_id: int) -> int:
+    """On a worker host (queue ``worker.<name>``): delete a closed tenant's KV files from this
+    host's gpu_worker, retried with backoff (up to 10 minutes apart) while it is unreachable."""
+    from api.services.kvfiles import WorkerUnavailable
+    from api.services.tenant_closure import purge_kv_files
+
+    try:
+        return purge_kv_files(tenant_id)
+    except WorkerUnavailable as exc:
+        raise self.retry(exc=exc, countdown=min(600, 10 * 2**self.request.retries)) from exc

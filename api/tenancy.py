@@ -16,7 +16,7 @@ def active_tenant(request) -> Tenant:
     user = request.user
     if isinstance(user, ApiKeyUser):
         return user.key.tenant
-    memberships = Membership.objects.filter(user=user).select_related("tenant")
+    memberships = Membership.objects.filter(user=user, tenant__closed_at__isnull=True).select_related("tenant")
     wanted = request.session.get(SESSION_TENANT_KEY)
     chosen = memberships.filter(tenant_id=wanted).first() if wanted else None
     chosen = chosen or memberships.order_by("id").first()

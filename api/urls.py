@@ -29,6 +29,7 @@ urlpatterns = [
     path("auth/invitations/<str:token>", views.InvitationPreviewView.as_view(), name="auth-invitation"),
     path("auth/invitations/<str:token>/accept", views.InvitationAcceptView.as_view(), name="auth-invitation-accept"),
     path("tenants", views.TenantCreateView.as_view(), name="tenants"),
+    path("tenants/<int:tenant_id>/close", views.TenantCloseView.as_view(), name="tenant-close"),
     path("runs/<uuid:run_id>/events", run_events, name="run-events"),
     path("usage", views.UsageView.as_view(), name="usage"),
     path("admin/tenants", views.StaffTenantsView.as_view(), name="admin-tenants"),

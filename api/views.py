@@ -23,7 +23,18 @@ from rest_framework.views import APIView
 from api import serializers as s
 from api.authentication import ApiKeyUser
 from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, Tenant
-from api.services import auth_failures, billing, keys, kvfiles, members, programs, quotas, routing, runs
+from api.services import (
+    auth_failures,
+    billing,
+    keys,
+    kvfiles,
+    members,
+    programs,
+    quotas,
+    routing,
+    runs,
+    tenant_closure,
+)
 from api.tenancy import SESSION_TENANT_KEY, IsTenantMember, TenantScopedViewSet, active_tenant
 
 
@@ -166,6 +177,25 @@ class TenantCreateView(APIView):
         tenant = members.create_tenant(user, data.validated_data["name"])
         request.session[SESSION_TENANT_KEY] = tenant.pk
         return Response(_me(request), status=status.HTTP_201_CREATED)
+
+
+class TenantCloseView(APIView):
+    """An owner closes a tenant: it stops at once (keys, runs, members) and its programs, runs
+    and KV files are deleted in the background (api/services/tenant_closure.py)."""
+
+    @extend_schema(request=s.TenantCloseSerializer, responses=OpenApiTypes.OBJECT)
+    def post(self, request, tenant_id: int):
+        user = _console_user(request)  # never an API key, even an owner's
+        data = s.TenantCloseSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        membership = get_object_or_404(Membership.objects.select_related("tenant"), user=user, tenant_id=tenant_id)
+        try:
+            tenant_closure.close(user, membership.tenant, data.validated_data["confirm"])
+        except tenant_closure.ConfirmationMismatch as exc:
+            raise ValidationError({"confirm": [str(exc)]}) from exc
+        if request.session.get(SESSION_TENANT_KEY) == tenant_id:
+            del request.session[SESSION_TENANT_KEY]
+        return Response(_me(request))
 
 
 class InvitationPreviewView(APIView):
@@ -454,6 +484,8 @@ class StaffTenantsView(APIView):
                     "members": t.members,
                     "programs": t.program_count,
                     "active_runs": t.active_runs,
+                    "closed_at": t.closed_at,
+                    "purged_at": t.purged_at,
                 }
                 for t in tenants
             ]

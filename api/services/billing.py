@@ -151,7 +151,9 @@ def meter_kv_storage(now: float | None = None) -> int:
     if not claimed:
         return 0
     hours = KV_METER_PERIOD_S / 3600
-    stored = KVFile.objects.values("tenant_id").annotate(total=DbSum("bytes")).filter(total__gt=0)
+    # A closed tenant's files are being deleted (api/services/tenant_closure.py): not billed.
+    files = KVFile.objects.filter(tenant__closed_at__isnull=True)
+    stored = files.values("tenant_id").annotate(total=DbSum("bytes")).filter(total__gt=0)
     for row in stored:
         UsageRecord.objects.create(tenant_id=row["tenant_id"], kv_gib_hours=row["total"] / (1 << 30) * hours)
     return len(stored)

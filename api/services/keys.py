@@ -74,6 +74,8 @@ def verify_key(raw: str) -> ApiKey | None:
     now = timezone.now()
     if key.revoked_at is not None or (key.expires_at is not None and key.expires_at <= now):
         return None
+    if key.tenant.closed_at is not None:  # revoked when it closed; this holds if that ever fails
+        return None
     changes: dict = {"last_used_at": now}
     if not matches[0]:
         changes["secret_hash"] = key.secret_hash = digests[0]  # verified under a fallback: re-hash

@@ -60,6 +60,16 @@ def delete(kv: KVFile) -> None:
     kv.delete()
 
 
+def delete_all(tenant: Tenant) -> int:
+    """Delete every KV file of ``tenant`` from this host's worker (device, host memory and the KV
+    store) and their mirror rows; returns how many the worker held."""
+    names = [e["name"] for e in _call("kv_list", tenant.slug) if e.get("tenant") == tenant.slug]
+    for name in names:
+        _call("kv_delete", tenant.slug, name)
+    KVFile.objects.filter(tenant=tenant, worker=settings.SYMPHONY_WORKER_NAME).delete()
+    return len(names)
+
+
 def pin(kv: KVFile, pinned: bool) -> KVFile:
     _call("kv_pin", kv.tenant.slug, kv.name, pinned)
     kv.pinned = pinned

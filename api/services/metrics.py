@@ -106,7 +106,8 @@ class ServiceCollector:
         yield finished
 
     def _tenants_and_kv(self) -> Iterator[Metric]:
-        yield GaugeMetricFamily("symphony_tenants", "Tenants signed up.", value=float(Tenant.objects.count()))
+        open_tenants = Tenant.objects.filter(closed_at__isnull=True).count()
+        yield GaugeMetricFamily("symphony_tenants", "Tenants signed up and not closed.", value=float(open_tenants))
         files = GaugeMetricFamily("symphony_kv_files", "Persistent KV files, by where they are.", labels=["residency"])
         size = GaugeMetricFamily("symphony_kv_file_bytes", "Bytes of persistent KV files.", labels=["residency"])
         rows = KVFile.objects.values_list("residency").annotate(n=Count("pk"), b=Sum("bytes")).order_by("residency")

@@ -146,6 +146,8 @@ def create_run(
         existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing, False
+    if Tenant.objects.filter(pk=tenant.pk, closed_at__isnull=False).exists():
+        raise RunConflict("this tenant is closed")
     versions = program.versions.order_by("-number")
     pv = versions.filter(number=version).first() if version else versions.first()
     if pv is None:
@@ -223,10 +225,20 @@ def start_run(run_id: str, worker: str) -> Run | None:
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None or run.status != "queued":
             return None
-        run.status = "running"
-        run.worker = worker
-        run.started_at = timezone.now()
-        run.save(update_fields=["status", "worker", "started_at"])
+        if Tenant.objects.filter(pk=run.tenant_id, closed_at__isnull=False).exists():
+            # Created in the moment its tenant closed (api/services/tenant_closure.py).
+            run.status, run.finished_at = "cancelled", timezone.now()
+            run.save(update_fields=["status", "finished_at"])
+            closed = True
+        else:
+            closed = False
+            run.status = "running"
+            run.worker = worker
+            run.started_at = timezone.now()
+            run.save(update_fields=["status", "worker", "started_at"])
+    if closed:
+        publish_end(run)
+        return None
     publish_event(str(run.pk), "status", {"status": "running"})
     return run
 

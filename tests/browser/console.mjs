@@ -204,6 +204,25 @@ const scenarios = {
     return out;
   },
 
+  /** An owner of two tenants closes the active one from its Team page; the console moves to the other. */
+  async close(page) {
+    const out = {};
+    await login(page, cfg.email, cfg.password);
+    await page.getByRole("row").filter({ hasText: cfg.closingProgram }).waitFor({ timeout: T });
+    await gotoNav(page, "Team");
+    const form = page.getByRole("form", { name: "Close this tenant" });
+    const button = form.getByRole("button", { name: "Close tenant" });
+    await form.getByLabel(/to confirm/).fill(cfg.tenantName); // the name, not the slug
+    out.armedByName = await button.isEnabled();
+    await form.getByLabel(/to confirm/).fill(cfg.slug);
+    await shot(page, "close-tenant");
+    await button.click();
+    await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+    await page.getByRole("row").filter({ hasText: cfg.stayingProgram }).waitFor({ timeout: T });
+    out.tenantShown = (await page.locator(".tenant-name").textContent()) ?? "";
+    return out;
+  },
+
   /** A staff user sees the Admin page: tenants, all KV files, worker health. */
   async staff(page) {
     await login(page, cfg.email, cfg.password);

@@ -100,6 +100,38 @@ def test_an_invitee_signs_up_through_the_link_joins_as_member_and_leaves(console
     assert actions[-2:] == ["invitation.accept", "member.leave"], actions
 
 
+def test_an_owner_closes_a_tenant_and_the_console_moves_to_their_other_one(console_server, browser):
+    from django.contrib.auth import get_user_model
+
+    from api.models import AuditLog, Membership, Program, Tenant
+    from api.services import programs
+
+    owner = get_user_model().objects.create_user(
+        username="hopper@example.com", email="hopper@example.com", password="pw-owner-12345"
+    )
+    closing = Tenant.objects.create(name="Mark I", slug="mark-i")
+    staying = Tenant.objects.create(name="UNIVAC", slug="univac")
+    for tenant, program in ((closing, "ballistics"), (staying, "payroll")):
+        Membership.objects.create(user=owner, tenant=tenant, role="owner")  # Mark I first: active at sign-in
+        programs.add_version(Program.objects.create(tenant=tenant, name=program), "p.py", HELLO_LIP.encode())
+
+    result = browser(
+        "close",
+        baseUrl=console_server,
+        email="hopper@example.com",
+        password="pw-owner-12345",
+        tenantName="Mark I",
+        slug="mark-i",
+        closingProgram="ballistics",
+        stayingProgram="payroll",
+    )
+    assert result["armedByName"] is False and result["tenantShown"] == "UNIVAC", result
+    closing.refresh_from_db()
+    assert closing.closed_at is not None and not Membership.objects.filter(tenant=closing).exists()
+    assert AuditLog.objects.filter(tenant=closing, action="tenant.close", actor=owner).exists()
+    assert Membership.objects.filter(tenant=staying, user=owner, role="owner").exists()
+
+
 def test_staff_sees_admin_page(console_server, browser):
     from django.contrib.auth import get_user_model
 

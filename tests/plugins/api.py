@@ -84,7 +84,11 @@ def api_asgi_server() -> Iterator[str]:
         pytest.fail("uvicorn did not listen within 30 s")
     yield f"http://127.0.0.1:{port}"
     proc.terminate()
-    proc.wait(timeout=10)
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:  # a client left a stream open (a failed test's SSE reader)
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture

@@ -196,6 +196,7 @@ def test_session_writes_without_csrf_token_are_refused(api_schema, seeded):
         if operation.path in ("/api/v1/auth/login", "/api/v1/auth/signup"):
             continue  # public, csrf-exempt by design: they create the session
         path = operation.path.replace("{id}", "1").replace("{number}", "1").replace("{month}", "2026-11")
+        path = path.replace("{tenant_id}", "1")
         response = client.generic(operation.method.upper(), path, b"{}", content_type="application/json")
         assert response.status_code == 403, (operation.method, path, response.status_code)
         assert "CSRF" in response.json()["error"]["message"], response.json()

@@ -72,6 +72,13 @@ export async function changePassword(current_password: string, new_password: str
 export async function createTenant(name: string): Promise<Me> {
   return (await unwrap(http.POST("/api/v1/tenants", { body: { name } }))) as unknown as Me;
 }
+/** Close a tenant (owners; `confirm` is its slug): it stops at once and its programs, runs and KV
+ * files are deleted. Answers with the /auth/me body, which no longer lists it. */
+export async function closeTenant(tenant: number, confirm: string): Promise<Me> {
+  return (await unwrap(
+    http.POST("/api/v1/tenants/{tenant_id}/close", { params: { path: { tenant_id: tenant } }, body: { confirm } }),
+  )) as unknown as Me;
+}
 /** What an invite link offers; readable without signing in (the token is the credential). */
 export async function getInvitation(token: string): Promise<InvitationPreview> {
   return unwrap(http.GET("/api/v1/auth/invitations/{token}", { params: { path: { token } } }));

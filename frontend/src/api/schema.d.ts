@@ -617,6 +617,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/tenants/{tenant_id}/close": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description An owner closes a tenant: it stops at once (keys, runs, members) and its programs, runs
+         *     and KV files are deleted in the background (api/services/tenant_closure.py).
+         */
+        post: operations["v1_tenants_close_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/usage": {
         parameters: {
             query?: never;
@@ -940,6 +960,9 @@ export interface components {
         };
         SwitchTenant: {
             tenant: number;
+        };
+        TenantClose: {
+            confirm: string;
         };
         TenantCreate: {
             name: string;
@@ -2038,6 +2061,35 @@ export interface operations {
         };
         responses: {
             201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_tenants_close_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TenantClose"];
+                "application/x-www-form-urlencoded": components["schemas"]["TenantClose"];
+                "multipart/form-data": components["schemas"]["TenantClose"];
+            };
+        };
+        responses: {
+            200: {
                 headers: {
                     [name: string]: unknown;
                 };

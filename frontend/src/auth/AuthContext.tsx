@@ -16,6 +16,8 @@ export interface AuthValue {
   acceptInvitation: (token: string) => Promise<void>;
   /** Create a tenant owned by the signed-in user and switch to it. */
   createTenant: (name: string) => Promise<void>;
+  /** Close a tenant the user owns (`confirm`: its slug); the console moves to another or none. */
+  closeTenant: (id: number, confirm: string) => Promise<void>;
   logout: () => Promise<void>;
   switchTenant: (id: number) => Promise<void>;
   refresh: () => Promise<void>;
@@ -56,6 +58,7 @@ export function AuthProvider({ children }: { children: ReactNode }) {
       signupWithInvite: async (email, password, invite) => setMe(await api.signupWithInvite(email, password, invite)),
       acceptInvitation: async (token) => setMe(await api.acceptInvitation(token)),
       createTenant: async (name) => setMe(await api.createTenant(name)),
+      closeTenant: async (id, confirm) => setMe(await api.closeTenant(id, confirm)),
       logout: async () => {
         await api.logout();
         setMe(null);

@@ -245,6 +245,39 @@ function ActivityTable() {
   );
 }
 
+/** Owners close the tenant: typing its slug arms the button, since closing deletes its programs,
+ * runs, keys and KV files and cannot be undone. The console then moves on like after leaving. */
+function CloseTenantForm({ tenantId, slug }: { tenantId: number; slug: string }) {
+  const { closeTenant } = useAuth();
+  const navigate = useNavigate();
+  const [typed, setTyped] = useState("");
+  const { busy, error, run } = useAction();
+  const submit = async (e: FormEvent) => {
+    e.preventDefault();
+    if (await run(() => closeTenant(tenantId, typed.trim()))) navigate("/programs", { replace: true });
+  };
+  return (
+    <form className="card form card-danger" onSubmit={submit} aria-labelledby="close-tenant-title">
+      <h2 id="close-tenant-title">Close this tenant</h2>
+      <p className="muted">
+        Every API key stops working and running programs are stopped at once; all members lose access. Its programs, runs and KV
+        files are then deleted. Usage so far is still billed, and the activity log is kept for the operator. This cannot be
+        undone.
+      </p>
+      <ErrorBanner error={error} />
+      <label className="field">
+        <span>
+          Type <code>{slug}</code> to confirm
+        </span>
+        <input type="text" autoComplete="off" value={typed} onChange={(e) => setTyped(e.target.value)} />
+      </label>
+      <button type="submit" className="btn btn-danger" disabled={busy || typed.trim() !== slug}>
+        {busy ? "Closing…" : "Close tenant"}
+      </button>
+    </form>
+  );
+}
+
 function TeamView() {
   const { me, activeTenant, refresh } = useAuth();
   const navigate = useNavigate();
@@ -326,6 +359,7 @@ function TeamView() {
           <ActivityTable key={`${changes}-${created?.id ?? ""}`} />
         </section>
       )}
+      {isOwner && activeTenant && <CloseTenantForm tenantId={activeTenant.id} slug={activeTenant.slug} />}
     </>
   );
 }

@@ -380,12 +380,59 @@ describe("team", () => {
     expect(screen.queryByRole("heading", { name: "Activity" })).toBeNull(); // the audit log is the owners'
     expect(calls.some((c) => c.path === "/api/v1/audit-log")).toBe(false);
     expect(within(rowOf(membersTable(), "grace@example.com")).getByText("owner")).toBeTruthy();
+    expect(screen.queryByRole("heading", { name: "Close this tenant" })).toBeNull(); // closing is the owners'
 
     fireEvent.click(within(rowOf(membersTable(), "ada@example.com")).getByRole("button", { name: "Leave tenant" }));
     fireEvent.click(screen.getByRole("button", { name: "Leave now" }));
     expect(await screen.findByRole("heading", { name: "No tenant" })).toBeTruthy();
     expect(calls.some((c) => c.method === "DELETE" && c.path === "/api/v1/members/12")).toBe(true);
     expect(screen.queryByRole("link", { name: "Programs" })).toBeNull();
+  });
+});
+
+describe("closing a tenant", () => {
+  it("arms the button only once the slug is typed, then leaves the owner without the tenant", async () => {
+    let closed = false;
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": () => ({ body: closed ? { user: ME.user, tenants: [], active_tenant: null } : ME }),
+      "GET /api/v1/members": page([]),
+      "GET /api/v1/invitations": page([]),
+      "GET /api/v1/audit-log": page([]),
+      "POST /api/v1/tenants/7/close": () => {
+        closed = true;
+        return { body: { user: ME.user, tenants: [], active_tenant: null } };
+      },
+    });
+    renderAt(<App />, "/team");
+    expect(await screen.findByRole("heading", { name: "Close this tenant" })).toBeTruthy();
+    const button = screen.getByRole("button", { name: "Close tenant" }) as HTMLButtonElement;
+    const input = screen.getByLabelText(/to confirm/);
+    expect(button.disabled).toBe(true);
+    fireEvent.change(input, { target: { value: "Acme" } }); // the name is not the slug
+    expect(button.disabled).toBe(true);
+    fireEvent.change(input, { target: { value: "acme" } });
+    expect(button.disabled).toBe(false);
+    fireEvent.click(button);
+    expect(await screen.findByRole("heading", { name: "No tenant" })).toBeTruthy();
+    expect(calls.find((c) => c.path === "/api/v1/tenants/7/close")?.body).toEqual({ confirm: "acme" });
+  });
+
+  it("shows the server's refusal and stays on the page", async () => {
+    mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/members": page([]),
+      "GET /api/v1/invitations": page([]),
+      "GET /api/v1/audit-log": page([]),
+      "POST /api/v1/tenants/7/close": () => ({
+        status: 403,
+        body: { error: { code: "permission_denied", message: "only an owner can close a tenant", detail: null } },
+      }),
+    });
+    renderAt(<App />, "/team");
+    fireEvent.change(await screen.findByLabelText(/to confirm/), { target: { value: "acme" } });
+    fireEvent.click(screen.getByRole("button", { name: "Close tenant" }));
+    expect((await screen.findByRole("alert")).textContent).toContain("only an owner can close a tenant");
+    expect(screen.getByRole("heading", { name: "Team" })).toBeTruthy();
   });
 });
 

@@ -1,0 +1,193 @@
+"""Closing a tenant: an owner ends it, and its data is deleted.
+
+Closing happens at once, in one transaction, so nothing can use the tenant afterwards: the tenant
+is marked closed, its API keys and pending invitations are revoked, its queued and running runs
+are cancelled (running programs are stopped through api/services/cancellation.py), and every
+membership ends, so the console drops it from everyone's tenant list.
+
+Deleting the data comes after, in Celery tasks, because it needs the workers and must wait for the
+cancelled runs to finish:
+
+* :func:`purge_kv_files` runs on every worker host (its queue ``worker.<name>``): it deletes the
+  tenant's KV files from that worker's device, host memory and KV store over the admin socket.
+  Hosts that are down get the task when their executor comes back (the broker keeps it).
+* :func:`purge` deletes the programs, their versions, the runs (arguments, results, output) and
+  their event streams, the API keys and invitations, once every cancelled run has recorded its
+  usage (:class:`PurgePending` until then).
+
+What stays is what the operator needs to bill and to answer for what happened: the tenant row
+(name, slug, plan, ``closed_at``), its usage records (invoices keep working for staff) and its
+audit log. A closed tenant's slug is never reused, so its KV namespace on the workers is never
+inherited by another tenant.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef, Q
+from django.utils import timezone
+
+from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, Tenant, UsageRecord
+from api.services import kvfiles, routing
+from api.services.members import OWNER, NotAllowed
+from api.services.quotas import plan_limits
+from api.services.runs import RunConflict, cancel_run
+
+log = logging.getLogger(__name__)
+
+#: A cancelled run that started but has not recorded its usage is waited for until its deadline
+#: has passed by this much (its sandbox has been killed by then, so its executor died).
+SETTLE_GRACE_S = 120
+
+
+class ConfirmationMismatch(Exception):
+    """The ``confirm`` field is not the tenant's slug: HTTP 400 (nothing was changed)."""
+
+
+class TenantClosed(Exception):
+    """The tenant was closed already: HTTP 409."""
+
+
+class PurgePending(Exception):
+    """Cancelled runs of the closed tenant are still finishing: retry the purge later."""
+
+
+@dataclass(frozen=True)
+class ClosureReport:
+    keys_revoked: int
+    invitations_revoked: int
+    runs_cancelled: int
+    members_removed: int
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    programs: int
+    runs: int
+    api_keys: int
+    invitations: int
+
+
+@transaction.atomic
+def close(actor, tenant: Tenant, confirm: str) -> ClosureReport:
+    """Close ``tenant`` on behalf of ``actor`` (an owner), who confirms by typing its slug; the
+    purge is enqueued once this commits."""
+    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)  # team changes wait for this
+    if tenant.closed_at is not None:
+        raise TenantClosed("this tenant is already closed")
+    if Membership.objects.filter(user=actor, tenant=tenant).values_list("role", flat=True).first() != OWNER:
+        raise NotAllowed("only an owner can close a tenant")
+    if confirm != tenant.slug:
+        raise ConfirmationMismatch(f"type the tenant's slug ({tenant.slug}) to confirm closing it")
+    now = timezone.now()
+    tenant.closed_at = now
+    tenant.allowed_tool_hosts = []
+    tenant.save(update_fields=["closed_at", "allowed_tool_hosts"])
+    keys = ApiKey.objects.filter(tenant=tenant, revoked_at__isnull=True).update(revoked_at=now)
+    invitations = Invitation.objects.filter(tenant=tenant, accepted_at__isnull=True, revoked_at__isnull=True).update(
+        revoked_at=now
+    )
+    cancelled = _cancel_active_runs(tenant)
+    members = list(Membership.objects.filter(tenant=tenant).select_related("user"))
+    AuditLog.objects.create(
+        actor=actor,
+        tenant=tenant,
+        action="tenant.close",
+        target=tenant.slug,
+        detail={
+            "keys_revoked": keys,
+            "invitations_revoked": invitations,
+            "runs_cancelled": cancelled,
+            "members_removed": [m.user.email for m in members],
+        },
+    )
+    Membership.objects.filter(tenant=tenant).delete()
+    transaction.on_commit(lambda: schedule_purge(tenant))
+    log.info("tenant_closed tenant=%s by=%s runs_cancelled=%d", tenant.slug, actor.pk, cancelled)
+    return ClosureReport(keys, invitations, cancelled, len(members))
+
+
+def _cancel_active_runs(tenant: Tenant) -> int:
+    cancelled = 0
+    for run in Run.objects.filter(tenant=tenant, status__in=["queued", "running"]):
+        try:
+            cancel_run(run)
+            cancelled += 1
+        except RunConflict:
+            pass  # it ended meanwhile
+    return cancelled
+
+
+def kv_workers(tenant: Tenant) -> set[str]:
+    """Every worker that may hold the tenant's KV files: the live ones (files written since the
+    last listing), those the mirror names (down now, back later) and the local one."""
+    names = {w.name for w in routing.live_workers()}
+    names.update(KVFile.objects.filter(tenant=tenant).values_list("worker", flat=True))
+    names.add(settings.SYMPHONY_WORKER_NAME)
+    return names
+
+
+def schedule_purge(tenant: Tenant) -> None:
+    """Enqueue the data purge and one KV purge per worker host."""
+    from api.tasks import purge_tenant, purge_tenant_kv
+
+    for worker in sorted(kv_workers(tenant)):
+        purge_tenant_kv.apply_async(args=[tenant.pk], queue=f"worker.{worker}")
+    purge_tenant.delay(tenant.pk)
+
+
+def purge_kv_files(tenant_id: int) -> int:
+    """Delete a closed tenant's KV files from this host's worker (and its KV store) and their
+    mirror rows; returns how many were deleted. Raises kvfiles.WorkerUnavailable to be retried."""
+    tenant = Tenant.objects.get(pk=tenant_id, closed_at__isnull=False)
+    deleted = kvfiles.delete_all(tenant)
+    log.info("tenant_kv_purged tenant=%s worker=%s files=%d", tenant.slug, settings.SYMPHONY_WORKER_NAME, deleted)
+    return deleted
+
+
+def _unsettled_runs(tenant: Tenant):
+    """Runs whose executor may still record an outcome: not finished, or cancelled after they
+    started and without their usage yet, unless their deadline is long past."""
+    horizon = timezone.now() - timezone.timedelta(seconds=plan_limits(tenant).max_run_seconds + SETTLE_GRACE_S)
+    billed = Exists(UsageRecord.objects.filter(run=OuterRef("pk")))
+    return Run.objects.filter(tenant=tenant).filter(
+        ~Q(status__in=Run.TERMINAL) | (Q(started_at__isnull=False, started_at__gt=horizon) & ~billed)
+    )
+
+
+def purge(tenant_id: int) -> PurgeReport:
+    """Delete a closed tenant's programs, runs, keys and invitations (PurgePending while any of
+    its runs is still finishing). Idempotent: a second call deletes nothing and reports zeros."""
+    tenant = Tenant.objects.get(pk=tenant_id, closed_at__isnull=False)
+    _cancel_active_runs(tenant)  # one created in the moment the tenant closed
+    pending = _unsettled_runs(tenant).count()
+    if pending:
+        raise PurgePending(f"{pending} run(s) of tenant {tenant.slug} are still finishing")
+    run_ids = [str(pk) for pk in Run.objects.filter(tenant=tenant).values_list("pk", flat=True)]
+    with transaction.atomic():
+        runs = Run.objects.filter(tenant=tenant).delete()[1].get("api.Run", 0)
+        programs = Program.objects.filter(tenant=tenant).delete()[1].get("api.Program", 0)
+        keys = ApiKey.objects.filter(tenant=tenant).delete()[1].get("api.ApiKey", 0)
+        invitations = Invitation.objects.filter(tenant=tenant).delete()[1].get("api.Invitation", 0)
+        Tenant.objects.filter(pk=tenant.pk).update(purged_at=timezone.now())
+    _delete_event_streams(run_ids)
+    report = PurgeReport(programs=programs, runs=runs, api_keys=keys, invitations=invitations)
+    log.info("tenant_purged tenant=%s %s", tenant.slug, report)
+    return report
+
+
+def _delete_event_streams(run_ids: list[str]) -> None:
+    """Drop the runs' Redis event streams (they would expire with their retention anyway)."""
+    if not run_ids:
+        return
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+        for start in range(0, len(run_ids), 500):
+            client.delete(*(f"run:{run_id}" for run_id in run_ids[start : start + 500]))
+    except redis.RedisError as exc:
+        log.warning("tenant_streams_left error=%s (they expire with their retention)", exc)
