@@ -37,6 +37,7 @@ class PlanAdmin(admin.ModelAdmin):
         "max_device_pages_per_run",
         "kv_bytes_stored",
         "scheduling_weight",
+        "api_requests_per_minute",
     ]
 
 

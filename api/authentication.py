@@ -14,6 +14,7 @@ verified keys on its own would be an unthrottled oracle for the same secrets.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from rest_framework.settings import api_settings
 from api.models import ApiKey
 from api.services import auth_failures
 from api.services.keys import verify_key
+
+log = logging.getLogger(__name__)
 
 
 class ApiKeyUser(AnonymousUser):
@@ -49,7 +52,10 @@ def _parse_rate(rate: str) -> tuple[int, int]:
 
 
 class BadKeyGuard:
-    """Fixed-window count of failed bearer keys per client address."""
+    """Fixed-window count of failed bearer keys per client address.
+
+    A cache that cannot be reached lets keys be checked uncounted: guessing is then as slow as
+    one HMAC per request, while refusing every key would turn a cache outage into an API outage."""
 
     scope = "bad_api_key"
 
@@ -60,14 +66,25 @@ class BadKeyGuard:
         self.key = f"throttle_{self.scope}_{request.META.get('REMOTE_ADDR', '')}_{self.window_start}"
 
     def check(self) -> None:
-        if self.limit is not None and cache.get(self.key, 0) >= self.limit:
+        if self.limit is not None and self._failures() >= self.limit:
             wait = self.window_start + self.window - time.time()
             raise exceptions.Throttled(wait=max(1, wait), detail="too many invalid API keys from this address")
 
+    def _failures(self) -> int:
+        try:
+            return cache.get(self.key, 0)
+        except Exception as exc:
+            log.warning("bad_key_guard_unchecked error=%s", exc)
+            return 0
+
     def record_failure(self) -> None:
-        if self.limit is not None:
+        if self.limit is None:
+            return
+        try:
             cache.add(self.key, 0, timeout=self.window)
             cache.incr(self.key)
+        except Exception as exc:
+            log.warning("bad_key_guard_uncounted error=%s", exc)
 
 
 @dataclass

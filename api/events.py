@@ -30,10 +30,12 @@ import redis.exceptions
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from rest_framework.exceptions import PermissionDenied
 
 from api.authentication import KeyRefused, bearer_key
-from api.models import Membership, Run
-from api.tenancy import SESSION_TENANT_KEY
+from api.models import Run
+from api.tenancy import active_tenant
+from api.throttling import TenantThrottled, check_tenant_rate
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +67,9 @@ class _Refused(Exception):
 
 
 def _tenant_id(request: HttpRequest) -> int | None:
-    """The caller's tenant; ``None`` without credentials; :class:`_Refused` for a key that is
-    wrong (401), throttled (429) or lacks the ``runs`` scope (403), as the DRF routes answer."""
+    """The caller's tenant; ``None`` without credentials (or for a user in no tenant);
+    :class:`_Refused` for a key that is wrong (401), throttled (429) or lacks the ``runs`` scope
+    (403), and for a tenant over its request rate (429), as the DRF routes answer."""
     try:
         key = bearer_key(request)
     except KeyRefused as refused:
@@ -76,14 +79,19 @@ def _tenant_id(request: HttpRequest) -> int | None:
     if key is not None:
         if "runs" not in key.scopes:
             raise _Refused(403, "permission_denied", "this API key lacks the 'runs' scope")
-        return key.tenant_id
-    if not request.user.is_authenticated:
+        tenant = key.tenant
+    elif not request.user.is_authenticated:
         return None
-    memberships = Membership.objects.filter(user=request.user)
-    wanted = request.session.get(SESSION_TENANT_KEY)
-    chosen = memberships.filter(tenant_id=wanted).first() if wanted else None
-    chosen = chosen or memberships.order_by("id").first()
-    return chosen.tenant_id if chosen else None
+    else:
+        try:
+            tenant = active_tenant(request)  # the console session's active tenant
+        except PermissionDenied:
+            return None
+    try:
+        check_tenant_rate(tenant)
+    except TenantThrottled as throttled:
+        raise _Refused(429, "throttled", str(throttled), {"Retry-After": str(throttled.retry_after)}) from None
+    return tenant.pk
 
 
 def _run_status(run_id: uuid.UUID, tenant_id: int) -> str | None:

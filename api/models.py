@@ -29,6 +29,9 @@ class Plan(models.Model):
     #: Share of contended forward passes, relative to other tenants' (the worker's fair scheduler
     #: serves tenants in proportion to it while they compete; 2 = twice a weight-1 tenant's tokens).
     scheduling_weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(1000)])
+    #: Control-plane requests per minute of the whole tenant (every key and member together):
+    #: REST API, run events, OpenAI endpoints (api/throttling.py). ``None``: unlimited.
+    api_requests_per_minute = models.PositiveIntegerField(null=True, blank=True, default=600)
 
     def __str__(self) -> str:
         return self.name

@@ -26,6 +26,7 @@ from api.openai_serializers import ChatCompletionSerializer, CompletionSerialize
 from api.services import openai_compat
 from api.services.openai_compat import CompletionRequest, chunk_body, completion_body, error_body, usage_chunk
 from api.services.quotas import QuotaExceeded
+from api.throttling import TenantThrottled, check_tenant_rate
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,11 @@ def _key(request: HttpRequest) -> ApiKey:
         raise _Refused(401, error_body(message, "invalid_request_error", "invalid_api_key"))
     if "runs" not in key.scopes:
         raise _Refused(403, error_body("this API key lacks the 'runs' scope", "invalid_request_error"))
+    try:
+        check_tenant_rate(key.tenant)
+    except TenantThrottled as throttled:
+        body = error_body(str(throttled), "rate_limit_error", "rate_limit_exceeded")
+        raise _Refused(429, body, {"Retry-After": str(throttled.retry_after)}) from None
     return key
 
 

@@ -212,6 +212,8 @@ REST_FRAMEWORK.update(
             "rest_framework.parsers.FormParser",
             "rest_framework.parsers.MultiPartParser",
         ],
+        # Each tenant's plan.api_requests_per_minute, shared by its keys and members (api/throttling.py).
+        "DEFAULT_THROTTLE_CLASSES": ["api.throttling.TenantRateThrottle"],
         "DEFAULT_PAGINATION_CLASS": "api.pagination.BoundedLimitOffsetPagination",
         "PAGE_SIZE": 50,
         "DEFAULT_THROTTLE_RATES": {

@@ -23,6 +23,8 @@ class PlanLimits:
     kv_bytes_stored: int | None
     #: The worker's fair-share weight for the tenant's runs (1 = an equal share).
     scheduling_weight: float = 1.0
+    #: Control-plane requests per minute of the whole tenant (api/throttling.py).
+    api_requests_per_minute: int | None = 600
 
 
 #: Used when a tenant names a plan that has no row (e.g. deleted by an operator): the most
@@ -48,6 +50,7 @@ def plan_limits(tenant: Tenant) -> PlanLimits:
         plan.max_device_pages_per_run,
         plan.kv_bytes_stored,
         plan.scheduling_weight,
+        plan.api_requests_per_minute,
     )
 
 

@@ -40,6 +40,7 @@ from api.services.runs import RunConflict, cancel_run
 
 log = logging.getLogger(__name__)
 
+ACTIVE = ("queued", "running")
 #: A cancelled run that started but has not recorded its usage is waited for until its deadline
 #: has passed by this much (its sandbox has been killed by then, so its executor died).
 SETTLE_GRACE_S = 120
@@ -73,48 +74,52 @@ class PurgeReport:
     invitations: int
 
 
-@transaction.atomic
 def close(actor, tenant: Tenant, confirm: str) -> ClosureReport:
-    """Close ``tenant`` on behalf of ``actor`` (an owner), who confirms by typing its slug; the
-    purge is enqueued once this commits."""
-    tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)  # team changes wait for this
-    if tenant.closed_at is not None:
-        raise TenantClosed("this tenant is already closed")
-    if Membership.objects.filter(user=actor, tenant=tenant).values_list("role", flat=True).first() != OWNER:
-        raise NotAllowed("only an owner can close a tenant")
-    if confirm != tenant.slug:
-        raise ConfirmationMismatch(f"type the tenant's slug ({tenant.slug}) to confirm closing it")
-    now = timezone.now()
-    tenant.closed_at = now
-    tenant.allowed_tool_hosts = []
-    tenant.save(update_fields=["closed_at", "allowed_tool_hosts"])
-    keys = ApiKey.objects.filter(tenant=tenant, revoked_at__isnull=True).update(revoked_at=now)
-    invitations = Invitation.objects.filter(tenant=tenant, accepted_at__isnull=True, revoked_at__isnull=True).update(
-        revoked_at=now
-    )
+    """Close ``tenant`` on behalf of ``actor`` (an owner), who confirms by typing its slug.
+
+    The tenant row, keys, invitations and memberships change in one transaction. Its runs are
+    cancelled once that has committed (cancelling tells executors through Redis, which a rolled
+    back close must not have done); none can start in between, as start_run refuses a closed
+    tenant. Then the purge is enqueued."""
+    with transaction.atomic():
+        tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)  # team changes wait for this
+        if tenant.closed_at is not None:
+            raise TenantClosed("this tenant is already closed")
+        if Membership.objects.filter(user=actor, tenant=tenant).values_list("role", flat=True).first() != OWNER:
+            raise NotAllowed("only an owner can close a tenant")
+        if confirm != tenant.slug:
+            raise ConfirmationMismatch(f"type the tenant's slug ({tenant.slug}) to confirm closing it")
+        now = timezone.now()
+        tenant.closed_at = now
+        tenant.allowed_tool_hosts = []
+        tenant.save(update_fields=["closed_at", "allowed_tool_hosts"])
+        keys = ApiKey.objects.filter(tenant=tenant, revoked_at__isnull=True).update(revoked_at=now)
+        invitations = Invitation.objects.filter(
+            tenant=tenant, accepted_at__isnull=True, revoked_at__isnull=True
+        ).update(revoked_at=now)
+        members = list(Membership.objects.filter(tenant=tenant).select_related("user"))
+        AuditLog.objects.create(
+            actor=actor,
+            tenant=tenant,
+            action="tenant.close",
+            target=tenant.slug,
+            detail={
+                "keys_revoked": keys,
+                "invitations_revoked": invitations,
+                "active_runs": Run.objects.filter(tenant=tenant, status__in=ACTIVE).count(),
+                "members_removed": [m.user.email for m in members],
+            },
+        )
+        Membership.objects.filter(tenant=tenant).delete()
     cancelled = _cancel_active_runs(tenant)
-    members = list(Membership.objects.filter(tenant=tenant).select_related("user"))
-    AuditLog.objects.create(
-        actor=actor,
-        tenant=tenant,
-        action="tenant.close",
-        target=tenant.slug,
-        detail={
-            "keys_revoked": keys,
-            "invitations_revoked": invitations,
-            "runs_cancelled": cancelled,
-            "members_removed": [m.user.email for m in members],
-        },
-    )
-    Membership.objects.filter(tenant=tenant).delete()
-    transaction.on_commit(lambda: schedule_purge(tenant))
+    transaction.on_commit(lambda: schedule_purge(tenant))  # at once, unless a caller's transaction is open
     log.info("tenant_closed tenant=%s by=%s runs_cancelled=%d", tenant.slug, actor.pk, cancelled)
     return ClosureReport(keys, invitations, cancelled, len(members))
 
 
 def _cancel_active_runs(tenant: Tenant) -> int:
     cancelled = 0
-    for run in Run.objects.filter(tenant=tenant, status__in=["queued", "running"]):
+    for run in Run.objects.filter(tenant=tenant, status__in=ACTIVE):
         try:
             cancel_run(run)
             cancelled += 1

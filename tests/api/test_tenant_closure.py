@@ -82,7 +82,7 @@ def test_closing_stops_keys_invitations_runs_and_members_at_once(api_tenant_a, a
     assert member.get("/api/v1/auth/me").json()["tenants"] == []
     assert not Membership.objects.filter(tenant=tenant).exists()
     audit = AuditLog.objects.get(tenant=tenant, action="tenant.close")
-    assert audit.actor == api_tenant_a.user and audit.detail["runs_cancelled"] == 2
+    assert audit.actor == api_tenant_a.user and audit.detail["active_runs"] == 2
     assert sorted(audit.detail["members_removed"]) == ["alpha@example.com", "m@example.com"]
     assert audit.detail["keys_revoked"] == 1 and audit.detail["invitations_revoked"] == 1
 

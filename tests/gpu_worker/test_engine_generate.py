@@ -30,7 +30,7 @@ SCRIPT = textwrap.dedent(
     model_dir = sys.argv[1]
     tok = Tokenizer(model_dir)
     engine = Engine(EngineConfig(model_dir=model_dir, num_pages=8, max_model_len=512))
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    prompt = tok.apply_chat_template([{"role": "user", "content": sys.argv[2]}])
     toks, computed, pages, out = list(prompt), 0, tuple(range(1, 5)), []
     while len(out) < 24:
         new = toks[computed:]
@@ -49,10 +49,17 @@ SCRIPT = textwrap.dedent(
 )
 
 
+#: Asked this way, the greedy answer leads every step by at least one logit, in float32 and in
+#: bf16 alike. "What is the capital of France?" does not: its first token is a near-tie ("The"
+#: 25.36 against "L" 25.26 in float32), and bf16 rounding on CPUs with AMX flips it to a French
+#: ramble. What this test checks is the served configuration, not a coin toss in its rounding.
+QUESTION = "Name the capital of France."
+
+
 def test_default_model_answers_through_engine(default_model_dir: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(default_model_dir)],
+        [sys.executable, "-c", SCRIPT, str(default_model_dir), QUESTION],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -93,6 +93,8 @@ export interface Quota {
     tokens_per_month?: number | null;
     max_device_pages_per_run?: number | null;
     kv_bytes_stored?: number | null;
+    /** Shared by all of the tenant's keys and members; null = unlimited. */
+    api_requests_per_minute?: number | null;
   };
   use: { active_runs: number; tokens_this_month?: number; kv_bytes_stored?: number };
   allowed_tool_hosts?: string[];
@@ -124,6 +126,9 @@ export interface AdminTenant {
   members: number;
   programs: number;
   active_runs: number;
+  /** When an owner closed it (its data is deleted: `purged_at`), or null while open. */
+  closed_at?: string | null;
+  purged_at?: string | null;
 }
 
 /** Worker health as the worker's admin `health` op reports it (served at /admin/workers). */

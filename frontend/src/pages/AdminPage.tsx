@@ -9,7 +9,7 @@ import { Meter } from "../components/Meter";
 import { PageHeader } from "../components/PageHeader";
 import { AsyncBlock, Empty, ErrorBanner, Notice } from "../components/Status";
 import { useAsync } from "../hooks/useAsync";
-import { formatNumber } from "../lib/format";
+import { formatDate, formatNumber } from "../lib/format";
 
 function WorkerCard({ worker }: { worker: WorkerHealth }) {
   const total = worker.pages_total ?? 0;
@@ -84,7 +84,12 @@ function TenantTable({ tenants }: { tenants: AdminTenant[] }) {
           {tenants.map((t) => (
             <tr key={t.id}>
               <td>
-                {t.name} <span className="muted mono">{t.slug}</span>
+                {t.name} <span className="muted mono">{t.slug}</span>{" "}
+                {t.closed_at && (
+                  <span className="badge badge-bad" title={`closed ${formatDate(t.closed_at)}`}>
+                    {t.purged_at ? "closed, data deleted" : "closed, deleting data"}
+                  </span>
+                )}
               </td>
               <td>{t.plan}</td>
               <td className="num">{t.members}</td>

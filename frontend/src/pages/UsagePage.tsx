@@ -123,6 +123,12 @@ function QuotaMeters({ quota, tokensToday }: { quota: Quota; tokensToday: number
             <dd>{formatNumber(use.tokens_this_month ?? 0)} (unlimited)</dd>
           </>
         )}
+        {limits.api_requests_per_minute !== undefined && (
+          <>
+            <dt>API requests per minute</dt>
+            <dd>{limits.api_requests_per_minute === null ? "unlimited" : formatNumber(limits.api_requests_per_minute)}</dd>
+          </>
+        )}
         <dt>Tokens today</dt>
         <dd>{formatNumber(tokensToday)}</dd>
         {quota.allowed_tool_hosts && (

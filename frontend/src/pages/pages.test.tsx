@@ -245,7 +245,7 @@ describe("KV files, usage and admin", () => {
       },
       "GET /api/v1/quota": {
         plan: "free",
-        limits: { max_concurrent_runs: 2, max_tokens_per_run: 4096, max_run_seconds: 120, tokens_per_month: 1000000, max_device_pages_per_run: 256, kv_bytes_stored: 1 << 30 },
+        limits: { max_concurrent_runs: 2, max_tokens_per_run: 4096, max_run_seconds: 120, tokens_per_month: 1000000, max_device_pages_per_run: 256, kv_bytes_stored: 1 << 30, api_requests_per_minute: 600 },
         use: { active_runs: 1, tokens_this_month: 150, kv_bytes_stored: 1 << 20 },
         allowed_tool_hosts: [],
       },
@@ -257,6 +257,7 @@ describe("KV files, usage and admin", () => {
     expect(screen.getByRole("meter", { name: "Tokens this month" }).getAttribute("aria-valuenow")).toBe("150");
     expect(screen.getByRole("meter", { name: "KV bytes stored" })).toBeTruthy();
     expect(screen.getByText("120 s")).toBeTruthy();
+    expect(screen.getByText("API requests per minute").nextElementSibling?.textContent).toBe("600");
     expect(screen.getByText("Decode tokens", { selector: "td" })).toBeTruthy();
     // Who used it: per program, then per API key (console runs on their own row).
     const byProgram = await screen.findByRole("table", { name: "Usage by program" });
@@ -273,12 +274,17 @@ describe("KV files, usage and admin", () => {
       "GET /api/v1/auth/me": staff,
       "GET /api/v1/admin/kv-files": page([KV]),
       "POST /api/v1/admin/kv-files/5/evict": { evicted: true },
-      "GET /api/v1/admin/tenants": [{ id: 7, slug: "acme", name: "Acme", plan: "free", members: 1, programs: 2, active_runs: 0 }],
+      "GET /api/v1/admin/tenants": [
+        { id: 7, slug: "acme", name: "Acme", plan: "free", members: 1, programs: 2, active_runs: 0, closed_at: null, purged_at: null },
+        { id: 8, slug: "gone", name: "Gone", plan: "free", members: 0, programs: 0, active_runs: 0, closed_at: "2026-01-02T00:00:00Z", purged_at: "2026-01-02T00:01:00Z" },
+      ],
       "GET /api/v1/health": { status: "ok", checks: { database: "ok", redis: "ok" } },
     });
     renderAt(<App />, "/admin");
     expect(await screen.findByRole("heading", { name: "Admin" })).toBeTruthy();
     expect(await screen.findByText(/does not serve worker health yet/)).toBeTruthy();
+    expect(screen.getByText("closed, data deleted")).toBeTruthy();
+    expect(screen.getAllByText(/^closed/)).toHaveLength(1); // the open tenant has no badge
     fireEvent.click(await screen.findByRole("button", { name: "Evict acme/sys-prompt" }));
     fireEvent.click(screen.getByRole("button", { name: "Evict now" }));
     expect((await screen.findByText(/Evicted acme\/sys-prompt/)).textContent).toContain("stays on disk");

@@ -1,0 +1,92 @@
+"""The per-tenant request rate (plan.api_requests_per_minute, api/throttling.py), through the real
+URL conf, the shared Redis cache and PostgreSQL: every key and member of a tenant draw from one
+budget on the REST API, the run events stream and the OpenAI endpoints; another tenant is not
+touched; the next minute starts afresh; a cache outage lets requests through."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.cache import cache
+from rest_framework.test import APIClient
+
+from api import throttling
+from api.models import Plan
+
+pytestmark = pytest.mark.django_db
+
+RUN_ID = "00000000-0000-0000-0000-000000000001"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_counters():
+    cache.clear()
+    yield
+    cache.clear()
+
+
+def _on_plan(api_tenant, per_minute: int | None, name: str = "tiny") -> None:
+    Plan.objects.update_or_create(name=name, defaults={"api_requests_per_minute": per_minute})
+    api_tenant.tenant.plan = name
+    api_tenant.tenant.save(update_fields=["plan"])
+
+
+def test_keys_and_members_of_a_tenant_share_one_budget_and_others_are_untouched(api_tenant_a, api_tenant_b):
+    _on_plan(api_tenant_a, 6)
+    key, console = api_tenant_a.key_client(), api_tenant_a.session_client()
+    answered = [key.get("/api/v1/programs").status_code for _ in range(3)]
+    answered += [console.get("/api/v1/runs").status_code for _ in range(3)]
+    assert answered == [200] * 6
+
+    refused = key.get("/api/v1/programs")
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "throttled"
+    assert "allows 6 API requests per minute" in refused.json()["error"]["message"]
+    assert 1 <= int(refused["Retry-After"]) <= 60
+    assert console.get("/api/v1/quota").status_code == 429  # the member shares it
+
+    # The run events stream and the OpenAI endpoints draw from the same budget.
+    events = key.get(f"/api/v1/runs/{RUN_ID}/events")
+    assert events.status_code == 429 and events.json()["error"]["code"] == "throttled"
+    assert 1 <= int(events["Retry-After"]) <= 60
+    models = key.get("/v1/models")
+    assert models.status_code == 429
+    assert models.json()["error"]["code"] == "rate_limit_exceeded" and models["Retry-After"]
+
+    other = api_tenant_b.key_client()  # the default free plan, its own budget
+    assert [other.get("/api/v1/programs").status_code for _ in range(10)] == [200] * 10
+
+
+def test_the_next_minute_starts_afresh(api_tenant_a, monkeypatch):
+    _on_plan(api_tenant_a, 2)
+    now = [60 * 16_667 + 20.0]  # 20 s into a window
+    monkeypatch.setattr(throttling.time, "time", lambda: now[0])
+    client = api_tenant_a.key_client()
+    assert [client.get("/api/v1/programs").status_code for _ in range(3)] == [200, 200, 429]
+    assert client.get("/api/v1/programs")["Retry-After"] == "40"
+    now[0] += 40
+    assert client.get("/api/v1/programs").status_code == 200
+
+
+def test_a_plan_without_a_rate_is_unlimited_and_anonymous_requests_are_not_counted(api_tenant_a):
+    _on_plan(api_tenant_a, None, name="unmetered")
+    client = api_tenant_a.key_client()
+    assert all(client.get("/api/v1/programs").status_code == 200 for _ in range(30))
+    _on_plan(api_tenant_a, 1)
+    assert [APIClient().get("/api/v1/health").status_code for _ in range(3)] == [200] * 3
+    assert client.get("/api/v1/programs").status_code == 200
+
+
+def test_pro_gets_ten_times_the_free_rate():
+    rates = dict(Plan.objects.values_list("name", "api_requests_per_minute"))
+    assert rates["free"] == 600 and rates["pro"] == 6000
+
+
+def test_a_cache_outage_lets_requests_through(api_tenant_a, settings):
+    _on_plan(api_tenant_a, 1)
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": "redis://127.0.0.1:1/0"}
+    }
+    key, console = api_tenant_a.key_client(), api_tenant_a.session_client()
+    assert [key.get("/api/v1/programs").status_code for _ in range(3)] == [200] * 3
+    assert [console.get("/api/v1/programs").status_code for _ in range(3)] == [200] * 3
+    assert APIClient(HTTP_AUTHORIZATION="Bearer sk_wrong_key").get("/api/v1/programs").status_code == 401
