@@ -22,11 +22,14 @@ from rest_framework import exceptions
 from rest_framework.throttling import BaseThrottle
 
 from api.models import Tenant
+from api.services import shared_counters
 from api.services.quotas import plan_limits
 
 log = logging.getLogger(__name__)
 
 WINDOW_S = 60
+#: Requests refused for their tenant's rate, service-wide (``symphony_requests_throttled_total``).
+THROTTLED_COUNTER = "tenant_rate_throttled"
 
 
 class TenantThrottled(Exception):
@@ -60,6 +63,7 @@ def check_tenant_rate(tenant: Tenant) -> None:
         log.warning("tenant_rate_unchecked tenant=%s error=%s", tenant.slug, exc)
         return
     if count > limit:
+        shared_counters.increment(THROTTLED_COUNTER)
         raise TenantThrottled(limit, max(1, math.ceil(window_start + WINDOW_S - now)))
 
 

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from api.models import KVFile, Run, Tenant
-from api.services import auth_failures, routing
+from api.services import auth_failures, routing, shared_counters
 
 #: Heartbeat keys (``health`` fields) exported per worker as gauges: (key, metric name, help).
 WORKER_GAUGES = (
@@ -57,6 +57,7 @@ class ServiceCollector:
         yield from self._runs()
         yield from self._tenants_and_kv()
         yield self._auth_failures()
+        yield self._throttled()
 
     def _workers(self) -> Iterator[Metric]:
         workers = sorted(routing.live_workers(), key=lambda w: w.name)
@@ -124,6 +125,16 @@ class ServiceCollector:
         for reason, count in auth_failures.totals().items():
             family.add_metric([reason], float(count))
         return family
+
+    def _throttled(self) -> Metric:
+        from api.throttling import THROTTLED_COUNTER
+
+        count = shared_counters.read([THROTTLED_COUNTER])[THROTTLED_COUNTER]
+        return CounterMetricFamily(
+            "symphony_requests_throttled",
+            "Requests refused for their tenant's API request rate (429), across all web processes.",
+            value=float(count),
+        )
 
 
 def _is_number(value: object) -> bool:

@@ -31,16 +31,58 @@ class _AfterEnd(Exception):
     """The events endpoint's 204: the caller already had the run's ``end``."""
 
 
+class _Throttled(Exception):
+    """The events endpoint's 429 for the tenant's request rate: retry after ``seconds``."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"retry in {seconds} s")
+        self.seconds = seconds
+
+
+def _throttled_for(response: httpx.Response) -> float | None:
+    """Seconds to wait when the API refused the request unprocessed for its rate (429
+    ``throttled`` with ``Retry-After``); ``None`` for any other answer, ``quota_exceeded`` included
+    (a plan limit that waiting may never lift)."""
+    if response.status_code != 429:
+        return None
+    try:
+        code = response.json()["error"]["code"]
+        wait = float(response.headers["Retry-After"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return wait if code == "throttled" and wait >= 0 else None
+
+
 class Client:
-    def __init__(self, base_url: str, api_key: str, timeout: float = 30.0) -> None:
+    """``throttle_wait_s``: how long one call may wait in all for the tenant's request rate
+    (429 ``throttled`` is answered before the request is processed, so it is safe to resend);
+    0 raises the 429 at once. ``transport``: httpx's, e.g. a proxy's or a test's."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str,
+        timeout: float = 30.0,
+        throttle_wait_s: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
         self._http = httpx.Client(
             base_url=base_url.rstrip("/") + "/api/v1/",
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=timeout,
+            transport=transport,
         )
+        self.throttle_wait_s = throttle_wait_s
 
     def _call(self, method: str, path: str, **kwargs) -> object:
-        response = self._http.request(method, path, **kwargs)
+        waited = 0.0
+        while True:
+            response = self._http.request(method, path, **kwargs)
+            wait = _throttled_for(response)
+            if wait is None or waited + wait > self.throttle_wait_s:
+                break
+            time.sleep(wait)
+            waited += wait
         if response.status_code >= 400:
             try:
                 error = response.json()["error"]
@@ -134,7 +176,7 @@ class Client:
         (server restart, Redis failover past the server's own retries) is resumed with
         ``Last-Event-ID`` up to ``reconnects`` times in a row, so no event is lost or repeated.
         Resuming after the run's ``end`` yields nothing (the server answers 204)."""
-        failures = 0
+        failures, throttled = 0, 0.0
         while True:
             try:
                 for event in self._event_stream(run_id, last_event_id):
@@ -147,6 +189,13 @@ class Client:
                 pass  # counted below like a stream closed before ``end``
             except _AfterEnd:
                 return
+            except _Throttled as wait:
+                if throttled + wait.seconds > self.throttle_wait_s:
+                    message = f"the events of run {run_id} stayed refused for the tenant's request rate"
+                    raise ApiError(429, "throttled", message) from None
+                time.sleep(wait.seconds)
+                throttled += wait.seconds
+                continue
             failures += 1
             if failures > reconnects:
                 raise ApiError(0, "stream_lost", f"events of run {run_id} broke off {failures} times in a row")
@@ -159,6 +208,9 @@ class Client:
                 raise _AfterEnd
             if response.status_code >= 400:
                 response.read()
+                wait = _throttled_for(response)
+                if wait is not None:
+                    raise _Throttled(wait)
                 raise ApiError(response.status_code, "http_error", response.text[:500])
             fields: dict[str, str] = {}
             for line in response.iter_lines():

@@ -76,3 +76,24 @@ def test_cli_round_trip(cli, api_asgi_server, api_tenant_a, tmp_path):
     assert bad.returncode == 1 and "401" in bad.stderr
     unreachable = cli("programs", "ls", url="http://127.0.0.1:9")
     assert unreachable.returncode == 1 and "cannot reach" in unreachable.stderr
+
+
+def test_client_meets_the_tenant_request_rate_of_the_real_app(api_asgi_server, api_tenant_a):
+    """The real server's 429 is what the client's retry logic reads (tests/unit/test_client_throttle.py)."""
+    from django.core.cache import cache
+
+    from api.models import Plan
+    from symphony_client import ApiError, Client
+
+    cache.clear()
+    Plan.objects.create(name="two-a-minute", api_requests_per_minute=2)
+    api_tenant_a.tenant.plan = "two-a-minute"
+    api_tenant_a.tenant.save(update_fields=["plan"])
+    client = Client(api_asgi_server, api_tenant_a.key_secret, throttle_wait_s=0)
+    assert client.quota()["limits"]["api_requests_per_minute"] == 2
+    client.list_programs()
+    with pytest.raises(ApiError) as refused:
+        client.list_programs()
+    assert (refused.value.status, refused.value.code) == (429, "throttled")
+    assert "allows 2 API requests per minute" in refused.value.message
+    cache.clear()

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 from django.core.cache import cache
+from django.test import Client
 from rest_framework.test import APIClient
 
 from api import throttling
 from api.models import Plan
+from tests.api.test_metrics import scrape
 
 pytestmark = pytest.mark.django_db
 
@@ -54,6 +56,9 @@ def test_keys_and_members_of_a_tenant_share_one_budget_and_others_are_untouched(
 
     other = api_tenant_b.key_client()  # the default free plan, its own budget
     assert [other.get("/api/v1/programs").status_code for _ in range(10)] == [200] * 10
+
+    # Operators see the refusals (four above), summed over every web process.
+    assert scrape(Client(REMOTE_ADDR="127.0.0.1"))["symphony_requests_throttled_total", ()] == 4
 
 
 def test_the_next_minute_starts_afresh(api_tenant_a, monkeypatch):

@@ -1,0 +1,34 @@
+"""Counters that every web process increments in the shared cache (Redis), read by ``/metrics``.
+
+Why not counters in the web process: there are many web processes, and one that restarts would
+forget. Every web process increments the same keys, and any of them answers a scrape with the
+same totals. A cache flush restarts them at zero, which Prometheus' ``rate()`` reads as a counter
+reset. Counting never fails the request it counts (a cache outage only loses the count).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from django.core.cache import cache
+
+log = logging.getLogger(__name__)
+
+_PREFIX = "metrics:"
+
+
+def increment(name: str) -> None:
+    key = _PREFIX + name
+    try:
+        cache.add(key, 0, timeout=None)
+        cache.incr(key)
+    except Exception as exc:  # a metric must not turn a 401 or a 429 into a 500
+        log.warning("event=counter_not_incremented name=%s error=%r", name, exc)
+
+
+def read(names: Iterable[str]) -> dict[str, int]:
+    """Each counter's total so far (0 for those never incremented)."""
+    names = list(names)
+    found = cache.get_many([_PREFIX + name for name in names])
+    return {name: int(found.get(_PREFIX + name, 0)) for name in names}
