@@ -312,6 +312,9 @@ class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.De
     serializer_class = s.ProgramSerializer
     required_scope = "programs"
 
+    def perform_destroy(self, instance: Program) -> None:
+        programs.delete_program(instance)  # with its finished runs; 409 while any is not
+
     @transaction.atomic
     def create(self, request):
         data = s.ProgramSerializer(data=request.data)

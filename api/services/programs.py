@@ -12,7 +12,9 @@ import zipfile
 from django.conf import settings
 from django.db import transaction
 
-from api.models import Program, ProgramVersion
+from api.models import Program, ProgramVersion, Run
+from api.services.quotas import plan_limits
+from api.services.runs import RunConflict, delete_runs, unsettled
 
 MAX_ZIP_RATIO = 100
 MAX_ZIP_TOTAL = 16 * 1024 * 1024
@@ -21,6 +23,23 @@ ENTRY_MODULES = ("__main__.py", "main.py")
 
 class ProgramInvalid(ValueError):
     """The upload is not a runnable program; the message says why."""
+
+
+@transaction.atomic
+def delete_program(program: Program) -> int:
+    """Delete a program, its versions and its finished runs (their usage stays billed);
+    returns how many runs went with it. Refused (RunConflict, 409) while any of its runs is
+    queued, running or still recording its usage: cancel them, or wait for them to end."""
+    program = Program.objects.select_for_update().select_related("tenant").get(pk=program.pk)
+    runs = Run.objects.filter(program_version__program=program)
+    busy = unsettled(runs, plan_limits(program.tenant).max_run_seconds).count()
+    if busy:
+        raise RunConflict(
+            f"program {program.name!r} has {busy} run(s) not finished yet: cancel them or wait for them to end"
+        )
+    deleted = delete_runs(runs)
+    program.delete()
+    return deleted
 
 
 def _check_python(source: bytes, name: str, need_main: bool) -> None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from api.models import ApiKey, Program, Run, Tenant, UsageRecord
@@ -241,6 +242,41 @@ def start_run(run_id: str, worker: str) -> Run | None:
         return None
     publish_event(str(run.pk), "status", {"status": "running"})
     return run
+
+
+#: A cancelled run that started but has not recorded its usage is waited for until its deadline
+#: has passed by this much (its sandbox has been killed by then, so its executor died).
+SETTLE_GRACE_S = 120
+
+
+def unsettled(runs: QuerySet[Run], max_run_seconds: float) -> QuerySet[Run]:
+    """The runs among ``runs`` whose executor may still record an outcome: not finished, or
+    cancelled after they started and without their usage yet, unless their deadline is long
+    past. Deleting one of these would lose its usage (finish_run needs the row)."""
+    horizon = timezone.now() - timezone.timedelta(seconds=max_run_seconds + SETTLE_GRACE_S)
+    billed = Exists(UsageRecord.objects.filter(run=OuterRef("pk")))
+    return runs.filter(~Q(status__in=Run.TERMINAL) | (Q(started_at__isnull=False, started_at__gt=horizon) & ~billed))
+
+
+def delete_runs(runs: QuerySet[Run]) -> int:
+    """Delete finished runs (arguments, results, output) and their event streams; their usage
+    records stay, unlinked, so what they consumed is still billed. Callers check
+    :func:`unsettled` first."""
+    run_ids = [str(pk) for pk in runs.values_list("pk", flat=True)]
+    deleted = runs.delete()[1].get("api.Run", 0)
+    if run_ids:
+        transaction.on_commit(lambda: _delete_event_streams(run_ids))
+    return deleted
+
+
+def _delete_event_streams(run_ids: list[str]) -> None:
+    """Drop the runs' Redis event streams (they would expire with their retention anyway)."""
+    try:
+        client = _redis()
+        for start in range(0, len(run_ids), 500):
+            client.delete(*(f"run:{run_id}" for run_id in run_ids[start : start + 500]))
+    except redis.RedisError as exc:
+        log.warning("run_streams_left count=%d error=%s (they expire with their retention)", len(run_ids), exc)
 
 
 def cancel_run(run: Run) -> Run:

@@ -26,24 +26,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import redis
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
-from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, Tenant, UsageRecord
+from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, Tenant
 from api.services import kvfiles, routing
 from api.services.members import OWNER, NotAllowed
 from api.services.quotas import plan_limits
-from api.services.runs import RunConflict, cancel_run
+from api.services.runs import RunConflict, cancel_run, delete_runs, unsettled
 
 log = logging.getLogger(__name__)
 
 ACTIVE = ("queued", "running")
-#: A cancelled run that started but has not recorded its usage is waited for until its deadline
-#: has passed by this much (its sandbox has been killed by then, so its executor died).
-SETTLE_GRACE_S = 120
 
 
 class ConfirmationMismatch(Exception):
@@ -155,44 +150,20 @@ def purge_kv_files(tenant_id: int) -> int:
     return deleted
 
 
-def _unsettled_runs(tenant: Tenant):
-    """Runs whose executor may still record an outcome: not finished, or cancelled after they
-    started and without their usage yet, unless their deadline is long past."""
-    horizon = timezone.now() - timezone.timedelta(seconds=plan_limits(tenant).max_run_seconds + SETTLE_GRACE_S)
-    billed = Exists(UsageRecord.objects.filter(run=OuterRef("pk")))
-    return Run.objects.filter(tenant=tenant).filter(
-        ~Q(status__in=Run.TERMINAL) | (Q(started_at__isnull=False, started_at__gt=horizon) & ~billed)
-    )
-
-
 def purge(tenant_id: int) -> PurgeReport:
     """Delete a closed tenant's programs, runs, keys and invitations (PurgePending while any of
     its runs is still finishing). Idempotent: a second call deletes nothing and reports zeros."""
     tenant = Tenant.objects.get(pk=tenant_id, closed_at__isnull=False)
     _cancel_active_runs(tenant)  # one created in the moment the tenant closed
-    pending = _unsettled_runs(tenant).count()
+    pending = unsettled(Run.objects.filter(tenant=tenant), plan_limits(tenant).max_run_seconds).count()
     if pending:
         raise PurgePending(f"{pending} run(s) of tenant {tenant.slug} are still finishing")
-    run_ids = [str(pk) for pk in Run.objects.filter(tenant=tenant).values_list("pk", flat=True)]
     with transaction.atomic():
-        runs = Run.objects.filter(tenant=tenant).delete()[1].get("api.Run", 0)
+        runs = delete_runs(Run.objects.filter(tenant=tenant))
         programs = Program.objects.filter(tenant=tenant).delete()[1].get("api.Program", 0)
         keys = ApiKey.objects.filter(tenant=tenant).delete()[1].get("api.ApiKey", 0)
         invitations = Invitation.objects.filter(tenant=tenant).delete()[1].get("api.Invitation", 0)
         Tenant.objects.filter(pk=tenant.pk).update(purged_at=timezone.now())
-    _delete_event_streams(run_ids)
     report = PurgeReport(programs=programs, runs=runs, api_keys=keys, invitations=invitations)
     log.info("tenant_purged tenant=%s %s", tenant.slug, report)
     return report
-
-
-def _delete_event_streams(run_ids: list[str]) -> None:
-    """Drop the runs' Redis event streams (they would expire with their retention anyway)."""
-    if not run_ids:
-        return
-    try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
-        for start in range(0, len(run_ids), 500):
-            client.delete(*(f"run:{run_id}" for run_id in run_ids[start : start + 500]))
-    except redis.RedisError as exc:
-        log.warning("tenant_streams_left error=%s (they expire with their retention)", exc)

@@ -6,9 +6,11 @@ import io
 import zipfile
 
 import pytest
+import redis
+from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from api.models import Program
+from api.models import Program, Run
 from api.services.programs import ProgramInvalid, validate_upload
 from api.services.runs import create_run
 
@@ -70,15 +72,39 @@ def test_upload_versions_and_source_over_http(api_tenant_a):
 
 
 @pytest.mark.django_db
-def test_program_with_runs_cannot_be_deleted(api_tenant_a):
+def test_deleting_a_program_takes_its_finished_runs_and_waits_for_unfinished_ones(
+    api_tenant_a, api_tenant_b, django_capture_on_commit_callbacks
+):
+    """A program with runs can be deleted once they are over (before, any run blocked it for
+    good); their usage stays billed. While one is queued, running or still recording its usage
+    the answer is 409 and nothing is deleted."""
+    from api.models import UsageRecord
+    from api.services.runs import RunOutcome, cancel_run, finish_run, publish_event, start_run
+
     client = api_tenant_a.key_client()
     pid = client.post(
         "/api/v1/programs", {"name": "x", "file": SimpleUploadedFile("x.py", GOOD)}, format="multipart"
     ).json()["id"]
-    create_run(api_tenant_a.tenant, Program.objects.get(pk=pid), None, {}, {})
-    response = client.delete(f"/api/v1/programs/{pid}")
-    assert response.status_code == 409 and response.json()["error"]["code"] == "conflict"
-    unused = client.post(
-        "/api/v1/programs", {"name": "y", "file": SimpleUploadedFile("y.py", GOOD)}, format="multipart"
-    ).json()["id"]
-    assert client.delete(f"/api/v1/programs/{unused}").status_code == 204
+    program = Program.objects.get(pk=pid)
+    done, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(done.pk), "local")
+    finish_run(str(done.pk), RunOutcome(status="succeeded", result=1, usage={"decode_tokens": 7}))
+    running, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(running.pk), "local")
+
+    refused = client.delete(f"/api/v1/programs/{pid}")
+    assert refused.status_code == 409 and "1 run(s) not finished" in refused.json()["error"]["message"]
+    cancel_run(running)  # cancelled, but its executor has not recorded its usage yet
+    assert client.delete(f"/api/v1/programs/{pid}").status_code == 409
+    assert Program.objects.filter(pk=pid).exists() and Run.objects.filter(pk=done.pk).exists()
+    assert api_tenant_b.key_client().delete(f"/api/v1/programs/{pid}").status_code == 404
+
+    finish_run(str(running.pk), RunOutcome(status="failed", error="cancelled", usage={"decode_tokens": 2}))
+    publish_event(str(done.pk), "token", {"text": "x"})
+    with django_capture_on_commit_callbacks(execute=True):
+        assert client.delete(f"/api/v1/programs/{pid}").status_code == 204
+    assert not redis.Redis.from_url(settings.REDIS_URL).exists(f"run:{done.pk}")  # its event stream too
+    assert not Program.objects.filter(pk=pid).exists()
+    assert not Run.objects.filter(pk__in=[done.pk, running.pk]).exists()
+    usage = UsageRecord.objects.filter(tenant=api_tenant_a.tenant)
+    assert sorted(u.decode_tokens for u in usage) == [2, 7]  # still billed

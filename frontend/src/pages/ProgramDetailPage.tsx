@@ -199,7 +199,7 @@ export function ProgramDetailPage() {
             title={p.name}
             actions={
               <ConfirmButton
-                confirmLabel="Delete program"
+                confirmLabel="Delete it and its runs"
                 onConfirm={async () => {
                   try {
                     await deleteProgram(p.id);

@@ -108,6 +108,33 @@ describe("programs", () => {
   });
 });
 
+describe("deleting a program", () => {
+  it("asks once, says its runs go too, and shows why the server refuses", async () => {
+    let busy = true;
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/programs/3": PROGRAM,
+      "GET /api/v1/programs/3/versions": [VERSION],
+      "GET /api/v1/programs/3/versions/1/source": "x = 1\n",
+      "GET /api/v1/runs": page([]),
+      "GET /api/v1/programs": page([]),
+      "DELETE /api/v1/programs/3": () =>
+        busy
+          ? { status: 409, body: { error: { code: "conflict", message: "program 'hello' has 1 run(s) not finished yet", detail: null } } }
+          : { status: 204 },
+    });
+    renderAt(<App />, "/programs/3");
+    fireEvent.click(await screen.findByRole("button", { name: "Delete" }));
+    fireEvent.click(screen.getByRole("button", { name: "Delete it and its runs" }));
+    expect((await screen.findByRole("alert")).textContent).toContain("not finished yet");
+    busy = false;
+    fireEvent.click(screen.getByRole("button", { name: "Delete" }));
+    fireEvent.click(screen.getByRole("button", { name: "Delete it and its runs" }));
+    expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
+    expect(calls.filter((c) => c.method === "DELETE")).toHaveLength(2);
+  });
+});
+
 describe("API keys", () => {
   it("shows a new secret once with a copy button, then revokes by prefix", async () => {
     const keys = [{ id: 1, name: "ci", prefix: "abc123", scopes: ["runs"], created_at: "2026-01-01T00:00:00Z", expires_at: null, last_used_at: null, revoked_at: null as string | null }];
