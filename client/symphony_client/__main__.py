@@ -68,6 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     push = command(programs, "push", "upload a .py or .zip (a new version if the name exists)")
     push.add_argument("path")
     push.add_argument("--name", help="program name (default: the file name without extension)")
+    command(programs, "rm", "delete a program (by name or id) with its finished runs").add_argument("program")
 
     run = command(sub, "run", "start a run of a program id, or of a file (pushed first)")
     run.add_argument("program", help="program id, or path to a .py/.zip")
@@ -126,6 +127,8 @@ def _dispatch(client: Client, opts: argparse.Namespace) -> object:
     if command == "programs":
         if opts.action == "ls":
             return client.list_programs()
+        if opts.action == "rm":
+            return {"deleted": client.delete_program(opts.program)["name"]}
         program, version = client.push_program(opts.path, opts.name)
         return {"program": program["id"], "name": program["name"], "version": version}
     if command == "run":

@@ -140,6 +140,16 @@ class Client:
     def list_kv_files(self) -> list[dict]:
         return self._all("kv-files")
 
+    def delete_program(self, ref: int | str) -> dict:
+        """Delete a program (by id, or by name) with its versions and finished runs; returns it.
+        The API refuses (409) while one of its runs is not finished."""
+        programs = self.list_programs()
+        match = next((p for p in programs if str(p["id"]) == str(ref) or p["name"] == ref), None)
+        if match is None:
+            raise ApiError(404, "not_found", f"no program named or numbered {ref!r}")
+        self._call("DELETE", f"programs/{match['id']}")
+        return match
+
     def delete_kv_file(self, name: str) -> None:
         match = next((kv for kv in self.list_kv_files() if kv["name"] == name), None)
         if match is None:

@@ -72,6 +72,12 @@ def test_cli_round_trip(cli, api_asgi_server, api_tenant_a, tmp_path):
     grouped = json.loads(cli("usage", "--group-by", "program").stdout)  # the one run was cancelled unstarted
     assert grouped["plan"] == "free" and grouped["groups"] == [] and "groups" not in usage
 
+    # The run was cancelled before it started: the program goes, and the run with it.
+    assert json.loads(cli("programs", "rm", "hello").stdout) == {"deleted": "hello"}
+    assert cli("programs", "ls").stdout.strip() == "[]" and not Run.objects.filter(pk=run_id).exists()
+    gone = cli("programs", "rm", "hello")
+    assert gone.returncode == 1 and "no program named or numbered 'hello'" in gone.stderr
+
     bad = cli("get", run_id, key="sk_bad_bad")
     assert bad.returncode == 1 and "401" in bad.stderr
     unreachable = cli("programs", "ls", url="http://127.0.0.1:9")
