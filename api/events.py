@@ -88,7 +88,7 @@ def _tenant_id(request: HttpRequest) -> int | None:
         except PermissionDenied:
             return None
     try:
-        check_tenant_rate(tenant)
+        check_tenant_rate(tenant, request)
     except TenantThrottled as throttled:
         raise _Refused(429, "throttled", str(throttled), {"Retry-After": str(throttled.retry_after)}) from None
     return tenant.pk

@@ -55,7 +55,7 @@ def _key(request: HttpRequest) -> ApiKey:
     if "runs" not in key.scopes:
         raise _Refused(403, error_body("this API key lacks the 'runs' scope", "invalid_request_error"))
     try:
-        check_tenant_rate(key.tenant)
+        check_tenant_rate(key.tenant, request)
     except TenantThrottled as throttled:
         body = error_body(str(throttled), "rate_limit_error", "rate_limit_exceeded")
         raise _Refused(429, body, {"Retry-After": str(throttled.retry_after)}) from None

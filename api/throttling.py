@@ -7,6 +7,10 @@ the listing, polling and streaming around them). Counted in a fixed one-minute w
 shared cache (Redis), so every web process enforces the same budget. Past it a request gets 429
 ``throttled`` with ``Retry-After`` until the window ends.
 
+Every counted response (429s included) carries the IETF draft's ``RateLimit-Limit``,
+``RateLimit-Remaining`` and ``RateLimit-Reset`` (seconds) headers, so clients can pace themselves
+before they are refused (:func:`rate_limit_headers`).
+
 A cache that cannot be reached lets requests through: an outage of the counter must not become
 an outage of the API (the per-address guards in api/authentication.py fail the same way).
 """
@@ -16,8 +20,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass
 
+from asgiref.sync import iscoroutinefunction
 from django.core.cache import cache
+from django.http import HttpRequest
+from django.utils.decorators import sync_and_async_middleware
 from rest_framework import exceptions
 from rest_framework.throttling import BaseThrottle
 
@@ -30,6 +38,22 @@ log = logging.getLogger(__name__)
 WINDOW_S = 60
 #: Requests refused for their tenant's rate, service-wide (``symphony_requests_throttled_total``).
 THROTTLED_COUNTER = "tenant_rate_throttled"
+
+
+@dataclass(frozen=True)
+class RateState:
+    """Where a tenant stands in the current window, as the RateLimit-* headers say it."""
+
+    limit: int
+    remaining: int
+    reset_s: int
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "RateLimit-Limit": str(self.limit),
+            "RateLimit-Remaining": str(self.remaining),
+            "RateLimit-Reset": str(self.reset_s),
+        }
 
 
 class TenantThrottled(Exception):
@@ -50,21 +74,28 @@ def _count(key: str) -> int:
         return 1
 
 
-def check_tenant_rate(tenant: Tenant) -> None:
-    """Count one request of ``tenant``; :class:`TenantThrottled` when it is over its plan's rate."""
+def check_tenant_rate(tenant: Tenant, request: HttpRequest | None = None) -> RateState | None:
+    """Count one request of ``tenant``; :class:`TenantThrottled` when it is over its plan's rate.
+
+    The state is also left on ``request`` for the RateLimit-* headers. ``None``: not counted
+    (an unlimited plan, or the cache is down)."""
     limit = plan_limits(tenant).api_requests_per_minute
     if limit is None:
-        return
+        return None
     now = time.time()
     window_start = int(now // WINDOW_S * WINDOW_S)
     try:
         count = _count(f"throttle_tenant_{tenant.pk}_{window_start}")
     except Exception as exc:  # the cache is down: let the request through
         log.warning("tenant_rate_unchecked tenant=%s error=%s", tenant.slug, exc)
-        return
+        return None
+    state = RateState(limit, max(0, limit - count), max(1, math.ceil(window_start + WINDOW_S - now)))
+    if request is not None:
+        request.symphony_rate = state
     if count > limit:
         shared_counters.increment(THROTTLED_COUNTER)
-        raise TenantThrottled(limit, max(1, math.ceil(window_start + WINDOW_S - now)))
+        raise TenantThrottled(limit, state.reset_s)
+    return state
 
 
 class TenantRateThrottle(BaseThrottle):
@@ -83,8 +114,32 @@ class TenantRateThrottle(BaseThrottle):
         except exceptions.PermissionDenied:
             return True
         try:
-            check_tenant_rate(tenant)
+            check_tenant_rate(tenant, request._request)  # the HttpRequest the middleware sees
         except TenantThrottled as throttled:
             # Raised rather than returned False, so the message names the limit.
             raise exceptions.Throttled(wait=throttled.retry_after, detail=str(throttled)) from None
         return True
+
+
+@sync_and_async_middleware
+def rate_limit_headers(get_response):
+    """Add the RateLimit-* headers to every response whose request was counted."""
+
+    def add_headers(request: HttpRequest, response):
+        state = getattr(request, "symphony_rate", None)
+        if state is not None:
+            for name, value in state.headers().items():
+                response.headers.setdefault(name, value)
+        return response
+
+    if iscoroutinefunction(get_response):
+
+        async def middleware(request: HttpRequest):
+            return add_headers(request, await get_response(request))
+
+    else:
+
+        def middleware(request: HttpRequest):
+            return add_headers(request, get_response(request))
+
+    return middleware

@@ -35,24 +35,29 @@ def _on_plan(api_tenant, per_minute: int | None, name: str = "tiny") -> None:
 def test_keys_and_members_of_a_tenant_share_one_budget_and_others_are_untouched(api_tenant_a, api_tenant_b):
     _on_plan(api_tenant_a, 6)
     key, console = api_tenant_a.key_client(), api_tenant_a.session_client()
-    answered = [key.get("/api/v1/programs").status_code for _ in range(3)]
-    answered += [console.get("/api/v1/runs").status_code for _ in range(3)]
-    assert answered == [200] * 6
+    answered = [key.get("/api/v1/programs") for _ in range(3)] + [console.get("/api/v1/runs") for _ in range(3)]
+    assert [r.status_code for r in answered] == [200] * 6
+    # Each answer says where the tenant stands, so a client can slow down before it is refused.
+    assert [r["RateLimit-Remaining"] for r in answered] == ["5", "4", "3", "2", "1", "0"]
+    assert {r["RateLimit-Limit"] for r in answered} == {"6"}
+    assert all(1 <= int(r["RateLimit-Reset"]) <= 60 for r in answered)
 
     refused = key.get("/api/v1/programs")
     assert refused.status_code == 429
     assert refused.json()["error"]["code"] == "throttled"
     assert "allows 6 API requests per minute" in refused.json()["error"]["message"]
     assert 1 <= int(refused["Retry-After"]) <= 60
+    assert refused["RateLimit-Remaining"] == "0" and refused["RateLimit-Reset"] == refused["Retry-After"]
     assert console.get("/api/v1/quota").status_code == 429  # the member shares it
 
     # The run events stream and the OpenAI endpoints draw from the same budget.
     events = key.get(f"/api/v1/runs/{RUN_ID}/events")
     assert events.status_code == 429 and events.json()["error"]["code"] == "throttled"
-    assert 1 <= int(events["Retry-After"]) <= 60
+    assert 1 <= int(events["Retry-After"]) <= 60 and events["RateLimit-Limit"] == "6"
     models = key.get("/v1/models")
     assert models.status_code == 429
     assert models.json()["error"]["code"] == "rate_limit_exceeded" and models["Retry-After"]
+    assert models["RateLimit-Remaining"] == "0"
 
     other = api_tenant_b.key_client()  # the default free plan, its own budget
     assert [other.get("/api/v1/programs").status_code for _ in range(10)] == [200] * 10
@@ -75,9 +80,11 @@ def test_the_next_minute_starts_afresh(api_tenant_a, monkeypatch):
 def test_a_plan_without_a_rate_is_unlimited_and_anonymous_requests_are_not_counted(api_tenant_a):
     _on_plan(api_tenant_a, None, name="unmetered")
     client = api_tenant_a.key_client()
-    assert all(client.get("/api/v1/programs").status_code == 200 for _ in range(30))
+    answers = [client.get("/api/v1/programs") for _ in range(30)]
+    assert all(r.status_code == 200 and "RateLimit-Limit" not in r for r in answers)
     _on_plan(api_tenant_a, 1)
     assert [APIClient().get("/api/v1/health").status_code for _ in range(3)] == [200] * 3
+    assert "RateLimit-Limit" not in APIClient().get("/api/v1/programs")  # anonymous: 401, not counted
     assert client.get("/api/v1/programs").status_code == 200
 
 
