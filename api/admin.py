@@ -15,7 +15,7 @@ from api.models import (
     Tenant,
     UsageRecord,
 )
-from api.services import kvfiles
+from api.services import kvfiles, tenant_closure
 
 
 @admin.register(Tenant)
@@ -23,7 +23,18 @@ class TenantAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "plan", "created_at", "closed_at", "purged_at"]
     list_filter = [("closed_at", admin.EmptyFieldListFilter)]
     search_fields = ["slug", "name"]
-    readonly_fields = ["closed_at", "purged_at"]  # closing is the owner's, through the API
+    readonly_fields = ["closed_at", "purged_at"]  # set by closing, never by hand
+    actions = ["close_tenants"]
+
+    @admin.action(description="Close and delete their data (stops keys, runs and members now; audited)")
+    def close_tenants(self, request, queryset) -> None:
+        for tenant in queryset.filter(closed_at__isnull=True):
+            report = tenant_closure.close(request.user, tenant, tenant.slug, by_staff=True)
+            self.message_user(
+                request,
+                f"{tenant.slug}: closed; {report.runs_cancelled} run(s) cancelled, "
+                f"{report.members_removed} member(s) removed; its data is being deleted",
+            )
 
 
 @admin.register(Plan)

@@ -69,8 +69,9 @@ class PurgeReport:
     invitations: int
 
 
-def close(actor, tenant: Tenant, confirm: str) -> ClosureReport:
-    """Close ``tenant`` on behalf of ``actor`` (an owner), who confirms by typing its slug.
+def close(actor, tenant: Tenant, confirm: str, *, by_staff: bool = False) -> ClosureReport:
+    """Close ``tenant`` on behalf of ``actor``: an owner, who confirms by typing its slug, or
+    (``by_staff``) an operator ending an abusive or unpaid tenant from the Django admin.
 
     The tenant row, keys, invitations and memberships change in one transaction. Its runs are
     cancelled once that has committed (cancelling tells executors through Redis, which a rolled
@@ -80,7 +81,10 @@ def close(actor, tenant: Tenant, confirm: str) -> ClosureReport:
         tenant = Tenant.objects.select_for_update().get(pk=tenant.pk)  # team changes wait for this
         if tenant.closed_at is not None:
             raise TenantClosed("this tenant is already closed")
-        if Membership.objects.filter(user=actor, tenant=tenant).values_list("role", flat=True).first() != OWNER:
+        if by_staff:
+            if not actor.is_staff:
+                raise NotAllowed("only staff can close a tenant they do not own")
+        elif Membership.objects.filter(user=actor, tenant=tenant).values_list("role", flat=True).first() != OWNER:
             raise NotAllowed("only an owner can close a tenant")
         if confirm != tenant.slug:
             raise ConfirmationMismatch(f"type the tenant's slug ({tenant.slug}) to confirm closing it")
@@ -103,6 +107,7 @@ def close(actor, tenant: Tenant, confirm: str) -> ClosureReport:
                 "invitations_revoked": invitations,
                 "active_runs": Run.objects.filter(tenant=tenant, status__in=ACTIVE).count(),
                 "members_removed": [m.user.email for m in members],
+                "by_staff": by_staff,
             },
         )
         Membership.objects.filter(tenant=tenant).delete()

@@ -15,6 +15,7 @@ from rest_framework.test import APIClient
 from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, Tenant, UsageRecord
 from api.services import billing, programs, tenant_closure
 from api.services.cancellation import stop_requested
+from api.services.members import NotAllowed
 from api.services.runs import RunConflict, RunOutcome, create_run, finish_run, start_run
 
 pytestmark = pytest.mark.django_db
@@ -153,3 +154,26 @@ def test_closed_tenants_are_listed_for_staff_and_left_out_of_the_tenant_count(ap
     listed = {t["slug"]: t for t in admin_client.get("/api/v1/admin/tenants").json()}
     assert listed["alpha"]["closed_at"] is not None and listed["alpha"]["purged_at"] is None
     assert not Tenant.objects.filter(closed_at__isnull=True, pk=tenant.pk).exists()
+
+
+def test_staff_close_an_abusive_tenant_from_the_django_admin(api_tenant_a, api_tenant_b, admin_client, admin_user):
+    tenant = api_tenant_a.tenant
+    running, _ = create_run(tenant, _program(tenant), None, {}, {})
+    start_run(str(running.pk), "local")
+    response = admin_client.post(
+        "/admin/api/tenant/", {"action": "close_tenants", "_selected_action": [tenant.pk]}, follow=True
+    )
+    assert response.status_code == 200
+    shown = [str(m) for m in response.context["messages"]]
+    assert shown == ["alpha: closed; 1 run(s) cancelled, 1 member(s) removed; its data is being deleted"]
+    tenant.refresh_from_db()
+    assert tenant.closed_at is not None and Run.objects.get(pk=running.pk).status == "cancelled"
+    assert _error(api_tenant_a.key_client().get("/api/v1/programs")) == (401, "authentication_failed")
+    audit = AuditLog.objects.get(tenant=tenant, action="tenant.close")
+    assert audit.actor == admin_user and audit.detail["by_staff"] is True
+    api_tenant_b.tenant.refresh_from_db()
+    assert api_tenant_b.tenant.closed_at is None  # only the selected one
+
+    # Only staff may close a tenant they do not own.
+    with pytest.raises(NotAllowed):
+        tenant_closure.close(api_tenant_b.user, api_tenant_b.tenant, "beta", by_staff=True)
