@@ -79,6 +79,15 @@ async def kv_delete(w: Worker, args: dict[str, Any]) -> Any:
     log.info("event=kv_delete tenant=%s name=%s by=admin", tenant, name)
 
 
+@op("kv_delete_tenant")
+async def kv_delete_tenant(w: Worker, args: dict[str, Any]) -> Any:
+    """Everything of a closed tenant (api/services/tenant_closure.py), the shared store included."""
+    tenant = _tenant(args)
+    names = await w.kv(w.kvfs.remove_tenant, tenant)
+    log.info("event=kv_delete_tenant tenant=%s files=%d by=admin", tenant, len(names))
+    return {"deleted": names}
+
+
 @op("kv_pin")
 async def kv_pin(w: Worker, args: dict[str, Any]) -> Any:
     await w.kv(w.kvfs.pin, _tenant(args), get_str(args, "name", MAX_NAME_CHARS), get_bool(args, "pinned", True))

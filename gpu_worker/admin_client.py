@@ -77,6 +77,10 @@ class AdminClient:
     def kv_delete(self, tenant: str, name: str) -> None:
         self.call("kv_delete", {"tenant": tenant, "name": name})
 
+    def kv_delete_tenant(self, tenant: str) -> list[str]:
+        """Delete every KV file of ``tenant`` here and in the KV store; the names deleted."""
+        return self.call("kv_delete_tenant", {"tenant": tenant})["deleted"]
+
     def kv_pin(self, tenant: str, name: str, pinned: bool) -> None:
         self.call("kv_pin", {"tenant": tenant, "name": name, "pinned": pinned})
 

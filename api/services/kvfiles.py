@@ -61,13 +61,12 @@ def delete(kv: KVFile) -> None:
 
 
 def delete_all(tenant: Tenant) -> int:
-    """Delete every KV file of ``tenant`` from this host's worker (device, host memory and the KV
-    store) and their mirror rows; returns how many the worker held."""
-    names = [e["name"] for e in _call("kv_list", tenant.slug) if e.get("tenant") == tenant.slug]
-    for name in names:
-        _call("kv_delete", tenant.slug, name)
+    """Delete every KV file of ``tenant`` from this host's worker (device, host memory) and from
+    the KV store (all of the tenant's objects there, which a shared store may hold for workers
+    that are gone), and their mirror rows here; returns how many files went."""
+    deleted = _call("kv_delete_tenant", tenant.slug)
     KVFile.objects.filter(tenant=tenant, worker=settings.SYMPHONY_WORKER_NAME).delete()
-    return len(names)
+    return len(deleted)
 
 
 def pin(kv: KVFile, pinned: bool) -> KVFile:

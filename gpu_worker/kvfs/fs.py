@@ -249,6 +249,24 @@ class KVFS:
     delete = remove
 
     @_locked
+    def remove_tenant(self, tenant: str) -> list[str]:
+        """Unlink every named file of ``tenant`` and delete everything it has in the store,
+        catalogued here or not: a store shared with other workers (S3) may hold files this worker
+        never listed, written by one that is gone. Returns the names removed, sorted. Open
+        handles keep their pages as anonymous files, as with :meth:`remove`."""
+        prefix = validate_tenant(tenant) + "/"
+        names = {name for (owner, name) in self._named if owner == tenant}
+        for name in names:
+            self.remove(tenant, name)
+        suffix = ".safetensors"
+        for key in self.store.list(prefix):
+            self.store.delete(key)
+            if key.endswith(suffix):
+                names.add(key[len(prefix) : -len(suffix)])
+        log.info("event=kv_remove_tenant tenant=%s files=%d", tenant, len(names))
+        return sorted(names)
+
+    @_locked
     def length(self, owner: Owner, h: int) -> int:
         return len(self._handles.get(owner, h).file.tokens)
 

@@ -319,3 +319,25 @@ def test_concurrent_appends_from_threads_keep_invariants(tmp_path):
     assert not errors, errors
     fs.check()
     assert fs.stats().used_pages == 0
+
+
+def test_remove_tenant_deletes_its_files_even_those_another_worker_wrote_to_a_shared_store(tmp_path):
+    """A closed tenant's purge (api/services/tenant_closure.py) on one live worker must also
+    clear what a worker that is gone left in a store they shared (S3 in production)."""
+    first, io1 = make_fs(tmp_path)
+    for owner, name in ((A, "a"), (A, "b"), (B, "x"), (Owner("acme-2", "s1"), "y")):
+        h = first.create(owner, name)
+        append(first, io1, owner, h, [1, 2, 3])
+        first.close(owner, h)
+    second, _ = make_fs(tmp_path)  # same store directory, catalogue read at start
+    second.load_index()
+    h = first.create(A, "c")  # written after the second worker read the store: not in its catalogue
+    append(first, io1, A, h, [4, 5])
+    first.close(A, h)
+    assert sorted(second.store.list("acme/")) == ["acme/a.safetensors", "acme/b.safetensors", "acme/c.safetensors"]
+
+    assert second.remove_tenant("acme") == ["a", "b", "c"]
+    assert second.store.list("acme/") == [] and [f.name for f in second.list_files("acme")] == []
+    assert sorted(second.store.list()) == ["acme-2/y.safetensors", "bravo/x.safetensors"]  # a prefix is not a tenant
+    assert second.remove_tenant("acme") == []  # idempotent
+    second.check()
