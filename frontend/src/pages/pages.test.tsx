@@ -64,6 +64,15 @@ describe("auth", () => {
   });
 });
 
+/** What the page of program 3 loads. */
+const PROGRAM_PAGE = {
+  "GET /api/v1/auth/me": ME,
+  "GET /api/v1/programs/3": PROGRAM,
+  "GET /api/v1/programs/3/versions": [VERSION],
+  "GET /api/v1/programs/3/versions/1/source": "x = 1\n",
+  "GET /api/v1/runs": page([]),
+};
+
 describe("programs", () => {
   it("uploads a dropped .py file as multipart and opens the program", async () => {
     const { calls } = mockApi({
@@ -92,13 +101,7 @@ describe("programs", () => {
   });
 
   it("refuses to start a run with non-object JSON args", async () => {
-    const { calls } = mockApi({
-      "GET /api/v1/auth/me": ME,
-      "GET /api/v1/programs/3": PROGRAM,
-      "GET /api/v1/programs/3/versions": [VERSION],
-      "GET /api/v1/programs/3/versions/1/source": "x = 1\n",
-      "GET /api/v1/runs": page([]),
-    });
+    const { calls } = mockApi(PROGRAM_PAGE);
     renderAt(<App />, "/programs/3");
     const args = await screen.findByLabelText(/Arguments/);
     fireEvent.change(args, { target: { value: "[1, 2]" } });
@@ -112,11 +115,7 @@ describe("deleting a program", () => {
   it("asks once, says its runs go too, and shows why the server refuses", async () => {
     let busy = true;
     const { calls } = mockApi({
-      "GET /api/v1/auth/me": ME,
-      "GET /api/v1/programs/3": PROGRAM,
-      "GET /api/v1/programs/3/versions": [VERSION],
-      "GET /api/v1/programs/3/versions/1/source": "x = 1\n",
-      "GET /api/v1/runs": page([]),
+      ...PROGRAM_PAGE,
       "GET /api/v1/programs": page([]),
       "DELETE /api/v1/programs/3": () =>
         busy
