@@ -177,8 +177,11 @@ def test_fire_and_forget_replies_are_read_by_the_next_caller(pair) -> None:
     conn, _, _ = pair
     conn.deferred_releases.extend([1, 2, 3])
     conn.flush_releases()  # its reply is left for whoever reads next
-    assert conn.call("op", {"echo": "after"}) == "after"
-    assert conn._pending == {}  # the release's reply was routed too
+    # The peer answers each request on its own thread: the echo waits, so the release's reply is
+    # on the socket before it (without the delay the two raced, and a release answered second
+    # was rightly still pending when the caller had its own reply).
+    assert conn.call("op", {"echo": "after", "delay": 0.5}) == "after"
+    assert conn._pending == {}  # the release's reply, read first, was routed too
 
 
 def test_the_peer_closing_fails_every_waiting_caller(pair) -> None:
