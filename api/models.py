@@ -196,6 +196,9 @@ class UsageRecord(models.Model):
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage")
     run = models.OneToOneField(Run, null=True, on_delete=models.SET_NULL, related_name="usage")
+    #: A run consumed it. Stays true when the run is deleted later (with its program or its
+    #: tenant), so the row is not mistaken for the storage meter's and still counts as a run.
+    from_run = models.BooleanField(default=False)
     prefill_tokens = models.BigIntegerField(default=0)
     decode_tokens = models.BigIntegerField(default=0)
     pred_calls = models.BigIntegerField(default=0)
@@ -208,6 +211,11 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"usage run={self.run_id}"
+
+    def save(self, *args, **kwargs) -> None:
+        if self.run_id is not None:
+            self.from_run = True
+        super().save(*args, **kwargs)
 
 
 class AuditLog(models.Model):

@@ -271,6 +271,7 @@ class Worker:
         deadline = time.monotonic() + 60
         while self.scheduler.session_busy(session_id) and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
+        await self._publish_final_kv(s)
         try:
             await self.kv(self.kvfs.close_session, s.owner)
         except ProtocolError as exc:
@@ -288,6 +289,19 @@ class Worker:
             " ".join(f"{k}={v}" for k, v in usage.items()),
         )
         return {"usage": usage, "result": s.result, "error": s.error}
+
+    async def _publish_final_kv(self, s: Session) -> None:
+        """The KV the run held at its end, as one last ``kv`` event: the tick samples twice a
+        second, so a run shorter than that would otherwise show no KV usage at all."""
+        if not s.run_id:
+            return
+        try:
+            ((snap, _pages),) = await self.kv(self.kvfs.live_usage, [s.owner])
+        except ProtocolError as exc:
+            log.warning("event=final_kv_unread session=%s error=%s", s.session_id, exc)
+            return
+        if snap["tokens"]:
+            self.events.publish(s.run_id, "kv", snap)
 
     # -------------------------------------------------------------------- connections
     async def _serve(self, session: Session | None, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

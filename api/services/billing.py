@@ -5,12 +5,14 @@ from __future__ import annotations
 from datetime import date
 from decimal import ROUND_HALF_UP, Decimal
 
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from api.models import Tenant, UsageRecord
 
 SUMMED = UsageRecord.METERED
+#: Runs among usage rows, including runs deleted since (their rows keep ``from_run``).
+RUNS = Count("pk", filter=Q(from_run=True))
 
 
 def _in_range(tenant: Tenant, start: date | None, end: date | None) -> QuerySet[UsageRecord]:
@@ -28,7 +30,7 @@ def usage_by_day(tenant: Tenant, start: date | None = None, end: date | None = N
         _in_range(tenant, start, end)
         .annotate(day=TruncDate("created_at"))
         .values("day")
-        .annotate(runs=Count("run"), **{f: Sum(f) for f in SUMMED})
+        .annotate(runs=RUNS, **{f: Sum(f) for f in SUMMED})
         .order_by("day")
     )
     return [{**row, "day": row["day"].isoformat()} for row in rows]
@@ -45,7 +47,8 @@ def usage_by_group(tenant: Tenant, group_by: str, start: date | None = None, end
     """The usage in [start, end] summed per program or per API key, most decode tokens first.
 
     Each row: ``kind`` (``program`` / ``api_key``; ``console`` for runs started without a key,
-    from the console; ``storage`` for stored KV files, which no run consumed), ``id``, ``name``,
+    from the console; ``deleted`` for runs deleted since, with their program; ``storage`` for
+    stored KV files, which no run consumed), ``id``, ``name``,
     ``prefix`` (keys only), ``runs`` and the metered sums. Raises KeyError for another grouping."""
     id_field, name_field, prefix_field = GROUPINGS[group_by]
     qs = _in_range(tenant, start, end)
@@ -62,7 +65,10 @@ def usage_by_group(tenant: Tenant, group_by: str, start: date | None = None, end
         if prefix_field:
             entry["prefix"] = row.pop(prefix_field)
         rows.append({**entry, **row})
-    storage = qs.filter(run__isnull=True).aggregate(**{f: Sum(f) for f in SUMMED})
+    deleted = qs.filter(from_run=True, run__isnull=True).aggregate(runs=RUNS, **{f: Sum(f) for f in SUMMED})
+    if deleted["runs"]:
+        rows.append({"kind": "deleted", "id": None, "name": None, **deleted})
+    storage = qs.filter(from_run=False).aggregate(**{f: Sum(f) for f in SUMMED})
     if any(storage.values()):
         rows.append({"kind": "storage", "id": None, "name": None, "runs": 0, **storage})
     return sorted(rows, key=lambda r: (-(r["decode_tokens"] or 0), -(r["prefill_tokens"] or 0), str(r["name"])))
@@ -95,7 +101,7 @@ def invoice(tenant: Tenant, month: str) -> dict:
     rounded half-up to cents per line. Raises ValueError for a malformed month."""
     start, end = _month_range(month)
     sums = UsageRecord.objects.filter(tenant=tenant, created_at__date__gte=start, created_at__date__lt=end).aggregate(
-        runs=Count("run"), **{f: Sum(f) for f in SUMMED}
+        runs=RUNS, **{f: Sum(f) for f in SUMMED}
     )
     lines = []
     for field, (label, unit_price) in PRICE_SHEET.items():

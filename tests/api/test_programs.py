@@ -9,8 +9,10 @@ import pytest
 import redis
 from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
 
 from api.models import Program, Run
+from api.services import billing
 from api.services.programs import ProgramInvalid, validate_upload
 from api.services.runs import create_run
 
@@ -108,3 +110,12 @@ def test_deleting_a_program_takes_its_finished_runs_and_waits_for_unfinished_one
     assert not Run.objects.filter(pk__in=[done.pk, running.pk]).exists()
     usage = UsageRecord.objects.filter(tenant=api_tenant_a.tenant)
     assert sorted(u.decode_tokens for u in usage) == [2, 7]  # still billed
+    # ...and still counted as runs, apart from the storage meter's rows.
+    UsageRecord.objects.create(tenant=api_tenant_a.tenant, kv_gib_hours=0.5)
+    tenant, month = api_tenant_a.tenant, timezone.now().strftime("%Y-%m")
+    assert billing.invoice(tenant, month)["runs"] == 2
+    assert sum(day["runs"] for day in billing.usage_by_day(tenant)) == 2
+    groups = {g["kind"]: g for g in billing.usage_by_group(tenant, "program")}
+    assert set(groups) == {"deleted", "storage"}
+    assert (groups["deleted"]["runs"], groups["deleted"]["decode_tokens"]) == (2, 9)
+    assert (groups["storage"]["runs"], groups["storage"]["kv_gib_hours"]) == (0, 0.5)

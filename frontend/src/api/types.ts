@@ -70,7 +70,7 @@ export type UsageGrouping = "program" | "api_key";
 
 /** One row of `GET /usage?group_by=`: a program, an API key, console runs (no key) or KV storage. */
 export interface UsageGroup {
-  kind: "program" | "api_key" | "console" | "storage";
+  kind: "program" | "api_key" | "console" | "deleted" | "storage";
   id: number | null;
   name: string | null;
   prefix?: string | null;

@@ -51,6 +51,7 @@ const GROUPINGS: { value: UsageGrouping; label: string }[] = [
 export function groupLabel(g: UsageGroup): string {
   if (g.kind === "console") return "Console (no API key)";
   if (g.kind === "storage") return "Stored KV files";
+  if (g.kind === "deleted") return "Deleted programs' runs";
   if (g.kind === "api_key") return `${g.name ?? "key"} (sk_${g.prefix ?? "?"}_…)`;
   return g.name ?? `program ${g.id}`;
 }
