@@ -35,7 +35,10 @@ class Peer:
     def _serve(self) -> None:
         buf = b""
         while True:
-            data = self.sock.recv(65536)
+            try:
+                data = self.sock.recv(65536)
+            except OSError:  # the fixture closed the socket at teardown
+                return
             if not data:
                 return
             self.reads += 1
