@@ -25,7 +25,7 @@ from rest_framework import authentication, exceptions
 from rest_framework.settings import api_settings
 
 from api.models import ApiKey
-from api.services import auth_failures
+from api.services import auth_failures, shared_counters
 from api.services.keys import verify_key
 
 log = logging.getLogger(__name__)
@@ -81,8 +81,7 @@ class BadKeyGuard:
         if self.limit is None:
             return
         try:
-            cache.add(self.key, 0, timeout=self.window)
-            cache.incr(self.key)
+            shared_counters.incr(self.key, self.window)
         except Exception as exc:
             log.warning("bad_key_guard_uncounted error=%s", exc)
 

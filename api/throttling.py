@@ -23,7 +23,6 @@ import time
 from dataclasses import dataclass
 
 from asgiref.sync import iscoroutinefunction
-from django.core.cache import cache
 from django.http import HttpRequest
 from django.utils.decorators import sync_and_async_middleware
 from rest_framework import exceptions
@@ -65,15 +64,6 @@ class TenantThrottled(Exception):
         self.retry_after = retry_after
 
 
-def _count(key: str) -> int:
-    cache.add(key, 0, timeout=WINDOW_S + 5)
-    try:
-        return cache.incr(key)
-    except ValueError:  # expired between add and incr
-        cache.add(key, 1, timeout=WINDOW_S + 5)
-        return 1
-
-
 def check_tenant_rate(tenant: Tenant, request: HttpRequest | None = None) -> RateState | None:
     """Count one request of ``tenant``; :class:`TenantThrottled` when it is over its plan's rate.
 
@@ -85,7 +75,7 @@ def check_tenant_rate(tenant: Tenant, request: HttpRequest | None = None) -> Rat
     now = time.time()
     window_start = int(now // WINDOW_S * WINDOW_S)
     try:
-        count = _count(f"throttle_tenant_{tenant.pk}_{window_start}")
+        count = shared_counters.incr(f"throttle_tenant_{tenant.pk}_{window_start}", WINDOW_S + 5)
     except Exception as exc:  # the cache is down: let the request through
         log.warning("tenant_rate_unchecked tenant=%s error=%s", tenant.slug, exc)
         return None

@@ -22,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from api.models import KVFile, Run, Tenant
 from api.services import auth_failures, routing, shared_counters
+from api.throttling import THROTTLED_COUNTER
 
 #: Heartbeat keys (``health`` fields) exported per worker as gauges: (key, metric name, help).
 WORKER_GAUGES = (
@@ -127,8 +128,6 @@ class ServiceCollector:
         return family
 
     def _throttled(self) -> Metric:
-        from api.throttling import THROTTLED_COUNTER
-
         count = shared_counters.read([THROTTLED_COUNTER])[THROTTLED_COUNTER]
         return CounterMetricFamily(
             "symphony_requests_throttled",

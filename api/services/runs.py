@@ -130,6 +130,11 @@ def _expire_if_finished(client: redis.Redis, keys: list[bytes]) -> int:
     return len(finished)
 
 
+def _tenant_closed(tenant_id: int) -> bool:
+    """Read fresh from the database: a request may hold a Tenant loaded before the close."""
+    return Tenant.objects.filter(pk=tenant_id, closed_at__isnull=False).exists()
+
+
 def create_run(
     tenant: Tenant,
     program: Program,
@@ -147,7 +152,7 @@ def create_run(
         existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:
             return existing, False
-    if Tenant.objects.filter(pk=tenant.pk, closed_at__isnull=False).exists():
+    if _tenant_closed(tenant.pk):
         raise RunConflict("this tenant is closed")
     versions = program.versions.order_by("-number")
     pv = versions.filter(number=version).first() if version else versions.first()
@@ -226,7 +231,7 @@ def start_run(run_id: str, worker: str) -> Run | None:
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None or run.status != "queued":
             return None
-        if Tenant.objects.filter(pk=run.tenant_id, closed_at__isnull=False).exists():
+        if _tenant_closed(run.tenant_id):
             # Created in the moment its tenant closed (api/services/tenant_closure.py).
             run.status, run.finished_at = "cancelled", timezone.now()
             run.save(update_fields=["status", "finished_at"])

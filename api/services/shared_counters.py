@@ -18,11 +18,20 @@ log = logging.getLogger(__name__)
 _PREFIX = "metrics:"
 
 
-def increment(name: str) -> None:
-    key = _PREFIX + name
+def incr(key: str, timeout: int | None) -> int:
+    """Add one to the cache counter ``key`` (created with ``timeout``, ``None``: never expires)
+    and return its new value; raises what the cache raises. The throttles count with it too."""
+    cache.add(key, 0, timeout=timeout)
     try:
-        cache.add(key, 0, timeout=None)
-        cache.incr(key)
+        return cache.incr(key)
+    except ValueError:  # expired between add and incr
+        cache.add(key, 1, timeout=timeout)
+        return 1
+
+
+def increment(name: str) -> None:
+    try:
+        incr(_PREFIX + name, None)
     except Exception as exc:  # a metric must not turn a 401 or a 429 into a 500
         log.warning("event=counter_not_incremented name=%s error=%r", name, exc)
 

@@ -53,8 +53,12 @@ def validate_tenant(tenant: object) -> str:
     return tenant
 
 
+#: Every KV store key is ``<tenant>/<name>`` plus this.
+STORE_SUFFIX = ".safetensors"
+
+
 def store_key(tenant: str, name: str) -> str:
-    return f"{validate_tenant(tenant)}/{validate_name(name)}.safetensors"
+    return f"{validate_tenant(tenant)}/{validate_name(name)}{STORE_SUFFIX}"
 
 
 def pages_for(n_tokens: int, block_size: int) -> int:

@@ -22,6 +22,7 @@ from gpu_worker.kvfs.files import (
     DEVICE,
     DISK,
     HOST,
+    STORE_SUFFIX,
     Handle,
     HandleTable,
     KVFile,
@@ -258,11 +259,10 @@ class KVFS:
         names = {name for (owner, name) in self._named if owner == tenant}
         for name in names:
             self.remove(tenant, name)
-        suffix = ".safetensors"
         for key in self.store.list(prefix):
             self.store.delete(key)
-            if key.endswith(suffix):
-                names.add(key[len(prefix) : -len(suffix)])
+            if key.endswith(STORE_SUFFIX):
+                names.add(key[len(prefix) : -len(STORE_SUFFIX)])
         log.info("event=kv_remove_tenant tenant=%s files=%d", tenant, len(names))
         return sorted(names)
 
@@ -501,7 +501,7 @@ class KVFS:
         """Rebuild the catalogue from the store at start: every file is disk-resident."""
         found = []
         for key in self.store.list():
-            if not key.endswith(".safetensors"):
+            if not key.endswith(STORE_SUFFIX):
                 continue
             meta = decode_header(self.store.get(key))
             tenant, name = meta["tenant"], meta["name"]
