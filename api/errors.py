@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from api.services.kvfiles import WorkerUnavailable
+from api.services.mail import MailUnavailable
 from api.services.members import InvitationInvalid, MembershipConflict, NotAllowed, TooManyTenants
 from api.services.programs import ProgramInvalid
 from api.services.quotas import QuotaExceeded
@@ -28,6 +29,7 @@ DOMAIN_ERRORS = {
     InvitationInvalid: (status.HTTP_404_NOT_FOUND, "not_found"),
     TooManyTenants: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
     TenantClosed: (status.HTTP_409_CONFLICT, "conflict"),
+    MailUnavailable: (status.HTTP_503_SERVICE_UNAVAILABLE, "mail_unavailable"),
 }
 
 

@@ -74,9 +74,9 @@ class Membership(models.Model):
 class Invitation(models.Model):
     """An owner's offer of a membership to one email address, accepted through a one-time link.
 
-    No mail is sent: the owner is shown the link once and passes it on. Only a digest of the
-    token is stored (like API keys), and accepting requires a signed-in user with the invited
-    email, so a link that leaks is useless to anyone else."""
+    The owner is shown the link once, and it is mailed to the invitee (api/services/mail.py).
+    Only a digest of the token is stored (like API keys), and accepting requires a signed-in user
+    with the invited email, so a link that leaks is useless to anyone else."""
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="invitations")
     email = models.EmailField(max_length=150)

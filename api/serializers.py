@@ -29,6 +29,18 @@ class PasswordChangeSerializer(serializers.Serializer):
     new_password = serializers.CharField(min_length=8, write_only=True)
 
 
+class PasswordResetRequestSerializer(serializers.Serializer):
+    email = serializers.EmailField(max_length=150)
+
+
+class PasswordResetConfirmSerializer(serializers.Serializer):
+    """The two parts of a reset link (``/reset-password/<uid>/<token>``) and the new password."""
+
+    uid = serializers.CharField(max_length=64)
+    token = serializers.CharField(max_length=128)
+    new_password = serializers.CharField(min_length=8, max_length=4096, write_only=True)
+
+
 class TenantCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
 
@@ -64,9 +76,12 @@ class InvitationSerializer(serializers.ModelSerializer):
 
 class NewInvitationSerializer(InvitationSerializer):
     token = serializers.CharField(read_only=True, help_text="shown once: the console link is /invite/<token>")
+    emailed = serializers.BooleanField(
+        read_only=True, help_text="the link was also queued to be mailed to the invitee (false: pass it on yourself)"
+    )
 
     class Meta(InvitationSerializer.Meta):
-        fields = [*InvitationSerializer.Meta.fields, "token"]
+        fields = [*InvitationSerializer.Meta.fields, "token", "emailed"]
         read_only_fields = fields
 
 

@@ -112,3 +112,38 @@ def purge_tenant_kv(self, tenant_id: int) -> int:
         return purge_kv_files(tenant_id)
     except WorkerUnavailable as exc:
         raise self.retry(exc=exc, countdown=min(600, 10 * 2**self.request.retries)) from exc
+
+
+#: Mail tasks retry an SMTP server that is down or refusing for about half an hour (backoff
+#: 30 s, 60 s, ... capped at 10 minutes) before giving up with an error in the log.
+_MAIL_RETRY = {
+    "autoretry_for": (OSError,),  # smtplib.SMTPException is an OSError, and so are timeouts
+    "retry_backoff": 30,
+    "retry_backoff_max": 600,
+    "retry_jitter": True,
+    "max_retries": 6,
+}
+
+
+@shared_task(name="api.send_password_reset_mail", **_MAIL_RETRY)
+def send_password_reset_mail(email: str) -> int:
+    """Mail a password-reset link to the accounts using ``email`` (none: nothing is sent)."""
+    from api.services.mail import send_password_reset
+
+    return send_password_reset(email)
+
+
+@shared_task(name="api.send_password_changed_mail", **_MAIL_RETRY)
+def send_password_changed_mail(user_id: int) -> bool:
+    """Tell a user their password changed."""
+    from api.services.mail import send_password_changed
+
+    return send_password_changed(user_id)
+
+
+@shared_task(name="api.send_invitation_mail", **_MAIL_RETRY)
+def send_invitation_mail(invitation_id: int, token: str) -> bool:
+    """Mail an invitee their invitation link (not if it was revoked or used meanwhile)."""
+    from api.services.mail import send_invitation
+
+    return send_invitation(invitation_id, token)

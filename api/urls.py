@@ -26,6 +26,12 @@ urlpatterns = [
     path("auth/switch-tenant", views.SwitchTenantView.as_view(), name="auth-switch-tenant"),
     path("auth/csrf", views.CsrfView.as_view(), name="auth-csrf"),
     path("auth/password", views.PasswordChangeView.as_view(), name="auth-password"),
+    path("auth/password-reset", views.PasswordResetRequestView.as_view(), name="auth-password-reset"),
+    path(
+        "auth/password-reset/confirm",
+        views.PasswordResetConfirmView.as_view(),
+        name="auth-password-reset-confirm",
+    ),
     path("auth/invitations/<str:token>", views.InvitationPreviewView.as_view(), name="auth-invitation"),
     path("auth/invitations/<str:token>/accept", views.InvitationAcceptView.as_view(), name="auth-invitation-accept"),
     path("tenants", views.TenantCreateView.as_view(), name="tenants"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import date
 
 from django.contrib.auth import authenticate, get_user_model, login, logout, update_session_auth_hash
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.db.models import Count, Q
 from django.http import HttpResponse
@@ -28,6 +29,7 @@ from api.services import (
     billing,
     keys,
     kvfiles,
+    mail,
     members,
     programs,
     quotas,
@@ -163,6 +165,53 @@ class PasswordChangeView(APIView):
         user.set_password(data.validated_data["new_password"])
         user.save(update_fields=["password"])
         update_session_auth_hash(request, user)
+        mail.queue_password_changed(user)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class PasswordResetRequestView(APIView):
+    """Mail a one-time link to reset the password of the account using this email.
+
+    Always 202, whether or not such an account exists (no account enumeration), and at most one
+    mail per address a minute."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list = []  # nobody is signed in; no CSRF token needed either
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=s.PasswordResetRequestSerializer, responses={202: OpenApiTypes.OBJECT})
+    def post(self, request):
+        data = s.PasswordResetRequestSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        mail.request_password_reset(data.validated_data["email"])
+        message = "if an account uses this email, a link to reset its password is on its way"
+        return Response({"detail": message}, status=status.HTTP_202_ACCEPTED)
+
+
+class PasswordResetConfirmView(APIView):
+    """Set a new password through a reset link. Every session of the account ends (the link's
+    own browser signs in afresh); API keys are the tenant's and stay."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=s.PasswordResetConfirmSerializer, responses={204: None})
+    def post(self, request):
+        data = s.PasswordResetConfirmSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            user = mail.reset_password(
+                data.validated_data["uid"], data.validated_data["token"], data.validated_data["new_password"]
+            )
+        except mail.ResetLinkInvalid as exc:
+            auth_failures.record("bad_reset_link")
+            raise ValidationError({"token": [str(exc)]}) from exc
+        except DjangoValidationError as exc:
+            raise ValidationError({"new_password": list(exc.messages)}) from exc
+        mail.queue_password_changed(user)
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
@@ -288,7 +337,8 @@ class InvitationViewSet(mixins.ListModelMixin, TenantScopedViewSet):
         issued = members.invite(
             _console_user(request), self.tenant, data.validated_data["email"], data.validated_data["role"]
         )
-        body = {**s.InvitationSerializer(issued.invitation).data, "token": issued.token}
+        emailed = mail.queue_invitation(issued.invitation, issued.token)
+        body = {**s.InvitationSerializer(issued.invitation).data, "token": issued.token, "emailed": emailed}
         return Response(body, status=status.HTTP_201_CREATED)
 
     def destroy(self, request, pk=None):

@@ -140,6 +140,10 @@ def up() -> int:
 
     signal.signal(signal.SIGINT, handle_signal)
     signal.signal(signal.SIGTERM, handle_signal)
+    host = os.environ.get("SYMPHONY_HOST", "127.0.0.1")
+    port = os.environ.get("SYMPHONY_PORT", "8000")
+    # Links in mails (password reset, invitations) point at this console.
+    os.environ.setdefault("SYMPHONY_PUBLIC_URL", f"http://{host}:{port}")
     for service in services():
         log = open(LOG_DIR / f"{service.name}.log", "ab")
         env = {**service.env_defaults, **os.environ}
@@ -149,10 +153,10 @@ def up() -> int:
         procs[service.name] = proc
         pid_file(service.name).write_text(str(proc.pid))
         print(f"stack: started {service.name} pid={proc.pid} log=var/log/{service.name}.log")
-    host = os.environ.get("SYMPHONY_HOST", "127.0.0.1")
-    port = os.environ.get("SYMPHONY_PORT", "8000")
     creds = ROOT / "var" / "admin-credentials.txt"
     print(f"\n  Symphony console: http://{host}:{port}/\n  Admin:            http://{host}:{port}/admin/")
+    if not os.environ.get("SYMPHONY_EMAIL_URL"):
+        print("  Mail:             written to var/mail/ (set SYMPHONY_EMAIL_URL to send over SMTP)")
     if creds.exists():
         print("  " + creds.read_text().strip().replace("\n", "\n  "))
     print("\n  Ctrl-C stops the stack.\n")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from urllib.parse import unquote, urlsplit
 
 import dj_database_url
 
@@ -158,6 +159,31 @@ SYMPHONY_RUN_EVENTS_RETENTION_S = int(os.environ.get("SYMPHONY_RUN_EVENTS_RETENT
 #: Days an invitation link stays valid, and tenants one user may own (each has its own quota).
 SYMPHONY_INVITATION_DAYS = int(os.environ.get("SYMPHONY_INVITATION_DAYS", "7"))
 SYMPHONY_MAX_OWNED_TENANTS = int(os.environ.get("SYMPHONY_MAX_OWNED_TENANTS", "10"))
+
+# --- Mail (password resets, invitations, security notices; api/services/mail.py) ---------------
+#: Where the console is reached from outside: the links in mails point here.
+SYMPHONY_PUBLIC_URL = (os.environ.get("SYMPHONY_PUBLIC_URL") or "http://127.0.0.1:8000").rstrip("/")
+#: ``smtp://[user:password@]host[:port]`` (``smtp+tls://`` for STARTTLS, ``smtps://`` for TLS from
+#: the start); unset, each mail is written as a file under var/mail/ (what ``make up`` uses).
+EMAIL_URL = os.environ.get("SYMPHONY_EMAIL_URL", "")
+if EMAIL_URL:
+    _mail = urlsplit(EMAIL_URL)
+    if _mail.scheme not in ("smtp", "smtp+tls", "smtps") or not _mail.hostname:
+        raise RuntimeError(f"SYMPHONY_EMAIL_URL must be smtp://, smtp+tls:// or smtps://host[:port], not {EMAIL_URL!r}")
+    EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_HOST = _mail.hostname
+    EMAIL_PORT = _mail.port or {"smtp": 25, "smtp+tls": 587, "smtps": 465}[_mail.scheme]
+    EMAIL_HOST_USER = unquote(_mail.username or "")
+    EMAIL_HOST_PASSWORD = unquote(_mail.password or "")
+    EMAIL_USE_TLS = _mail.scheme == "smtp+tls"
+    EMAIL_USE_SSL = _mail.scheme == "smtps"
+    EMAIL_TIMEOUT = int(os.environ.get("SYMPHONY_EMAIL_TIMEOUT_S", "10"))
+else:
+    EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    EMAIL_FILE_PATH = VAR_DIR / "mail"
+DEFAULT_FROM_EMAIL = os.environ.get("SYMPHONY_EMAIL_FROM") or "Symphony <noreply@localhost>"
+#: Seconds a password-reset link stays valid (Django's token; one use: it dies with the old password).
+PASSWORD_RESET_TIMEOUT = int(os.environ.get("SYMPHONY_PASSWORD_RESET_S") or 3600)
 
 # --- DRF ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -13,6 +13,7 @@ REASONS = {
     "bad_api_key": "a bearer key that is wrong, malformed, revoked or expired (401)",
     "throttled_api_key": "a bearer key refused because its address sent too many wrong ones (429)",
     "bad_login": "a console sign-in with a wrong email or password (401)",
+    "bad_reset_link": "a password-reset link that is malformed, used or expired (400)",
 }
 _PREFIX = "auth_failures:"
 

@@ -12,13 +12,16 @@ from rest_framework.test import APIClient
 pytestmark = pytest.mark.django_db
 
 #: Answered without credentials. An invitation's preview is public: its token is the credential
-#: (accepting it needs a signed-in user, and is checked below like every other route).
+#: (accepting it needs a signed-in user, and is checked below like every other route); so is a
+#: password-reset link's (asking for one names an email, and answers the same for any).
 PUBLIC = {
     "api/v1/health",
     "api/v1/auth/signup",
     "api/v1/auth/login",
     "api/v1/auth/csrf",
     "api/v1/auth/invitations/<str:token>",
+    "api/v1/auth/password-reset",
+    "api/v1/auth/password-reset/confirm",
 }
 SAMPLE_ARGS = {
     "pk": "1",

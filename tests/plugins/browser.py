@@ -32,21 +32,22 @@ def _node() -> str:
     return str(local) if local.exists() else (shutil.which("node") or "node")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def child_env_for_test_db() -> dict[str, str]:
     """Environment that points a child process at the pytest-django test database."""
     db = settings.DATABASES["default"]
     return {**os.environ, "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
 
 
-def start_uvicorn(env: dict[str, str]) -> tuple[subprocess.Popen, str]:
-    """Start the ASGI app under uvicorn with ``env``; return the process and its base URL."""
-    port = _free_port()
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_uvicorn(env: dict[str, str], port: int | None = None) -> tuple[subprocess.Popen, str]:
+    """Start the ASGI app under uvicorn with ``env`` (on ``port``, else a free one); return the
+    process and its base URL."""
+    port = port or free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "web.asgi:application", "--port", str(port), "--log-level", "warning"],
         cwd=ROOT,

@@ -195,6 +195,8 @@ def test_session_writes_without_csrf_token_are_refused(api_schema, seeded):
             continue
         if operation.path in ("/api/v1/auth/login", "/api/v1/auth/signup"):
             continue  # public, csrf-exempt by design: they create the session
+        if operation.path.startswith("/api/v1/auth/password-reset"):
+            continue  # no session is read at all: the email or the link's token is the whole request
         path = operation.path.replace("{id}", "1").replace("{number}", "1").replace("{month}", "2026-11")
         path = path.replace("{tenant_id}", "1")
         response = client.generic(operation.method.upper(), path, b"{}", content_type="application/json")

@@ -1,0 +1,184 @@
+"""Mail the service sends to people: password-reset links, invitation links and the notice that a
+password changed.
+
+Each mail is sent by a Celery task on the housekeeping queue (api/tasks.py), never inside the
+request: an SMTP server that is slow or down then costs a retry, not a hung page, and a reset
+request takes the same time whether or not the address has an account (no account enumeration
+by timing). The request side only queues: ``request_password_reset``, ``queue_invitation`` and
+``queue_password_changed``; the task side builds and sends: ``send_*``.
+
+Bodies are plain-text Django templates in api/templates/api/mail/; links point at the console
+(``SYMPHONY_PUBLIC_URL``). Where mail goes is Django's email backend (``SYMPHONY_EMAIL_URL``:
+SMTP, or files under var/mail/ by default).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.contrib.auth.tokens import default_token_generator
+from django.core.cache import cache
+from django.core.mail import send_mail
+from django.template.loader import render_to_string
+from django.utils.encoding import force_bytes, force_str
+from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
+from kombu.exceptions import OperationalError
+
+from api.models import Invitation
+from api.services.keys import secret_digests
+
+log = logging.getLogger(__name__)
+
+#: One reset mail per address per this many seconds, however many requests ask for one: the
+#: per-client auth throttle stops one guesser, this stops many from flooding one inbox.
+RESET_MAIL_INTERVAL_S = 60
+
+
+class MailUnavailable(Exception):
+    """The mail could not be queued (the Celery broker is down); nothing was sent."""
+
+
+class ResetLinkInvalid(Exception):
+    """A password-reset link that is malformed, used, or past ``PASSWORD_RESET_TIMEOUT``."""
+
+
+def public_link(path: str) -> str:
+    """An absolute link to a console page, for a mail."""
+    return settings.SYMPHONY_PUBLIC_URL + path
+
+
+def _send(template: str, to: str, **context) -> None:
+    """Render api/mail/<template>.txt (first line: subject) and send it to one address."""
+    subject, _, body = render_to_string(f"api/mail/{template}.txt", context).partition("\n")
+    send_mail(subject.strip(), body.lstrip("\n"), None, [to])
+    log.info("mail_sent template=%s to_hash=%s", template, _address_hash(to))
+
+
+def _address_hash(email: str) -> str:
+    """Logs and cache keys name an address by a digest, not in clear."""
+    return hashlib.sha256(email.strip().lower().encode()).hexdigest()[:16]
+
+
+def _enqueue(task, *args) -> None:
+    try:
+        task.delay(*args)
+    except OperationalError as exc:
+        log.error("mail_enqueue_failed task=%s error=%s", task.name, exc)
+        raise MailUnavailable("mail cannot be sent right now; try again in a minute") from exc
+
+
+# --- password reset ---------------------------------------------------------------------------
+
+
+def request_password_reset(email: str) -> None:
+    """Queue a reset mail for ``email``, at most one per address per ``RESET_MAIL_INTERVAL_S``.
+
+    Answers the same whether or not an account uses the address: the task finds out."""
+    from api.tasks import send_password_reset_mail
+
+    try:
+        first = cache.add(f"mail:reset:{_address_hash(email)}", 1, timeout=RESET_MAIL_INTERVAL_S)
+    except Exception as exc:  # a cache outage must not stop people from getting back in
+        log.warning("reset_mail_interval_unchecked error=%s", exc)
+        first = True
+    if first:
+        _enqueue(send_password_reset_mail, email.strip().lower())
+
+
+def send_password_reset(email: str) -> int:
+    """Mail a reset link to each active account with this email; how many were mailed."""
+    users = get_user_model().objects.filter(email__iexact=email, is_active=True)
+    sent = 0
+    for user in users:
+        if not user.has_usable_password():
+            continue
+        uid = urlsafe_base64_encode(force_bytes(user.pk))
+        token = default_token_generator.make_token(user)
+        _send(
+            "password_reset",
+            user.email,
+            link=public_link(f"/reset-password/{uid}/{token}"),
+            minutes=settings.PASSWORD_RESET_TIMEOUT // 60,
+        )
+        sent += 1
+    return sent
+
+
+def reset_password(uid: str, token: str, new_password: str):
+    """Set a new password through a reset link; returns the user.
+
+    Raises ResetLinkInvalid for a bad, used or expired link, and Django's ValidationError for a
+    password the validators refuse. The token is bound to the old password's hash, so the link
+    works once, and every session signed in with the old password ends with it."""
+    User = get_user_model()
+    try:
+        user = User.objects.get(pk=force_str(urlsafe_base64_decode(uid)), is_active=True)
+    except (ValueError, TypeError, OverflowError, User.DoesNotExist):
+        user = None
+    if user is None or not default_token_generator.check_token(user, token):
+        raise ResetLinkInvalid("this reset link is invalid, was already used or has expired: ask for a new one")
+    validate_password(new_password, user)
+    user.set_password(new_password)
+    user.save(update_fields=["password"])
+    log.info("password_reset user=%s", user.pk)
+    return user
+
+
+# --- notices and invitations ------------------------------------------------------------------
+
+
+def queue_password_changed(user) -> None:
+    """Tell the account's owner their password changed (a reset or a change they did not make
+    is then noticed). Best effort: the change itself has happened."""
+    from api.tasks import send_password_changed_mail
+
+    try:
+        _enqueue(send_password_changed_mail, user.pk)
+    except MailUnavailable:
+        pass  # logged; the password is changed either way
+
+
+def send_password_changed(user_id: int) -> bool:
+    user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
+    if user is None or not user.email:
+        return False
+    _send("password_changed", user.email, forgot_link=public_link("/forgot-password"))
+    return True
+
+
+def queue_invitation(invitation: Invitation, token: str) -> bool:
+    """Queue the invitation mail; False when it could not be queued (the owner still has the
+    link on screen to pass on)."""
+    from api.tasks import send_invitation_mail
+
+    try:
+        _enqueue(send_invitation_mail, invitation.pk, token)
+    except MailUnavailable:
+        return False
+    return True
+
+
+def send_invitation(invitation_id: int, token: str) -> bool:
+    """Mail the invitee their link, unless the invitation was revoked or used meanwhile, or the
+    token is not this invitation's (a task that reached the wrong database mails nobody)."""
+    invitation = (
+        Invitation.objects.select_related("tenant", "invited_by")
+        .filter(pk=invitation_id, accepted_at__isnull=True, revoked_at__isnull=True)
+        .first()
+    )
+    if invitation is None or invitation.token_hash not in secret_digests(token):
+        return False
+    _send(
+        "invitation",
+        invitation.email,
+        tenant=invitation.tenant.name,
+        role=invitation.role,
+        inviter=invitation.invited_by.email if invitation.invited_by else "An owner",
+        link=public_link(f"/invite/{token}"),
+        expires_at=invitation.expires_at,
+    )
+    return True

@@ -1,0 +1,98 @@
+"""Mail through the real stack: an HTTP request to uvicorn queues a Celery task, a real Celery
+worker renders the mail and delivers it over SMTP to a real server on 127.0.0.1, and the link in
+the delivered mail does what it says (tests/plugins/mail.py)."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+import requests
+
+from tests.plugins.mail import link_in
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+OLD, NEW = "pw-old-horse-1", "pw-new-battery-2"
+
+
+def _signed_in(url: str, email: str, password: str, tenant: str | None = None) -> requests.Session:
+    """A browser-like session: signed up (when ``tenant`` is given) or logged in, CSRF header set."""
+    session = requests.Session()
+    token = session.get(f"{url}/api/v1/auth/csrf", timeout=10).json()["csrftoken"]
+    session.headers.update({"X-CSRFToken": token, "Referer": url})
+    if tenant:
+        body = {"email": email, "password": password, "tenant_name": tenant}
+        response = session.post(f"{url}/api/v1/auth/signup", json=body, timeout=10)
+        assert response.status_code == 201, response.text
+    else:
+        response = session.post(f"{url}/api/v1/auth/login", json={"email": email, "password": password}, timeout=10)
+        assert response.status_code == 200, response.text
+    session.headers["X-CSRFToken"] = session.cookies["csrftoken"]  # rotated at sign-in
+    return session
+
+
+def _login_status(url: str, email: str, password: str) -> int:
+    return requests.post(
+        f"{url}/api/v1/auth/login", json={"email": email, "password": password}, timeout=10
+    ).status_code
+
+
+def test_forgotten_password_is_reset_through_the_mailed_link(mail_stack):
+    url, smtp = mail_stack.url, mail_stack.smtp
+    email = f"ada-{uuid.uuid4().hex[:8]}@example.com"
+    other_device = _signed_in(url, email, OLD, tenant="Analytical Engines")
+
+    asked = requests.post(f"{url}/api/v1/auth/password-reset", json={"email": email.upper()}, timeout=10)
+    assert asked.status_code == 202
+    nobody = requests.post(f"{url}/api/v1/auth/password-reset", json={"email": "no-" + email}, timeout=10)
+    assert nobody.status_code == 202 and nobody.json() == asked.json()
+
+    message = smtp.wait_for(email, "Reset your Symphony password")
+    assert message["From"] == "Symphony <noreply@localhost>"
+    link = link_in(message, url, "/reset-password/")
+    uid, token = re.fullmatch(re.escape(url) + r"/reset-password/([^/]+)/([^/]+)", link).groups()
+
+    # The console serves the page the link opens.
+    page = requests.get(link, timeout=10)
+    assert page.status_code == 200 and '<div id="root">' in page.text
+
+    confirm = {"uid": uid, "token": token, "new_password": NEW}
+    assert requests.post(f"{url}/api/v1/auth/password-reset/confirm", json=confirm, timeout=10).status_code == 204
+    assert _login_status(url, email, NEW) == 200
+    assert _login_status(url, email, OLD) == 401
+    assert other_device.get(f"{url}/api/v1/auth/me", timeout=10).status_code in (401, 403)  # signed out
+    reused = requests.post(f"{url}/api/v1/auth/password-reset/confirm", json=confirm, timeout=10)
+    assert reused.status_code == 400 and "token" in reused.json()["error"]["detail"]
+
+    notice = smtp.wait_for(email, "Your Symphony password was changed")
+    assert link_in(notice, url, "/forgot-password")
+    # Nothing was sent to the address without an account, and one reset mail to the account.
+    assert smtp.to("no-" + email) == []
+    assert len([m for m in smtp.to(email) if "Reset" in m["Subject"]]) == 1
+
+
+def test_an_invitation_is_mailed_and_its_link_opens_the_invitation(mail_stack):
+    url, smtp = mail_stack.url, mail_stack.smtp
+    owner_email = f"owner-{uuid.uuid4().hex[:8]}@example.com"
+    invitee = f"bob-{uuid.uuid4().hex[:8]}@example.com"
+    owner = _signed_in(url, owner_email, OLD, tenant="Difference Engines")
+
+    created = owner.post(f"{url}/api/v1/invitations", json={"email": invitee, "role": "member"}, timeout=10)
+    assert created.status_code == 201, created.text
+    assert created.json()["emailed"] is True
+
+    message = smtp.wait_for(invitee, "invited you to Difference Engines")
+    assert message["Subject"] == f"{owner_email} invited you to Difference Engines on Symphony"
+    link = link_in(message, url, "/invite/")
+    assert link == f"{url}/invite/{created.json()['token']}"
+    preview = requests.get(f"{url}/api/v1/auth/invitations/{link.rsplit('/', 1)[1]}", timeout=10)
+    assert preview.status_code == 200 and preview.json()["tenant_name"] == "Difference Engines"
+
+    # The invitee signs up through the mailed link and lands in the tenant.
+    joined = requests.Session()
+    body = {"email": invitee, "password": NEW, "invite": link.rsplit("/", 1)[1]}
+    signup = joined.post(f"{url}/api/v1/auth/signup", json=body, timeout=10)
+    assert signup.status_code == 201, signup.text
+    assert [t["name"] for t in signup.json()["tenants"]] == ["Difference Engines"]
