@@ -7,6 +7,7 @@ import { AccountPage } from "./pages/AccountPage";
 import { AdminPage } from "./pages/AdminPage";
 import { ApiKeysPage } from "./pages/ApiKeysPage";
 import { LoginPage, SignupPage } from "./pages/AuthPages";
+import { ForgotPasswordPage, ResetPasswordPage } from "./pages/PasswordResetPages";
 import { InvitePage } from "./pages/InvitePage";
 import { KVFilesPage } from "./pages/KVFilesPage";
 import { ProgramDetailPage } from "./pages/ProgramDetailPage";
@@ -39,6 +40,9 @@ export function App() {
     <Routes>
       <Route path="/login" element={<LoginPage />} />
       <Route path="/signup" element={<SignupPage />} />
+      {/* Public like /login: the reset mail's link is opened signed out. */}
+      <Route path="/forgot-password" element={<ForgotPasswordPage />} />
+      <Route path="/reset-password/:uid/:token" element={<ResetPasswordPage />} />
       {/* Outside RequireAuth: an invite link works signed out (sign up) as well as signed in. */}
       <Route path="/invite/:token" element={<InvitePage />} />
       <Route

@@ -128,6 +128,7 @@ const scenarios = {
     const link = (await page.getByTestId("invite-link").textContent({ timeout: T })) ?? "";
     check(link.startsWith(`${new URL(base).origin}/invite/inv_`), `invitation link: ${link.slice(0, 40)}…`);
     out.inviteLink = link;
+    out.inviteMail = ((await page.getByTestId("invite-mail").textContent()) ?? "").trim();
     const pending = page.getByRole("table", { name: "Pending invitations" }).getByRole("row").filter({ hasText: invitee });
     await pending.waitFor({ timeout: T });
     await shot(page, "team");
@@ -221,6 +222,49 @@ const scenarios = {
     await page.getByRole("row").filter({ hasText: cfg.stayingProgram }).waitFor({ timeout: T });
     out.tenantShown = (await page.locator(".tenant-name").textContent()) ?? "";
     return out;
+  },
+
+  /** Forgot the password: from the login page to the "we sent a link" confirmation. The test
+   * then reads the mail the real SMTP sink received and hands its link to `resetPassword`. */
+  async forgotPassword(page) {
+    await page.goto(`${base}/login`);
+    await page.getByRole("heading", { name: "Log in" }).waitFor({ timeout: T });
+    await page.getByLabel("Email").fill(cfg.email);
+    await page.getByRole("link", { name: "Forgot your password?" }).click();
+    await page.getByRole("heading", { name: "Reset your password" }).waitFor({ timeout: T });
+    check((await page.getByLabel("Email").inputValue()) === cfg.email, "the address typed on the login page came along");
+    await shot(page, "forgot-password");
+    await page.getByRole("button", { name: "Send reset link" }).click();
+    const sent = page.getByText(/we sent a link to reset its password/);
+    await sent.waitFor({ timeout: T });
+    const confirmation = ((await sent.textContent()) ?? "").trim();
+    check(confirmation.includes(`If an account uses ${cfg.email},`), `confirmation names the address: ${confirmation}`);
+    check((await page.getByRole("button", { name: "Send reset link" }).count()) === 0, "the form is replaced");
+    await shot(page, "forgot-password-sent");
+    return { confirmation };
+  },
+
+  /** The mailed link: a mismatched confirmation is caught on the page; the new password is set,
+   * the login page says so, and the new password logs in. */
+  async resetPassword(page) {
+    await page.goto(cfg.resetLink);
+    await page.getByRole("heading", { name: "Choose a new password" }).waitFor({ timeout: T });
+    await page.getByLabel(/^New password/).fill(cfg.newPassword);
+    await page.getByLabel("Confirm new password").fill(`${cfg.newPassword}x`);
+    await page.getByRole("button", { name: "Set new password" }).click();
+    await page.getByRole("alert").filter({ hasText: "do not match" }).waitFor({ timeout: T });
+    await page.getByLabel("Confirm new password").fill(cfg.newPassword);
+    await shot(page, "reset-password");
+    await page.getByRole("button", { name: "Set new password" }).click();
+    await page.getByRole("heading", { name: "Log in" }).waitFor({ timeout: T });
+    const notice = ((await page.getByRole("status").textContent({ timeout: T })) ?? "").trim();
+    check(notice === "Your password was changed. Log in with the new one.", `notice on the login page: ${notice}`);
+    await shot(page, "login-password-changed");
+    await page.getByLabel("Email").fill(cfg.email);
+    await page.getByLabel("Password").fill(cfg.newPassword);
+    await page.getByRole("button", { name: "Log in" }).click();
+    await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+    return { notice, landed: new URL(page.url()).pathname };
   },
 
   /** A staff user sees the Admin page: tenants, all KV files, worker health. */

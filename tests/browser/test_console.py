@@ -12,6 +12,17 @@ import pytest
 
 pytestmark = pytest.mark.browser
 
+
+@pytest.fixture(autouse=True)
+def _fresh_throttle_counters():
+    """Sign-up, log-in and the password-reset routes share the ``auth`` throttle (per address, so
+    every scenario here counts against 127.0.0.1), whose Redis counters outlive a test: each test
+    starts with none spent, as the password-reset one alone spends about eight."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 HELLO_LIP = '''"""Greets without the model: enough for upload, listing and the code viewer."""
 
 
@@ -60,6 +71,8 @@ def test_tenant_signs_up_uploads_and_manages_keys(console_server, browser):
 
     # The owner's invitation link was shown once, then revoked in the console.
     assert result["inviteLink"].startswith(console_server + "/invite/inv_")
+    # The server queued the link's mail too (Redis, the broker, is up), and the page says so.
+    assert result["inviteMail"] == "We emailed this link to babbage@example.com.", result["inviteMail"]
     invitation = Invitation.objects.get(email="babbage@example.com", tenant=program.tenant)
     assert invitation.revoked_at is not None and invitation.accepted_at is None
 
@@ -130,6 +143,58 @@ def test_an_owner_closes_a_tenant_and_the_console_moves_to_their_other_one(conso
     assert closing.closed_at is not None and not Membership.objects.filter(tenant=closing).exists()
     assert AuditLog.objects.filter(tenant=closing, action="tenant.close", actor=owner).exists()
     assert Membership.objects.filter(tenant=staying, user=owner, role="owner").exists()
+
+
+def test_a_forgotten_password_is_reset_in_the_console_through_the_mailed_link(mail_stack, browser):
+    """Forgot password → the mail a real Celery worker sent over SMTP → its link opened in the
+    console → new password → the login page says so → the new password logs in. The old password
+    and the spent link stop working, and a "password was changed" mail follows."""
+    import requests
+    from django.contrib.auth import get_user_model
+
+    from tests.plugins.mail import link_in
+
+    url, smtp = mail_stack.url, mail_stack.smtp
+    email = f"curie-{uuid.uuid4().hex[:8]}@example.com"
+    old_password, new_password = "pw-polonium-1898", "radium-glows-in-the-dark-1902"
+    # Sign up through the API the way the console does (CSRF cookie, then the header).
+    session = requests.Session()
+    csrf = session.get(f"{url}/api/v1/auth/csrf", timeout=10).json()["csrftoken"]
+    body = {"email": email, "password": old_password, "tenant_name": "Radium Institute"}
+    signed_up = session.post(
+        f"{url}/api/v1/auth/signup", json=body, headers={"X-CSRFToken": csrf, "Referer": url}, timeout=10
+    )
+    assert signed_up.status_code == 201, signed_up.text
+
+    asked = browser("forgotPassword", baseUrl=url, email=email)
+    assert asked["confirmation"] == (
+        f"If an account uses {email}, we sent a link to reset its password. It is valid for an hour."
+    )
+
+    link = link_in(smtp.wait_for(email, "Reset your Symphony password"), url, "/reset-password/")
+    uid, token = re.fullmatch(re.escape(url) + r"/reset-password/([^/]+)/([^/]+)", link).groups()
+    reset = browser("resetPassword", baseUrl=url, resetLink=link, email=email, newPassword=new_password)
+    assert reset["notice"] == "Your password was changed. Log in with the new one."
+    assert reset["landed"] == "/programs"
+
+    user = get_user_model().objects.get(email=email)
+    assert user.check_password(new_password)
+    login = f"{url}/api/v1/auth/login"
+    refused = requests.post(login, json={"email": email, "password": old_password}, timeout=10)
+    assert refused.status_code == 401, refused.text
+    assert requests.post(login, json={"email": email, "password": new_password}, timeout=10).status_code == 200
+    # The link worked once: the token died with the old password.
+    again = requests.post(
+        f"{url}/api/v1/auth/password-reset/confirm",
+        json={"uid": uid, "token": token, "new_password": "another-fresh-secret-77"},
+        timeout=10,
+    )
+    assert again.status_code == 400, again.text
+    assert "already used" in again.json()["error"]["detail"]["token"][0]
+
+    changed = smtp.wait_for(email, "password was changed")
+    assert link_in(changed, url, "/forgot-password")
+    assert len([m for m in smtp.to(email) if "Reset" in m["Subject"]]) == 1
 
 
 def test_staff_sees_admin_page(console_server, browser):

@@ -68,6 +68,15 @@ export async function switchTenant(tenant: number): Promise<Me> {
 export async function changePassword(current_password: string, new_password: string): Promise<void> {
   await unwrap(http.POST("/api/v1/auth/password", { body: { current_password, new_password } }));
 }
+/** Ask for a password-reset link by mail. The server answers 202 whether or not an account
+ * uses the address (no account enumeration), so success says only that the request was taken. */
+export async function requestPasswordReset(email: string): Promise<void> {
+  await unwrap(http.POST("/api/v1/auth/password-reset", { body: { email } }));
+}
+/** Set a new password through a mailed link `/reset-password/<uid>/<token>` (works once). */
+export async function confirmPasswordReset(uid: string, token: string, new_password: string): Promise<void> {
+  await unwrap(http.POST("/api/v1/auth/password-reset/confirm", { body: { uid, token, new_password } }));
+}
 /** A new tenant owned by the signed-in user, who is switched to it (the /auth/me body). */
 export async function createTenant(name: string): Promise<Me> {
   return (await unwrap(http.POST("/api/v1/tenants", { body: { name } }))) as unknown as Me;

@@ -239,6 +239,48 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/auth/password-reset": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description Mail a one-time link to reset the password of the account using this email.
+         *
+         *     Always 202, whether or not such an account exists (no account enumeration), and at most one
+         *     mail per address a minute.
+         */
+        post: operations["v1_auth_password_reset_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/password-reset/confirm": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description Set a new password through a reset link. Every session of the account ends (the link's
+         *     own browser signs in afresh); API keys are the tenant's and stay.
+         */
+        post: operations["v1_auth_password_reset_confirm_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/signup": {
         parameters: {
             query?: never;
@@ -753,6 +795,8 @@ export interface components {
             readonly expires_at: string;
             /** @description shown once: the console link is /invite/<token> */
             readonly token: string;
+            /** @description the link was also queued to be mailed to the invitee (false: pass it on yourself) */
+            readonly emailed: boolean;
         };
         PaginatedApiKeyList: {
             /** @example 123 */
@@ -862,6 +906,16 @@ export interface components {
         PasswordChange: {
             current_password: string;
             new_password: string;
+        };
+        /** @description The two parts of a reset link (``/reset-password/<uid>/<token>``) and the new password. */
+        PasswordResetConfirm: {
+            uid: string;
+            token: string;
+            new_password: string;
+        };
+        PasswordResetRequest: {
+            /** Format: email */
+            email: string;
         };
         PatchedMemberRole: {
             role?: components["schemas"]["RoleEnum"];
@@ -1328,6 +1382,57 @@ export interface operations {
                 "application/json": components["schemas"]["PasswordChange"];
                 "application/x-www-form-urlencoded": components["schemas"]["PasswordChange"];
                 "multipart/form-data": components["schemas"]["PasswordChange"];
+            };
+        };
+        responses: {
+            /** @description No response body */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    v1_auth_password_reset_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PasswordResetRequest"];
+                "application/x-www-form-urlencoded": components["schemas"]["PasswordResetRequest"];
+                "multipart/form-data": components["schemas"]["PasswordResetRequest"];
+            };
+        };
+        responses: {
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_auth_password_reset_confirm_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["PasswordResetConfirm"];
+                "application/x-www-form-urlencoded": components["schemas"]["PasswordResetConfirm"];
+                "multipart/form-data": components["schemas"]["PasswordResetConfirm"];
             };
         };
         responses: {

@@ -23,7 +23,8 @@ export const ROLES: readonly Role[] = ["member", "owner"];
 export type Member = Schemas["Member"] & { role: Role };
 /** A pending invitation (`GET /invitations`); its token is never listed. */
 export type Invitation = Schemas["Invitation"];
-/** `POST /invitations`: the invitation with its one-time token (the link is /invite/<token>). */
+/** `POST /invitations`: the invitation with its one-time token (the link is /invite/<token>) and
+ * `emailed`, whether the link was also queued to be mailed to the invitee. */
 export type NewInvitation = Schemas["NewInvitation"];
 /** `GET /auth/invitations/<token>`: what an invite link offers, readable before signing in. */
 export type InvitationPreview = Schemas["InvitationPreview"];

@@ -1,7 +1,7 @@
 import { useState, type FormEvent } from "react";
 import { Link, Navigate, useLocation, useNavigate } from "react-router";
 import { useAuth } from "../auth/AuthContext";
-import { ErrorBanner } from "../components/Status";
+import { ErrorBanner, Notice } from "../components/Status";
 
 export function AuthCard({ title, children }: { title: string; children: React.ReactNode }) {
   return (
@@ -27,6 +27,8 @@ function useAfterAuth() {
 export function LoginPage() {
   const { me, login } = useAuth();
   const { target, done } = useAfterAuth();
+  // Set by a page that sends the user here with news, e.g. after a password reset.
+  const notice = (useLocation().state as { notice?: string } | null)?.notice;
   const [email, setEmail] = useState("");
   const [password, setPassword] = useState("");
   const [error, setError] = useState<unknown>(null);
@@ -47,6 +49,7 @@ export function LoginPage() {
   return (
     <AuthCard title="Log in">
       <form onSubmit={submit} className="form">
+        {notice && <Notice tone="ok">{notice}</Notice>}
         <ErrorBanner error={error} />
         <label className="field">
           Email
@@ -60,6 +63,12 @@ export function LoginPage() {
           {busy ? "Logging in…" : "Log in"}
         </button>
       </form>
+      <p>
+        {/* Passes on the address typed so far, so it need not be typed twice. */}
+        <Link to="/forgot-password" state={{ email }}>
+          Forgot your password?
+        </Link>
+      </p>
       <p>
         No account? <Link to="/signup">Sign up</Link>
       </p>

@@ -15,20 +15,29 @@ import { useAuth } from "../auth/AuthContext";
 import { ConfirmButton } from "../components/ConfirmButton";
 import { CopyButton } from "../components/CopyButton";
 import { PageHeader } from "../components/PageHeader";
-import { AsyncBlock, Empty, ErrorBanner } from "../components/Status";
+import { AsyncBlock, Empty, ErrorBanner, Notice } from "../components/Status";
 import { useAsync } from "../hooks/useAsync";
 import { useAction } from "../hooks/useAction";
 import { formatDate } from "../lib/format";
 
-/** The invitation link, shown once: only a digest of its token is stored (like an API key). */
+/** The invitation link, shown once: only a digest of its token is stored (like an API key). The
+ * server also mails it to the invitee when it could queue the mail (`emailed`); the link stays
+ * shown either way, to pass on by hand. */
 function NewInvitationLink({ invitation, onDismiss }: { invitation: NewInvitation; onDismiss: () => void }) {
   const link = invitationLink(invitation.token);
   return (
     <div className="card secret" role="region" aria-labelledby="invite-link-title">
       <h2 id="invite-link-title">Invitation for {invitation.email}</h2>
+      {invitation.emailed ? (
+        <p data-testid="invite-mail">We emailed this link to {invitation.email}.</p>
+      ) : (
+        <Notice tone="warn">
+          <span data-testid="invite-mail">Mail could not be sent: pass the link on yourself.</span>
+        </Notice>
+      )}
       <p>
-        Pass this link on to {invitation.email} (no email is sent). It is shown only once, works only for that address, and
-        expires {formatDate(invitation.expires_at)}. They join as <strong>{invitation.role}</strong>.
+        It is shown only once, works only for that address, and expires {formatDate(invitation.expires_at)}. They join as{" "}
+        <strong>{invitation.role}</strong>.
       </p>
       <div className="secret-row">
         <code data-testid="invite-link">{link}</code>

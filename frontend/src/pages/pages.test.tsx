@@ -340,7 +340,7 @@ describe("team", () => {
       "GET /api/v1/invitations": () => ({ body: page(invitations) }),
       "POST /api/v1/invitations": () => {
         invitations = [CAROL_INVITE];
-        return { status: 201, body: { ...CAROL_INVITE, token: "inv_SECRET" } };
+        return { status: 201, body: { ...CAROL_INVITE, token: "inv_SECRET", emailed: true } };
       },
       "DELETE /api/v1/members/12": () => {
         members = [ADA];
@@ -371,6 +371,7 @@ describe("team", () => {
     const link = `${window.location.origin}/invite/inv_SECRET`;
     expect((await screen.findByTestId("invite-link")).textContent).toBe(link);
     expect(screen.getByText(/shown only once/).textContent).toContain("expires 2026-01-10");
+    expect(screen.getByTestId("invite-mail").textContent).toBe("We emailed this link to carol@example.com.");
     expect(calls.find((c) => c.method === "POST" && c.path === "/api/v1/invitations")?.body).toEqual({ email: "carol@example.com", role: "owner" });
     fireEvent.click(screen.getByRole("button", { name: "Copy link" }));
     await waitFor(() => expect(writeText).toHaveBeenCalledWith(link));
@@ -386,6 +387,22 @@ describe("team", () => {
     const activity = await screen.findByRole("table", { name: "Activity" });
     expect(within(activity).getByText("member.remove")).toBeTruthy();
     expect(within(activity).getByText("as member")).toBeTruthy();
+  });
+
+  it("says when the invitation could not be mailed, and still shows the link", async () => {
+    mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/members": page([ADA]),
+      "GET /api/v1/invitations": page([]),
+      "GET /api/v1/audit-log": page([]),
+      "POST /api/v1/invitations": () => ({ status: 201, body: { ...CAROL_INVITE, token: "inv_SECRET", emailed: false } }),
+    });
+    renderAt(<App />, "/team");
+    fireEvent.change(await screen.findByLabelText(/^Email/), { target: { value: "carol@example.com" } });
+    fireEvent.click(screen.getByRole("button", { name: "Create invitation link" }));
+    expect((await screen.findByTestId("invite-link")).textContent).toBe(`${window.location.origin}/invite/inv_SECRET`);
+    expect(screen.getByTestId("invite-mail").textContent).toBe("Mail could not be sent: pass the link on yourself.");
+    expect(screen.queryByText(/We emailed/)).toBeNull();
   });
 
   it("gives a member no owner controls, and leaving without another tenant shows the no-tenant screen", async () => {
@@ -580,5 +597,99 @@ describe("invite link", () => {
     renderAt(<App />, `/invite/${TOKEN}`);
     expect((await screen.findByRole("alert")).textContent).toContain("not valid");
     expect(screen.queryByRole("button", { name: /Join|Sign up/ })).toBeNull();
+  });
+});
+
+describe("password reset", () => {
+  const anonymous = () => ({ status: 403, body: { error: { code: "not_authenticated", message: "no", detail: null } } });
+  const UID = "MQ";
+  const TOKEN = "cz1abc-0123456789abcdef0123456789abcdef";
+  const resetUrl = `/api/v1/auth/password-reset/confirm`;
+
+  it("links from the login page and mails a link, confirming without saying whether the account exists", async () => {
+    let answer: { status: number; body: unknown } = {
+      status: 503,
+      body: { error: { code: "mail_unavailable", message: "mail cannot be sent right now; try again in a minute", detail: null } },
+    };
+    const { calls } = mockApi({ "GET /api/v1/auth/me": anonymous, "POST /api/v1/auth/password-reset": () => answer });
+    renderAt(<App />, "/login");
+    await screen.findByRole("heading", { name: "Log in" });
+    fireEvent.change(screen.getByLabelText("Email"), { target: { value: "ada@example.com" } });
+    fireEvent.click(screen.getByRole("link", { name: "Forgot your password?" }));
+    expect(await screen.findByRole("heading", { name: "Reset your password" })).toBeTruthy();
+    // What was typed on the login page comes along.
+    expect((screen.getByLabelText("Email") as HTMLInputElement).value).toBe("ada@example.com");
+    fireEvent.click(screen.getByRole("button", { name: "Send reset link" }));
+    expect((await screen.findByRole("alert")).textContent).toContain("mail cannot be sent right now");
+
+    answer = { status: 202, body: { detail: "if an account uses this email, a link to reset its password is on its way" } };
+    fireEvent.click(screen.getByRole("button", { name: "Send reset link" }));
+    const sent = await screen.findByText(/we sent a link/);
+    expect(sent.textContent).toBe("If an account uses ada@example.com, we sent a link to reset its password. It is valid for an hour.");
+    expect(screen.queryByRole("button", { name: "Send reset link" })).toBeNull();
+    expect(screen.queryByRole("alert")).toBeNull();
+    expect(calls.filter((c) => c.path === "/api/v1/auth/password-reset").map((c) => c.body)).toEqual([
+      { email: "ada@example.com" },
+      { email: "ada@example.com" },
+    ]);
+    fireEvent.click(screen.getByRole("link", { name: "Back to Log in" }));
+    expect(await screen.findByRole("heading", { name: "Log in" })).toBeTruthy();
+  });
+
+  it("checks the new password on the page, then sets it and shows the login page with a notice", async () => {
+    const { calls } = mockApi({ "GET /api/v1/auth/me": anonymous, [`POST ${resetUrl}`]: () => ({ status: 204 }) });
+    renderAt(<App />, `/reset-password/${UID}/${TOKEN}`);
+    const next = await screen.findByLabelText(/^New password/);
+    const confirm = screen.getByLabelText("Confirm new password");
+    const submit = screen.getByRole("button", { name: "Set new password" });
+
+    fireEvent.change(next, { target: { value: "short" } });
+    fireEvent.change(confirm, { target: { value: "short" } });
+    fireEvent.click(submit);
+    expect((await screen.findByRole("alert")).textContent).toContain("at least 8 characters");
+
+    fireEvent.change(next, { target: { value: "new-pass-123" } });
+    fireEvent.change(confirm, { target: { value: "new-pass-124" } });
+    fireEvent.click(submit);
+    await waitFor(() => expect(screen.getByRole("alert").textContent).toContain("do not match"));
+    expect(calls.some((c) => c.path === resetUrl)).toBe(false);
+
+    fireEvent.change(confirm, { target: { value: "new-pass-123" } });
+    fireEvent.click(submit);
+    expect(await screen.findByRole("heading", { name: "Log in" })).toBeTruthy();
+    expect(screen.getByRole("status").textContent).toBe("Your password was changed. Log in with the new one.");
+    expect(calls.find((c) => c.path === resetUrl)?.body).toEqual({ uid: UID, token: TOKEN, new_password: "new-pass-123" });
+  });
+
+  it("shows the validators' objections and keeps the form", async () => {
+    mockApi({
+      "GET /api/v1/auth/me": anonymous,
+      [`POST ${resetUrl}`]: () => ({
+        status: 400,
+        body: { error: { code: "invalid", message: "request failed", detail: { new_password: ["This password is too common."] } } },
+      }),
+    });
+    renderAt(<App />, `/reset-password/${UID}/${TOKEN}`);
+    fireEvent.change(await screen.findByLabelText(/^New password/), { target: { value: "password1" } });
+    fireEvent.change(screen.getByLabelText("Confirm new password"), { target: { value: "password1" } });
+    fireEvent.click(screen.getByRole("button", { name: "Set new password" }));
+    expect((await screen.findByRole("alert")).textContent).toContain("This password is too common.");
+    expect(screen.getByRole("button", { name: "Set new password" })).toBeTruthy();
+  });
+
+  it("explains a used or expired link and offers to ask for a new one", async () => {
+    const message = "this reset link is invalid, was already used or has expired: ask for a new one";
+    mockApi({
+      "GET /api/v1/auth/me": anonymous,
+      [`POST ${resetUrl}`]: () => ({ status: 400, body: { error: { code: "invalid", message: "request failed", detail: { token: [message] } } } }),
+    });
+    renderAt(<App />, `/reset-password/${UID}/${TOKEN}`);
+    fireEvent.change(await screen.findByLabelText(/^New password/), { target: { value: "new-pass-123" } });
+    fireEvent.change(screen.getByLabelText("Confirm new password"), { target: { value: "new-pass-123" } });
+    fireEvent.click(screen.getByRole("button", { name: "Set new password" }));
+    expect((await screen.findByRole("alert")).textContent).toBe(message);
+    expect(screen.queryByRole("button", { name: "Set new password" })).toBeNull(); // the link is spent
+    fireEvent.click(screen.getByRole("link", { name: "Ask for a new link" }));
+    expect(await screen.findByRole("heading", { name: "Reset your password" })).toBeTruthy();
   });
 });
