@@ -35,7 +35,10 @@ locals {
     REDIS_PORT                 = "6379"
     REDIS_TLS                  = "1"
     SYMPHONY_SANDBOX_IMAGE     = var.sandbox_image
-    LOG_LEVEL                  = "INFO"
+    # Mail (mail.tf): links point at the console behind the ALB; SES sends as this address.
+    SYMPHONY_PUBLIC_URL = "https://${var.domain_name}"
+    SYMPHONY_EMAIL_FROM = "Symphony <${local.mail_from_address}>"
+    LOG_LEVEL           = "INFO"
   }
 
   app_secrets = [
@@ -43,6 +46,8 @@ locals {
     { name = "DATABASE_PASSWORD", valueFrom = "${aws_db_instance.main.master_user_secret[0].secret_arn}:password::" },
     { name = "REDIS_AUTH_TOKEN", valueFrom = aws_secretsmanager_secret.redis_auth.arn },
     { name = "SYMPHONY_METRICS_TOKEN", valueFrom = aws_secretsmanager_secret.metrics.arn },
+    # The version's arn is the secret's: referencing it makes tasks wait until the value exists.
+    { name = "SYMPHONY_EMAIL_URL", valueFrom = aws_secretsmanager_secret_version.email_url.arn },
   ]
 
   app_container = {

@@ -53,10 +53,12 @@ data "aws_iam_policy_document" "ecs_execution" {
     resources = ["${aws_cloudwatch_log_group.ecs.arn}:*"]
   }
 
+  # SYMPHONY_EMAIL_URL (SES SMTP credentials) goes to the ECS tasks only: the GPU hosts do not
+  # consume the queue the mail tasks run on (mail.tf).
   statement {
     sid       = "Secrets"
     actions   = ["secretsmanager:GetSecretValue"]
-    resources = local.app_secret_arns
+    resources = concat(local.app_secret_arns, [aws_secretsmanager_secret.email_url.arn])
   }
 
   statement {

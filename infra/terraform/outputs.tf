@@ -77,3 +77,28 @@ output "metrics_token_secret_arn" {
   description = "Secrets Manager secret with the bearer token for GET /metrics (give it to the Prometheus scraper)."
   value       = aws_secretsmanager_secret.metrics.arn
 }
+
+output "mail_dns_records" {
+  description = "DNS records to publish for mail_domain (this module manages no DNS zone): the Easy DKIM CNAMEs that verify the SES identity and sign every mail. SES starts in sandbox mode (mail only to verified addresses): request production access in the SES console before going live."
+  value       = local.mail_dkim_records
+}
+
+output "mail_dkim_tokens" {
+  description = "The three Easy DKIM tokens of the SES identity (each <token>._domainkey.<mail_domain> CNAME <token>.dkim.amazonses.com)."
+  value       = aws_sesv2_email_identity.mail.dkim_signing_attributes[0].tokens
+}
+
+output "mail_verified_for_sending" {
+  description = "Whether SES has seen the DKIM records and lets the identity send (as of this apply or refresh)."
+  value       = aws_sesv2_email_identity.mail.verified_for_sending_status
+}
+
+output "mail_from" {
+  description = "SYMPHONY_EMAIL_FROM of the ECS tasks."
+  value       = local.app_environment.SYMPHONY_EMAIL_FROM
+}
+
+output "mail_smtp_secret_arn" {
+  description = "Secrets Manager secret holding SYMPHONY_EMAIL_URL (SES SMTP endpoint and the credentials of the send-only IAM user)."
+  value       = aws_secretsmanager_secret.email_url.arn
+}

@@ -98,7 +98,7 @@ resource "aws_vpc_security_group_ingress_rule" "web_from_alb" {
   to_port                      = 8000
 }
 
-# --- application egress: PostgreSQL, Redis, HTTPS (ECR, Secrets Manager, S3, CloudWatch) ---------
+# --- application egress: PostgreSQL, Redis, HTTPS (ECR, Secrets Manager, S3, CloudWatch), SMTP ---
 
 resource "aws_vpc_security_group_egress_rule" "app_to_db" {
   for_each = local.app_security_groups
@@ -131,6 +131,17 @@ resource "aws_vpc_security_group_egress_rule" "app_https" {
   ip_protocol       = "tcp"
   from_port         = 443
   to_port           = 443
+}
+
+# Only control-plane Celery sends mail (mail.tf): SMTP with STARTTLS to the regional Amazon SES
+# endpoint, through the NAT gateways (SES publishes no fixed address range to narrow this to).
+resource "aws_vpc_security_group_egress_rule" "celery_smtp" {
+  security_group_id = aws_security_group.celery.id
+  description       = "celery to the Amazon SES SMTP endpoint (STARTTLS, port 587)"
+  cidr_ipv4         = "0.0.0.0/0"
+  ip_protocol       = "tcp"
+  from_port         = 587
+  to_port           = 587
 }
 
 # Brokered I/O (http_fetch) is performed by gpu_worker against a per-tenant allowlist; plain HTTP

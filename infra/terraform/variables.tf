@@ -78,6 +78,41 @@ variable "domain_name" {
   }
 }
 
+# --- mail (Amazon SES, mail.tf) ---------------------------------------------------------------------
+
+variable "mail_domain" {
+  description = "Domain the service sends mail from, verified in Amazon SES with Easy DKIM (publish the CNAMEs of output mail_dns_records); empty means domain_name. SES starts in sandbox mode (mail only to verified addresses): request production access in the SES console before going live."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.mail_domain == "" || can(regex("^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)+$", var.mail_domain))
+    error_message = "The mail_domain must be empty or a lowercase DNS domain name such as example.com."
+  }
+}
+
+variable "mail_from_address" {
+  description = "Sender address of every mail (SYMPHONY_EMAIL_FROM, display name Symphony); must be an address at mail_domain. Empty means noreply@<mail_domain>."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.mail_from_address == "" || can(regex("^[A-Za-z0-9._%+-]+@[a-z0-9]([a-z0-9.-]*[a-z0-9])?$", var.mail_from_address))
+    error_message = "The mail_from_address must be empty or a plain address like noreply@example.com (no display name)."
+  }
+}
+
+variable "mail_sandbox_recipients" {
+  description = "While SES is in sandbox mode, the only addresses mail reaches: each becomes an SES identity (SES mails it a confirmation link) that the SMTP user may send to. Empty it once production access is granted."
+  type        = list(string)
+  default     = []
+
+  validation {
+    condition     = alltrue([for a in var.mail_sandbox_recipients : can(regex("^[^@\\s]+@[^@\\s]+\\.[^@\\s]+$", a))])
+    error_message = "Every mail_sandbox_recipients entry must be an email address."
+  }
+}
+
 # --- images ------------------------------------------------------------------------------------
 
 variable "image_tag" {
@@ -145,7 +180,7 @@ variable "web_memory" {
 }
 
 variable "celery_count" {
-  description = "Number of control-plane Celery tasks consuming the shared 'symphony' queue (no sandboxes)."
+  description = "Number of control-plane Celery tasks consuming the shared 'symphony' queue (no sandboxes). They alone send mail: with 0, password-reset and invitation mails wait in Redis."
   type        = number
   default     = 1
 

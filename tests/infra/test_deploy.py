@@ -131,6 +131,44 @@ def test_every_required_compose_variable_is_in_env_example():
     assert required and required <= example, required - example
 
 
+MAIL_SETTINGS = ("SYMPHONY_EMAIL_URL", "SYMPHONY_EMAIL_FROM", "SYMPHONY_PUBLIC_URL")
+
+
+def test_mail_settings_reach_every_compose_app_container_and_env_example(compose):
+    app_env = compose["x-app-env"]
+    example = (DEPLOY / "env.example").read_text()
+    for name in MAIL_SETTINGS:
+        # Optional: the stack starts without them (an empty SYMPHONY_EMAIL_URL writes files).
+        assert app_env[name].startswith(f"${{{name}:-"), app_env[name]
+        assert re.search(rf"^{name}=", example, re.M), f"{name} missing from deploy/env.example"
+        for service in ("migrate", "web", "celery-gpu0", "gpu0-cpu", "gpu0-cuda"):
+            assert name in compose["services"][service]["environment"], (service, name)
+    # Django reads a variable set to "" as "": From and the link base need real defaults.
+    for name in ("SYMPHONY_EMAIL_FROM", "SYMPHONY_PUBLIC_URL"):
+        assert not app_env[name].endswith(":-}"), app_env[name]
+    # The file backend needs somewhere writable under the read-only root: the sender has it.
+    assert "mail:/app/var/mail" in compose["services"]["celery-gpu0"]["volumes"]
+    assert "/app/var/mail" in (DEPLOY / "Dockerfile.web").read_text()
+
+
+def test_mail_settings_reach_the_ecs_tasks_through_terraform():
+    ecs = (TF / "ecs.tf").read_text()
+    mail = (TF / "mail.tf").read_text()
+    assert re.search(r'SYMPHONY_PUBLIC_URL\s*=\s*"https://\$\{var\.domain_name\}"', ecs)
+    assert re.search(r"SYMPHONY_EMAIL_FROM\s*=", ecs)
+    # The SMTP URL is a KMS-encrypted secret, readable by the ECS execution role.
+    assert re.search(r'name = "SYMPHONY_EMAIL_URL", valueFrom = aws_secretsmanager_secret_version\.email_url\.arn', ecs)
+    assert "kms_key_id  = aws_kms_key.main.arn" in mail
+    assert "aws_secretsmanager_secret.email_url.arn" in (TF / "iam.tf").read_text()
+    url = re.search(r'secret_string = "(smtp\+tls://[^"]+)"', mail).group(1)
+    assert "urlencode(aws_iam_access_key.ses_smtp.id)" in url
+    assert "urlencode(aws_iam_access_key.ses_smtp.ses_smtp_password_v4)" in url and url.endswith(":587")
+    # Only the sender (control-plane Celery) may open SMTP connections.
+    sg = (TF / "security_groups.tf").read_text()
+    smtp = re.findall(r'resource "aws_vpc_security_group_egress_rule" "(\w+)" \{[^}]*from_port\s*=\s*587[^}]*\}', sg)
+    assert smtp == ["celery_smtp"] and "security_group_id = aws_security_group.celery.id" in sg
+
+
 # --- host runtime: runsc, systemd, cloud-init -----------------------------------------------------------
 
 
@@ -162,6 +200,7 @@ def test_terraform_layout_and_hardening_markers():
         "variables.tf",
         "outputs.tf",
         "versions.tf",
+        "mail.tf",
     ):
         assert name in files, name
     assert (TF / "backend.tf.example").is_file()
