@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import smtplib
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -51,11 +52,29 @@ def public_link(path: str) -> str:
     return settings.SYMPHONY_PUBLIC_URL + path
 
 
-def _send(template: str, to: str, **context) -> None:
-    """Render api/mail/<template>.txt (first line: subject) and send it to one address."""
+def _send(template: str, to: str, **context) -> bool:
+    """Render api/mail/<template>.txt (first line: subject) and send it to one address.
+
+    A refusal the server calls permanent (5xx: no such mailbox, sender not allowed) is logged and
+    dropped, since retrying cannot change it; anything else (the server down, a 4xx, a timeout)
+    propagates as an OSError for the task to retry."""
     subject, _, body = render_to_string(f"api/mail/{template}.txt", context).partition("\n")
-    send_mail(subject.strip(), body.lstrip("\n"), None, [to])
+    try:
+        send_mail(subject.strip(), body.lstrip("\n"), None, [to])
+    except smtplib.SMTPException as exc:
+        if not is_permanent(exc):
+            raise
+        log.error("mail_refused template=%s to_hash=%s error=%s", template, _address_hash(to), exc)
+        return False
     log.info("mail_sent template=%s to_hash=%s", template, _address_hash(to))
+    return True
+
+
+def is_permanent(exc: smtplib.SMTPException) -> bool:
+    """Whether the SMTP server refused for good (a 5xx reply), as opposed to for now."""
+    if isinstance(exc, smtplib.SMTPRecipientsRefused):
+        return all(code >= 500 for code, _ in exc.recipients.values())
+    return isinstance(exc, smtplib.SMTPResponseException) and exc.smtp_code >= 500
 
 
 def _address_hash(email: str) -> str:
@@ -85,8 +104,13 @@ def request_password_reset(email: str) -> None:
     except Exception as exc:  # a cache outage must not stop people from getting back in
         log.warning("reset_mail_interval_unchecked error=%s", exc)
         first = True
-    if first:
+    if not first:
+        return
+    try:
         _enqueue(send_password_reset_mail, email.strip().lower())
+    except MailUnavailable:
+        cache.delete(f"mail:reset:{_address_hash(email)}")  # nothing went out: a retry may ask again
+        raise
 
 
 def send_password_reset(email: str) -> int:
@@ -98,13 +122,12 @@ def send_password_reset(email: str) -> int:
             continue
         uid = urlsafe_base64_encode(force_bytes(user.pk))
         token = default_token_generator.make_token(user)
-        _send(
+        sent += _send(
             "password_reset",
             user.email,
             link=public_link(f"/reset-password/{uid}/{token}"),
             minutes=settings.PASSWORD_RESET_TIMEOUT // 60,
         )
-        sent += 1
     return sent
 
 
@@ -146,8 +169,7 @@ def send_password_changed(user_id: int) -> bool:
     user = get_user_model().objects.filter(pk=user_id, is_active=True).first()
     if user is None or not user.email:
         return False
-    _send("password_changed", user.email, forgot_link=public_link("/forgot-password"))
-    return True
+    return _send("password_changed", user.email, forgot_link=public_link("/forgot-password"))
 
 
 def queue_invitation(invitation: Invitation, token: str) -> bool:
@@ -172,7 +194,7 @@ def send_invitation(invitation_id: int, token: str) -> bool:
     )
     if invitation is None or invitation.token_hash not in secret_digests(token):
         return False
-    _send(
+    return _send(
         "invitation",
         invitation.email,
         tenant=invitation.tenant.name,
@@ -181,4 +203,3 @@ def send_invitation(invitation_id: int, token: str) -> bool:
         link=public_link(f"/invite/{token}"),
         expires_at=invitation.expires_at,
     )
-    return True

@@ -157,6 +157,11 @@ def test_a_broker_outage_is_a_clear_503_and_nothing_is_lost(monkeypatch):
     monkeypatch.setattr(send_password_reset_mail, "delay", down)
     response = APIClient().post("/api/v1/auth/password-reset", {"email": "ada@example.com"}, format="json")
     assert response.status_code == 503 and response.json()["error"]["code"] == "mail_unavailable"
+    # Nothing went out, so asking again once the broker is back is not held to the one-a-minute rule.
+    queued = []
+    monkeypatch.setattr(send_password_reset_mail, "delay", lambda *args: queued.append(args))
+    response = APIClient().post("/api/v1/auth/password-reset", {"email": "ada@example.com"}, format="json")
+    assert response.status_code == 202 and queued == [("ada@example.com",)]
 
 
 def test_password_changed_notice_goes_to_the_account_only_while_it_is_active():
@@ -204,3 +209,29 @@ def test_changing_the_password_in_the_console_queues_the_notice(monkeypatch):
     body = {"current_password": OLD, "new_password": NEW}
     assert client.post("/api/v1/auth/password", body, format="json").status_code == 204
     assert queued == [("api.send_password_changed_mail", (user.pk,))]
+
+
+@pytest.mark.integration
+def test_smtp_refusals_for_good_are_dropped_and_for_now_are_retried(settings, smtp_sink):
+    """Against a real SMTP server: a 5xx refusal is logged and dropped (retrying cannot help), a
+    4xx or an unreachable server raises an OSError, which the mail tasks retry (autoretry_for)."""
+    import smtplib
+
+    from api.tasks import send_password_changed_mail
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = smtp_sink.host, smtp_sink.port
+    user = _user()
+    assert mail.send_password_changed(user.pk)
+    assert smtp_sink.wait_for("ada@example.com", "password was changed")
+
+    smtp_sink.refuse["ada@example.com"] = "550 5.1.1 no such mailbox"
+    assert mail.send_password_changed(user.pk) is False
+    smtp_sink.refuse["ada@example.com"] = "451 4.3.0 try again later"
+    with pytest.raises(smtplib.SMTPRecipientsRefused):
+        mail.send_password_changed(user.pk)
+    settings.EMAIL_PORT = 1  # nothing listens there
+    with pytest.raises(OSError):
+        mail.send_password_changed(user.pk)
+    assert issubclass(smtplib.SMTPRecipientsRefused, send_password_changed_mail.autoretry_for)
+    assert len(smtp_sink.to("ada@example.com")) == 1

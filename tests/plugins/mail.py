@@ -32,7 +32,15 @@ class SmtpSink:
     host: str
     port: int
     messages: list[EmailMessage] = field(default_factory=list)
+    #: address -> the SMTP reply that refuses it (e.g. "550 5.1.1 no such mailbox").
+    refuse: dict[str, str] = field(default_factory=dict)
     _arrived: threading.Condition = field(default_factory=threading.Condition)
+
+    async def handle_RCPT(self, server, session, envelope, address, rcpt_options) -> str:  # aiosmtpd's hook
+        if address.lower() in self.refuse:
+            return self.refuse[address.lower()]
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
 
     async def handle_DATA(self, server, session, envelope) -> str:  # aiosmtpd's handler hook
         message = email.message_from_bytes(envelope.content, policy=default_policy)
