@@ -1,6 +1,8 @@
 """Django admin for operators: read-mostly views of tenants, keys, programs, runs, usage, audit."""
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import UserAdmin
 
 from api.models import (
     ApiKey,
@@ -15,7 +17,7 @@ from api.models import (
     Tenant,
     UsageRecord,
 )
-from api.services import kvfiles, tenant_closure
+from api.services import kvfiles, mail, tenant_closure
 
 
 @admin.register(Tenant)
@@ -94,3 +96,26 @@ class KVFileAdmin(admin.ModelAdmin):
 
 
 admin.site.register([Program, ProgramVersion, UsageRecord, AuditLog])
+
+
+User = get_user_model()
+admin.site.unregister(User)
+
+
+@admin.register(User)
+class SymphonyUserAdmin(UserAdmin):
+    """Django's user admin, plus mailing someone a password-reset link (staff never see or set
+    a user's password in clear; the link lets its owner choose one)."""
+
+    actions = ["mail_password_reset"]
+
+    @admin.action(description="Mail a password-reset link")
+    def mail_password_reset(self, request, queryset) -> None:
+        users = list(queryset.filter(is_active=True).exclude(email=""))
+        try:
+            for user in users:
+                mail.request_password_reset(user.email)
+        except mail.MailUnavailable as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)
+            return
+        self.message_user(request, f"password-reset link queued for {len(users)} user(s) (one per address a minute)")

@@ -235,3 +235,17 @@ def test_smtp_refusals_for_good_are_dropped_and_for_now_are_retried(settings, sm
         mail.send_password_changed(user.pk)
     assert issubclass(smtplib.SMTPRecipientsRefused, send_password_changed_mail.autoretry_for)
     assert len(smtp_sink.to("ada@example.com")) == 1
+
+
+def test_staff_mail_a_reset_link_from_the_django_admin(monkeypatch, admin_client):
+    queued = []
+    monkeypatch.setattr(mail, "_enqueue", lambda task, *args: queued.append((task.name, args)))
+    ada, gone = _user(), _user("gone@example.com")
+    gone.is_active = False
+    gone.save()
+    body = {"action": "mail_password_reset", "_selected_action": [ada.pk, gone.pk]}
+    response = admin_client.post("/admin/auth/user/", body, follow=True)
+    assert response.status_code == 200
+    shown = [str(m) for m in response.context["messages"]]
+    assert shown == ["password-reset link queued for 1 user(s) (one per address a minute)"]
+    assert queued == [("api.send_password_reset_mail", ("ada@example.com",))]
