@@ -10,6 +10,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from api.services.accounts import EmailTaken
 from api.services.kvfiles import WorkerUnavailable
 from api.services.mail import MailUnavailable
 from api.services.members import InvitationInvalid, MembershipConflict, NotAllowed, TooManyTenants
@@ -30,6 +31,7 @@ DOMAIN_ERRORS = {
     TooManyTenants: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
     TenantClosed: (status.HTTP_409_CONFLICT, "conflict"),
     MailUnavailable: (status.HTTP_503_SERVICE_UNAVAILABLE, "mail_unavailable"),
+    EmailTaken: (status.HTTP_409_CONFLICT, "exists"),
 }
 
 

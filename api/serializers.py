@@ -41,6 +41,18 @@ class PasswordResetConfirmSerializer(serializers.Serializer):
     new_password = serializers.CharField(min_length=8, max_length=4096, write_only=True)
 
 
+class EmailChangeSerializer(serializers.Serializer):
+    #: The email is also the username, whose column holds 150 characters.
+    new_email = serializers.EmailField(max_length=150)
+    current_password = serializers.CharField(max_length=4096, write_only=True)
+
+
+class EmailChangeConfirmSerializer(serializers.Serializer):
+    """The token of a ``/confirm-email/<token>`` link."""
+
+    token = serializers.CharField(max_length=1024)
+
+
 class TenantCreateSerializer(serializers.Serializer):
     name = serializers.CharField(max_length=200)
 

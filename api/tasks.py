@@ -147,3 +147,19 @@ def send_invitation_mail(invitation_id: int, token: str) -> bool:
     from api.services.mail import send_invitation
 
     return send_invitation(invitation_id, token)
+
+
+@shared_task(name="api.send_email_change_mail", **_MAIL_RETRY)
+def send_email_change_mail(new_email: str, token: str) -> bool:
+    """Mail the link that confirms a new sign-in address to that address."""
+    from api.services.mail import send_email_change
+
+    return send_email_change(new_email, token)
+
+
+@shared_task(name="api.send_email_changed_mail", **_MAIL_RETRY)
+def send_email_changed_mail(old_email: str, new_email: str) -> bool:
+    """Tell the old address that the account now signs in with another."""
+    from api.services.mail import send_email_changed
+
+    return send_email_changed(old_email, new_email)

@@ -26,6 +26,8 @@ urlpatterns = [
     path("auth/switch-tenant", views.SwitchTenantView.as_view(), name="auth-switch-tenant"),
     path("auth/csrf", views.CsrfView.as_view(), name="auth-csrf"),
     path("auth/password", views.PasswordChangeView.as_view(), name="auth-password"),
+    path("auth/email", views.EmailChangeView.as_view(), name="auth-email"),
+    path("auth/email/confirm", views.EmailChangeConfirmView.as_view(), name="auth-email-confirm"),
     path("auth/password-reset", views.PasswordResetRequestView.as_view(), name="auth-password-reset"),
     path(
         "auth/password-reset/confirm",

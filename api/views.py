@@ -25,6 +25,7 @@ from api import serializers as s
 from api.authentication import ApiKeyUser
 from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, Tenant
 from api.services import (
+    accounts,
     auth_failures,
     billing,
     keys,
@@ -167,6 +168,48 @@ class PasswordChangeView(APIView):
         update_session_auth_hash(request, user)
         mail.queue_password_changed(user)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class EmailChangeView(APIView):
+    """Ask to sign in with another email address: a link is mailed to it, and the address changes
+    only when that link is opened (api/services/accounts.py). Console only."""
+
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=s.EmailChangeSerializer, responses={202: OpenApiTypes.OBJECT})
+    def post(self, request):
+        user = _console_user(request)
+        data = s.EmailChangeSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        new_email = data.validated_data["new_email"].lower()
+        try:
+            accounts.request_email_change(user, new_email, data.validated_data["current_password"])
+        except accounts.WrongPassword as exc:
+            raise ValidationError({"current_password": ["wrong password"]}) from exc
+        message = f"a link to confirm {new_email} is on its way to that address"
+        return Response({"detail": message}, status=status.HTTP_202_ACCEPTED)
+
+
+class EmailChangeConfirmView(APIView):
+    """Open an email-change link: the account signs in with the new address from now on, and the
+    old address is told. The token is the credential, so no session is needed (the link may be
+    opened on another device)."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=s.EmailChangeConfirmSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request):
+        data = s.EmailChangeConfirmSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            user = accounts.confirm_email_change(data.validated_data["token"])
+        except accounts.EmailChangeLinkInvalid as exc:
+            raise ValidationError({"token": [str(exc)]}) from exc
+        return Response({"email": user.email})
 
 
 class PasswordResetRequestView(APIView):

@@ -203,3 +203,31 @@ def send_invitation(invitation_id: int, token: str) -> bool:
         link=public_link(f"/invite/{token}"),
         expires_at=invitation.expires_at,
     )
+
+
+# --- email address change (api/services/accounts.py) ---------------------------------------------
+
+
+def queue_email_change(new_email: str, token: str) -> None:
+    """Queue the link that confirms a new address (raises MailUnavailable: nothing changes then)."""
+    from api.tasks import send_email_change_mail
+
+    _enqueue(send_email_change_mail, new_email, token)
+
+
+def send_email_change(new_email: str, token: str) -> bool:
+    return _send("email_change", new_email, link=public_link(f"/confirm-email/{token}"))
+
+
+def queue_email_changed_notice(old_email: str, new_email: str) -> None:
+    """Tell the old address it no longer signs in (best effort: the change has happened)."""
+    from api.tasks import send_email_changed_mail
+
+    try:
+        _enqueue(send_email_changed_mail, old_email, new_email)
+    except MailUnavailable:
+        pass  # logged
+
+
+def send_email_changed(old_email: str, new_email: str) -> bool:
+    return _send("email_changed", old_email, new_email=new_email)

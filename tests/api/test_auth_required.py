@@ -13,7 +13,8 @@ pytestmark = pytest.mark.django_db
 
 #: Answered without credentials. An invitation's preview is public: its token is the credential
 #: (accepting it needs a signed-in user, and is checked below like every other route); so is a
-#: password-reset link's (asking for one names an email, and answers the same for any).
+#: password-reset or email-change link's (asking for a reset names an email, and answers the same
+#: for any).
 PUBLIC = {
     "api/v1/health",
     "api/v1/auth/signup",
@@ -22,6 +23,7 @@ PUBLIC = {
     "api/v1/auth/invitations/<str:token>",
     "api/v1/auth/password-reset",
     "api/v1/auth/password-reset/confirm",
+    "api/v1/auth/email/confirm",
 }
 SAMPLE_ARGS = {
     "pk": "1",

@@ -96,3 +96,25 @@ def test_an_invitation_is_mailed_and_its_link_opens_the_invitation(mail_stack):
     signup = joined.post(f"{url}/api/v1/auth/signup", json=body, timeout=10)
     assert signup.status_code == 201, signup.text
     assert [t["name"] for t in signup.json()["tenants"]] == ["Difference Engines"]
+
+
+def test_a_new_email_address_is_confirmed_through_the_link_mailed_to_it(mail_stack):
+    url, smtp = mail_stack.url, mail_stack.smtp
+    old = f"ada-{uuid.uuid4().hex[:8]}@example.com"
+    new = f"lovelace-{uuid.uuid4().hex[:8]}@example.com"
+    session = _signed_in(url, old, OLD, tenant="Analytical Engines")
+
+    asked = session.post(f"{url}/api/v1/auth/email", json={"new_email": new, "current_password": OLD}, timeout=10)
+    assert asked.status_code == 202, asked.text
+    message = smtp.wait_for(new, "Confirm your new Symphony email address")
+    token = link_in(message, url, "/confirm-email/").rsplit("/", 1)[1]
+    assert _login_status(url, old, OLD) == 200  # nothing changed yet
+
+    confirmed = requests.post(f"{url}/api/v1/auth/email/confirm", json={"token": token}, timeout=10)
+    assert confirmed.status_code == 200 and confirmed.json() == {"email": new}
+    assert _login_status(url, new, OLD) == 200 and _login_status(url, old, OLD) == 401
+    assert session.get(f"{url}/api/v1/auth/me", timeout=10).json()["user"]["email"] == new
+    notice = smtp.wait_for(old, "Your Symphony account has a new email address")
+    assert new in notice.get_body(preferencelist=("plain",)).get_content()
+    again = requests.post(f"{url}/api/v1/auth/email/confirm", json={"token": token}, timeout=10)
+    assert again.status_code == 400

@@ -1,0 +1,98 @@
+"""A person's own account: changing the email address they sign in with.
+
+The new address must prove it is theirs before it replaces the old one: the request mails a link
+to the new address, and only opening it makes the change. The link's token is signed (Django's
+``signing`` under ``SECRET_KEY``), valid ``EMAIL_CHANGE_MAX_AGE_S``, and names the address it
+replaces, so it works once: after the change, or any other change, it no longer matches. The old
+address is told afterwards, so a change nobody asked for is noticed.
+
+The email is also the username (sign-in, invitations bound to an address), and both change
+together. API keys and memberships belong to the user, not the address, and are unaffected.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from django.contrib.auth import get_user_model
+from django.core import signing
+from django.db import IntegrityError, transaction
+
+from api.services import mail
+
+log = logging.getLogger(__name__)
+
+#: How long an email-change link stays valid.
+EMAIL_CHANGE_MAX_AGE_S = 24 * 3600
+_SALT = "symphony.accounts.email-change"
+
+
+class WrongPassword(Exception):
+    pass
+
+
+class EmailTaken(Exception):
+    """Another account signs in with that address."""
+
+
+class EmailChangeLinkInvalid(Exception):
+    """A link that is malformed, expired, already used, or replaced by a later change."""
+
+
+@dataclass(frozen=True)
+class EmailChange:
+    user_id: int
+    old_email: str
+    new_email: str
+
+
+def _taken(email: str, user) -> bool:
+    return get_user_model().objects.filter(username__iexact=email).exclude(pk=user.pk).exists()
+
+
+def request_email_change(user, new_email: str, password: str) -> None:
+    """Mail a confirmation link to ``new_email`` (the signed-in user's password confirms it is
+    them asking). Raises WrongPassword, EmailTaken, or mail.MailUnavailable."""
+    if not user.check_password(password):
+        raise WrongPassword("wrong password")
+    new_email = new_email.strip().lower()
+    if new_email == user.email.lower():
+        raise EmailTaken("that is already your email address")
+    if _taken(new_email, user):
+        raise EmailTaken("another account uses that email address")
+    token = signing.dumps({"user": user.pk, "old": user.email.lower(), "new": new_email}, salt=_SALT)
+    mail.queue_email_change(new_email, token)
+    log.info("email_change_requested user=%s", user.pk)
+
+
+def read_link(token: str) -> EmailChange:
+    """What a link would change, if it is still good; EmailChangeLinkInvalid otherwise."""
+    try:
+        data = signing.loads(token, salt=_SALT, max_age=EMAIL_CHANGE_MAX_AGE_S)
+        change = EmailChange(int(data["user"]), str(data["old"]), str(data["new"]))
+    except (signing.BadSignature, KeyError, TypeError, ValueError) as exc:
+        raise EmailChangeLinkInvalid("this link is invalid or has expired: ask for a new one") from exc
+    return change
+
+
+@transaction.atomic
+def confirm_email_change(token: str):
+    """Make the change a link asks for; returns the user. The row is locked so two clicks of
+    one link change it once."""
+    change = read_link(token)
+    User = get_user_model()
+    user = User.objects.select_for_update().filter(pk=change.user_id, is_active=True).first()
+    if user is None or user.email.lower() != change.old_email:
+        raise EmailChangeLinkInvalid("this link was already used, or the address changed since: ask for a new one")
+    if _taken(change.new_email, user):
+        raise EmailTaken("another account uses that email address")
+    user.email = user.username = change.new_email
+    try:
+        with transaction.atomic():
+            user.save(update_fields=["email", "username"])
+    except IntegrityError as exc:  # an account signed up with it between the check and now
+        raise EmailTaken("another account uses that email address") from exc
+    transaction.on_commit(lambda: mail.queue_email_changed_notice(change.old_email, change.new_email))
+    log.info("email_changed user=%s", user.pk)
+    return user
