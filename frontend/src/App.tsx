@@ -6,6 +6,7 @@ import { ErrorBanner, Loading } from "./components/Status";
 import { AccountPage } from "./pages/AccountPage";
 import { AdminPage } from "./pages/AdminPage";
 import { ApiKeysPage } from "./pages/ApiKeysPage";
+import { ConfirmEmailPage } from "./pages/ConfirmEmailPage";
 import { LoginPage, SignupPage } from "./pages/AuthPages";
 import { ForgotPasswordPage, ResetPasswordPage } from "./pages/PasswordResetPages";
 import { InvitePage } from "./pages/InvitePage";
@@ -43,6 +44,8 @@ export function App() {
       {/* Public like /login: the reset mail's link is opened signed out. */}
       <Route path="/forgot-password" element={<ForgotPasswordPage />} />
       <Route path="/reset-password/:uid/:token" element={<ResetPasswordPage />} />
+      {/* The new address's confirmation link: may be opened signed out (another device) or in. */}
+      <Route path="/confirm-email/:token" element={<ConfirmEmailPage />} />
       {/* Outside RequireAuth: an invite link works signed out (sign up) as well as signed in. */}
       <Route path="/invite/:token" element={<InvitePage />} />
       <Route

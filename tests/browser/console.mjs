@@ -267,6 +267,55 @@ const scenarios = {
     return { notice, landed: new URL(page.url()).pathname };
   },
 
+  /** Signed in with the old address: the Account page asks to sign in with a new one. A wrong
+   * password is refused on the page; the right one mails a link to the new address (the test
+   * reads it from the SMTP sink and hands it to `confirmEmail`), and nothing changes yet. */
+  async changeEmail(page) {
+    await login(page, cfg.email, cfg.password);
+    await page.getByRole("link", { name: "Account", exact: true }).click();
+    await page.getByRole("heading", { level: 1, name: "Account" }).waitFor({ timeout: T });
+    const form = page.getByRole("form", { name: "Email address" });
+    const current = ((await form.getByTestId("current-email").textContent({ timeout: T })) ?? "").trim();
+    check(current === cfg.email, `the card shows the current address: ${current}`);
+    await form.getByLabel("New email").fill(cfg.newEmail);
+    await form.getByLabel("Current password").fill(`${cfg.password}-wrong`);
+    await form.getByRole("button", { name: "Send confirmation link" }).click();
+    await form.getByRole("alert").filter({ hasText: "wrong password" }).waitFor({ timeout: T });
+    await form.getByLabel("Current password").fill(cfg.password);
+    await form.getByRole("button", { name: "Send confirmation link" }).click();
+    const sent = form.getByRole("status").filter({ hasText: "We sent a link to" });
+    await sent.waitFor({ timeout: T });
+    const notice = ((await sent.textContent()) ?? "").trim();
+    check((await form.getByRole("alert").count()) === 0, "the wrong-password error is gone");
+    check((await form.getByLabel("New email").inputValue()) === "", "the form is cleared");
+    check((await form.getByLabel("Current password").inputValue()) === "", "the password is cleared");
+    // The change waits for the link: the header still shows the old address.
+    const header = ((await page.locator(".user-email").textContent()) ?? "").trim();
+    check(header === cfg.email, `header before the link is opened: ${header}`);
+    await shot(page, "account-email");
+    return { notice };
+  },
+
+  /** The mailed link, opened in a console signed in with the old address (this run's fresh
+   * profile logs in first): the page confirms the change at once and the header follows. */
+  async confirmEmail(page) {
+    await login(page, cfg.email, cfg.password);
+    await page.goto(cfg.confirmLink);
+    await page.getByRole("heading", { name: "Confirm your new email address" }).waitFor({ timeout: T });
+    const done = page.getByRole("status").filter({ hasText: "now signs in with" });
+    await done.waitFor({ timeout: T });
+    const notice = ((await done.textContent()) ?? "").trim();
+    check((await page.getByRole("alert").count()) === 0, "no error beside the confirmation");
+    await shot(page, "confirm-email");
+    await page.getByRole("link", { name: "Go to Programs" }).click();
+    await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+    const header = ((await page.locator(".user-email").textContent({ timeout: T })) ?? "").trim();
+    await page.getByRole("link", { name: "Account", exact: true }).click();
+    await page.getByRole("heading", { level: 1, name: "Account" }).waitFor({ timeout: T });
+    const account = ((await page.getByTestId("current-email").textContent({ timeout: T })) ?? "").trim();
+    return { notice, header, account };
+  },
+
   /** A staff user sees the Admin page: tenants, all KV files, worker health. */
   async staff(page) {
     await login(page, cfg.email, cfg.password);

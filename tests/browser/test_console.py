@@ -15,9 +15,9 @@ pytestmark = pytest.mark.browser
 
 @pytest.fixture(autouse=True)
 def _fresh_throttle_counters():
-    """Sign-up, log-in and the password-reset routes share the ``auth`` throttle (per address, so
-    every scenario here counts against 127.0.0.1), whose Redis counters outlive a test: each test
-    starts with none spent, as the password-reset one alone spends about eight."""
+    """Sign-up, log-in and the password-reset and email-change routes share the ``auth`` throttle
+    (per address, so every scenario here counts against 127.0.0.1), whose Redis counters outlive a
+    test: each test starts with none spent, as the password-reset one alone spends about eight."""
     from django.core.cache import cache
 
     cache.clear()
@@ -195,6 +195,60 @@ def test_a_forgotten_password_is_reset_in_the_console_through_the_mailed_link(ma
     changed = smtp.wait_for(email, "password was changed")
     assert link_in(changed, url, "/forgot-password")
     assert len([m for m in smtp.to(email) if "Reset" in m["Subject"]]) == 1
+
+
+def test_a_signed_in_user_changes_their_email_through_the_link_mailed_to_the_new_address(mail_stack, browser):
+    """Account page → new address and password → the confirmation mail a real Celery worker sent
+    over SMTP to the new address → its link opened in a console signed in with the old one → the
+    header shows the new address. From then on only the new address signs in, the old one is
+    told, and the spent link is refused."""
+    import requests
+    from django.contrib.auth import get_user_model
+
+    from tests.plugins.mail import link_in
+
+    url, smtp = mail_stack.url, mail_stack.smtp
+    suffix = uuid.uuid4().hex[:8]
+    old, new = f"meitner-{suffix}@example.com", f"lise-{suffix}@physics.example"
+    password = "pw-fission-1938"
+    # Sign up through the API the way the console does (CSRF cookie, then the header).
+    session = requests.Session()
+    csrf = session.get(f"{url}/api/v1/auth/csrf", timeout=10).json()["csrftoken"]
+    body = {"email": old, "password": password, "tenant_name": "Kaiser Wilhelm Institute"}
+    signed_up = session.post(
+        f"{url}/api/v1/auth/signup", json=body, headers={"X-CSRFToken": csrf, "Referer": url}, timeout=10
+    )
+    assert signed_up.status_code == 201, signed_up.text
+    user = get_user_model().objects.get(username=old)
+
+    asked = browser("changeEmail", baseUrl=url, email=old, password=password, newEmail=new)
+    assert asked["notice"] == f"We sent a link to {new}. Your address changes when you open it (valid 24 hours)."
+    user.refresh_from_db()
+    assert (user.email, user.username) == (old, old)  # nothing changes before the link is opened
+
+    link = link_in(smtp.wait_for(new, "Confirm your new Symphony email address"), url, "/confirm-email/")
+    token = re.fullmatch(re.escape(url) + r"/confirm-email/([A-Za-z0-9:_-]+)", link).group(1)
+    confirmed = browser("confirmEmail", baseUrl=url, confirmLink=link, email=old, password=password)
+    assert confirmed["notice"] == f"Your account now signs in with {new}."
+    assert confirmed["header"] == new, confirmed
+    assert confirmed["account"] == new, confirmed
+
+    user.refresh_from_db()
+    assert (user.email, user.username) == (new, new)
+    assert user.check_password(password)
+    login = f"{url}/api/v1/auth/login"
+    assert requests.post(login, json={"email": new, "password": password}, timeout=10).status_code == 200
+    refused = requests.post(login, json={"email": old, "password": password}, timeout=10)
+    assert refused.status_code == 401, refused.text
+
+    told = smtp.wait_for(old, "Your Symphony account has a new email address")
+    assert new in told.get_body(preferencelist=("plain",)).get_content()
+    # The link worked once: it names the address it replaces, which is gone now.
+    again = requests.post(f"{url}/api/v1/auth/email/confirm", json={"token": token}, timeout=10)
+    assert again.status_code == 400, again.text
+    assert "already used" in again.json()["error"]["detail"]["token"][0]
+    assert len([m for m in smtp.to(new) if "Confirm" in m["Subject"]]) == 1
+    assert not [m for m in smtp.to(old) if "Confirm" in m["Subject"]]
 
 
 def test_staff_sees_admin_page(console_server, browser):

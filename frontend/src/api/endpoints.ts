@@ -77,6 +77,17 @@ export async function requestPasswordReset(email: string): Promise<void> {
 export async function confirmPasswordReset(uid: string, token: string, new_password: string): Promise<void> {
   await unwrap(http.POST("/api/v1/auth/password-reset/confirm", { body: { uid, token, new_password } }));
 }
+/** Ask to sign in with another address (console session only): the server mails a link to
+ * `new_email`, and the address changes only when it is opened (see confirmEmailChange). 202. */
+export async function requestEmailChange(new_email: string, current_password: string): Promise<void> {
+  await unwrap(http.POST("/api/v1/auth/email", { body: { new_email, current_password } }));
+}
+/** Open a mailed link `/confirm-email/<token>` (works once, no session needed); answers the
+ * address the account now signs in with. */
+export async function confirmEmailChange(token: string): Promise<string> {
+  const body = (await unwrap(http.POST("/api/v1/auth/email/confirm", { body: { token } }))) as { email?: unknown };
+  return String(body.email ?? "");
+}
 /** A new tenant owned by the signed-in user, who is switched to it (the /auth/me body). */
 export async function createTenant(name: string): Promise<Me> {
   return (await unwrap(http.POST("/api/v1/tenants", { body: { name } }))) as unknown as Me;

@@ -140,6 +140,47 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/auth/email": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description Ask to sign in with another email address: a link is mailed to it, and the address changes
+         *     only when that link is opened (api/services/accounts.py). Console only.
+         */
+        post: operations["v1_auth_email_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/email/confirm": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description Open an email-change link: the account signs in with the new address from now on, and the
+         *     old address is told. The token is the credential, so no session is needed (the link may be
+         *     opened on another device).
+         */
+        post: operations["v1_auth_email_confirm_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/auth/invitations/{token}": {
         parameters: {
             query?: never;
@@ -723,6 +764,15 @@ export interface components {
             /** Format: date-time */
             readonly created_at: string;
         };
+        EmailChange: {
+            /** Format: email */
+            new_email: string;
+            current_password: string;
+        };
+        /** @description The token of a ``/confirm-email/<token>`` link. */
+        EmailChangeConfirm: {
+            token: string;
+        };
         Health: {
             status: string;
             checks: {
@@ -1244,6 +1294,60 @@ export interface operations {
             cookie?: never;
         };
         requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_auth_email_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EmailChange"];
+                "application/x-www-form-urlencoded": components["schemas"]["EmailChange"];
+                "multipart/form-data": components["schemas"]["EmailChange"];
+            };
+        };
+        responses: {
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_auth_email_confirm_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["EmailChangeConfirm"];
+                "application/x-www-form-urlencoded": components["schemas"]["EmailChangeConfirm"];
+                "multipart/form-data": components["schemas"]["EmailChangeConfirm"];
+            };
+        };
         responses: {
             200: {
                 headers: {

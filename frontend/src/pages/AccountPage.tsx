@@ -1,10 +1,57 @@
 import { useState, type FormEvent } from "react";
 import { useNavigate } from "react-router";
-import { changePassword } from "../api/endpoints";
+import { changePassword, requestEmailChange } from "../api/endpoints";
 import { useAuth } from "../auth/AuthContext";
 import { PageHeader } from "../components/PageHeader";
 import { ErrorBanner, Notice } from "../components/Status";
 import { useAction } from "../hooks/useAction";
+
+/** Sign in with another address: the server mails a link to it, and only opening that link
+ * (ConfirmEmailPage) makes the change, so the address shown here stays the old one until then. */
+function EmailForm() {
+  const { me } = useAuth();
+  const [email, setEmail] = useState("");
+  const [password, setPassword] = useState("");
+  const [sentTo, setSentTo] = useState<string | null>(null);
+  const { busy, error, run } = useAction();
+  const submit = async (e: FormEvent) => {
+    e.preventDefault();
+    setSentTo(null);
+    const address = email.trim();
+    if (await run(() => requestEmailChange(address, password))) {
+      setEmail("");
+      setPassword("");
+      setSentTo(address);
+    }
+  };
+  return (
+    <form className="card form" onSubmit={submit} aria-labelledby="email-title">
+      <h2 id="email-title">Email address</h2>
+      <p>
+        You sign in with <strong data-testid="current-email">{me?.user?.email}</strong>.
+      </p>
+      <ErrorBanner error={error} />
+      {sentTo !== null && (
+        <Notice tone="ok">
+          We sent a link to {sentTo}. Your address changes when you open it (valid 24 hours).
+        </Notice>
+      )}
+      <div className="row">
+        <label className="field grow">
+          New email
+          <input type="email" autoComplete="email" required maxLength={150} value={email} onChange={(e) => setEmail(e.target.value)} />
+        </label>
+        <label className="field grow">
+          Current password
+          <input type="password" autoComplete="current-password" required value={password} onChange={(e) => setPassword(e.target.value)} />
+        </label>
+      </div>
+      <button type="submit" className="btn btn-primary" disabled={busy}>
+        {busy ? "Sending…" : "Send confirmation link"}
+      </button>
+    </form>
+  );
+}
 
 function PasswordForm() {
   const [current, setCurrent] = useState("");
@@ -89,6 +136,7 @@ export function AccountPage() {
   return (
     <>
       <PageHeader title="Account">Signed in as {me?.user?.email}.</PageHeader>
+      <EmailForm />
       <PasswordForm />
       <CreateTenantForm />
     </>

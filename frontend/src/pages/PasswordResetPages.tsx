@@ -49,8 +49,9 @@ export function ForgotPasswordPage() {
   );
 }
 
-/** The server's word on a dead link (bad, used or expired: it does not say which), or null. */
-function resetLinkProblem(err: unknown): string | null {
+/** The server's word on a dead mailed link (a 400 with `detail.token`: bad, used or expired, it
+ * does not say which), or null. Also used by ConfirmEmailPage. */
+export function linkProblem(err: unknown): string | null {
   if (!(err instanceof ApiError) || err.status !== 400) return null;
   const token = (err.detail as { token?: unknown } | null)?.token;
   if (!token) return null;
@@ -76,7 +77,7 @@ export function ResetPasswordPage() {
   const [password, setPassword] = useState("");
   const [confirm, setConfirm] = useState("");
   const { busy, error, run, fail } = useAction();
-  const deadLink = resetLinkProblem(error);
+  const deadLink = linkProblem(error);
   const submit = async (e: FormEvent) => {
     e.preventDefault();
     // Checked here because the server only ever sees one copy of the new password.

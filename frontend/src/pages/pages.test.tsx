@@ -489,15 +489,17 @@ describe("account", () => {
   it("checks that the new password is confirmed before sending it", async () => {
     const { calls } = mockApi({ "GET /api/v1/auth/me": ME, "POST /api/v1/auth/password": () => ({ status: 204 }) });
     renderAt(<App />, "/account");
-    fireEvent.change(await screen.findByLabelText("Current password"), { target: { value: "old-pass-123" } });
-    fireEvent.change(screen.getByLabelText(/^New password/), { target: { value: "new-pass-123" } });
-    fireEvent.change(screen.getByLabelText("Confirm new password"), { target: { value: "new-pass-124" } });
-    fireEvent.click(screen.getByRole("button", { name: "Change password" }));
+    // The email card above has a "Current password" field too.
+    const form = within(await screen.findByRole("form", { name: "Change password" }));
+    fireEvent.change(form.getByLabelText("Current password"), { target: { value: "old-pass-123" } });
+    fireEvent.change(form.getByLabelText(/^New password/), { target: { value: "new-pass-123" } });
+    fireEvent.change(form.getByLabelText("Confirm new password"), { target: { value: "new-pass-124" } });
+    fireEvent.click(form.getByRole("button", { name: "Change password" }));
     expect((await screen.findByRole("alert")).textContent).toContain("do not match");
     expect(calls.some((c) => c.path === "/api/v1/auth/password")).toBe(false);
 
-    fireEvent.change(screen.getByLabelText("Confirm new password"), { target: { value: "new-pass-123" } });
-    fireEvent.click(screen.getByRole("button", { name: "Change password" }));
+    fireEvent.change(form.getByLabelText("Confirm new password"), { target: { value: "new-pass-123" } });
+    fireEvent.click(form.getByRole("button", { name: "Change password" }));
     expect(await screen.findByText(/Password changed/)).toBeTruthy();
     expect(calls.find((c) => c.path === "/api/v1/auth/password")?.body).toEqual({ current_password: "old-pass-123", new_password: "new-pass-123" });
     expect(screen.queryByRole("alert")).toBeNull();
@@ -691,5 +693,130 @@ describe("password reset", () => {
     expect(screen.queryByRole("button", { name: "Set new password" })).toBeNull(); // the link is spent
     fireEvent.click(screen.getByRole("link", { name: "Ask for a new link" }));
     expect(await screen.findByRole("heading", { name: "Reset your password" })).toBeTruthy();
+  });
+});
+
+describe("email change", () => {
+  const anonymous = () => ({ status: 403, body: { error: { code: "not_authenticated", message: "no", detail: null } } });
+  const TOKEN = "eyJ1c2VyIjoxLCJvbGQiOiJhZGFAZXhhbXBsZS5jb20ifQ:1uAbCd:Zx_9-Qr";
+  const NEW = "ada@engines.example";
+  const confirmUrl = "/api/v1/auth/email/confirm";
+  const refusal = (status: number, code: string, message: string, detail: unknown = null) => ({
+    status,
+    body: { error: { code, message, detail } },
+  });
+
+  it("shows the current address and sends a confirmation link to the new one", async () => {
+    let answer: { status: number; body: unknown } = refusal(400, "invalid", "request failed", { current_password: ["wrong password"] });
+    const { calls } = mockApi({ "GET /api/v1/auth/me": ME, "POST /api/v1/auth/email": () => answer });
+    renderAt(<App />, "/account");
+    const form = within(await screen.findByRole("form", { name: "Email address" }));
+    expect(form.getByTestId("current-email").textContent).toBe("ada@example.com");
+    // Above the password card.
+    const titles = screen.getAllByRole("heading", { level: 2 }).map((h) => h.textContent);
+    expect(titles.indexOf("Email address")).toBeLessThan(titles.indexOf("Change password"));
+    const email = form.getByLabelText("New email") as HTMLInputElement;
+    const password = form.getByLabelText("Current password") as HTMLInputElement;
+
+    fireEvent.change(email, { target: { value: NEW } });
+    fireEvent.change(password, { target: { value: "not-my-password" } });
+    fireEvent.click(form.getByRole("button", { name: "Send confirmation link" }));
+    expect((await form.findByRole("alert")).textContent).toContain("current_password: wrong password");
+    expect(form.queryByRole("status")).toBeNull();
+    expect(email.value).toBe(NEW); // kept for another try
+
+    answer = { status: 202, body: { detail: `a link to confirm ${NEW} is on its way to that address` } };
+    fireEvent.change(password, { target: { value: "pw-12345678" } });
+    fireEvent.click(form.getByRole("button", { name: "Send confirmation link" }));
+    const sent = await form.findByRole("status");
+    expect(sent.textContent).toBe(`We sent a link to ${NEW}. Your address changes when you open it (valid 24 hours).`);
+    expect(form.queryByRole("alert")).toBeNull();
+    expect(email.value).toBe("");
+    expect(password.value).toBe("");
+    // Nothing changes before the link is opened.
+    expect(form.getByTestId("current-email").textContent).toBe("ada@example.com");
+    expect(calls.filter((c) => c.path === "/api/v1/auth/email").map((c) => c.body)).toEqual([
+      { new_email: NEW, current_password: "not-my-password" },
+      { new_email: NEW, current_password: "pw-12345678" },
+    ]);
+  });
+
+  it("shows why the server refuses the new address", async () => {
+    mockApi({
+      "GET /api/v1/auth/me": ME,
+      "POST /api/v1/auth/email": () => refusal(409, "exists", "another account uses that email address"),
+    });
+    renderAt(<App />, "/account");
+    const form = within(await screen.findByRole("form", { name: "Email address" }));
+    fireEvent.change(form.getByLabelText("New email"), { target: { value: "grace@example.com" } });
+    fireEvent.change(form.getByLabelText("Current password"), { target: { value: "pw-12345678" } });
+    fireEvent.click(form.getByRole("button", { name: "Send confirmation link" }));
+    expect((await form.findByRole("alert")).textContent).toBe("another account uses that email address");
+    expect(form.queryByRole("status")).toBeNull();
+  });
+
+  it("confirms the link once under StrictMode, even signed in, and the console shows the new address", async () => {
+    let me = ME;
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": () => ({ body: me }),
+      [`POST ${confirmUrl}`]: () => {
+        if (me.user.email === NEW) return refusal(400, "invalid", "request failed", { token: ["this link was already used"] });
+        me = { ...ME, user: { ...ME.user, email: NEW } };
+        return { body: { email: NEW } };
+      },
+      "GET /api/v1/programs": page([]),
+    });
+    renderAt(<App />, `/confirm-email/${TOKEN}`, { strict: true });
+    expect(await screen.findByRole("heading", { name: "Confirm your new email address" })).toBeTruthy();
+    expect((await screen.findByText(/now signs in with/)).textContent).toBe(`Your account now signs in with ${NEW}.`);
+    expect(screen.queryByRole("alert")).toBeNull();
+    const posts = calls.filter((c) => c.path === confirmUrl);
+    expect(posts.map((c) => c.body)).toEqual([{ token: TOKEN }]);
+    // /auth/me was read again after the change, so the header shows the new address.
+    const confirmedAt = calls.findIndex((c) => c.path === confirmUrl);
+    expect(calls.slice(confirmedAt).some((c) => c.path === "/api/v1/auth/me")).toBe(true);
+    fireEvent.click(screen.getByRole("link", { name: "Go to Programs" }));
+    expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
+    expect(document.querySelector(".user-email")?.textContent).toBe(NEW);
+    expect(calls.filter((c) => c.path === confirmUrl)).toHaveLength(1);
+  });
+
+  it("offers to log in when the link is opened signed out", async () => {
+    const { calls } = mockApi({ "GET /api/v1/auth/me": anonymous, [`POST ${confirmUrl}`]: { email: NEW } });
+    renderAt(<App />, `/confirm-email/${TOKEN}`);
+    expect((await screen.findByText(/now signs in with/)).textContent).toBe(`Your account now signs in with ${NEW}.`);
+    expect(screen.queryByRole("link", { name: "Go to Programs" })).toBeNull();
+    fireEvent.click(screen.getByRole("link", { name: "Log in" }));
+    expect(await screen.findByRole("heading", { name: "Log in" })).toBeTruthy();
+    expect(calls.filter((c) => c.path === confirmUrl).map((c) => c.body)).toEqual([{ token: TOKEN }]);
+  });
+
+  it("explains a used or expired link and sends the user to their account to ask again", async () => {
+    const message = "this link is invalid or has expired: ask for a new one";
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      [`POST ${confirmUrl}`]: () => refusal(400, "invalid", "request failed", { token: [message] }),
+      "POST /api/v1/auth/email": () => ({ status: 202, body: { detail: "on its way" } }),
+    });
+    renderAt(<App />, `/confirm-email/${TOKEN}`, { strict: true });
+    expect((await screen.findByRole("alert")).textContent).toBe(message);
+    expect(screen.queryByText(/now signs in with/)).toBeNull();
+    expect(screen.queryByRole("button", { name: "Retry" })).toBeNull(); // the link is spent
+    fireEvent.click(screen.getByRole("link", { name: /Ask for a new link/ }));
+    expect(await screen.findByRole("form", { name: "Email address" })).toBeTruthy();
+    expect(calls.filter((c) => c.path === confirmUrl)).toHaveLength(1);
+  });
+
+  it("says when another account took the address meanwhile, and retries only what may pass", async () => {
+    let answer = refusal(429, "throttled", "Request was throttled. Expected available in 3 seconds.");
+    const { calls } = mockApi({ "GET /api/v1/auth/me": anonymous, [`POST ${confirmUrl}`]: () => answer });
+    renderAt(<App />, `/confirm-email/${TOKEN}`);
+    expect((await screen.findByRole("alert")).textContent).toContain("throttled");
+    answer = refusal(409, "exists", "another account uses that email address");
+    fireEvent.click(screen.getByRole("button", { name: "Retry" }));
+    await waitFor(() => expect(screen.getByRole("alert").textContent).toBe("another account uses that email address"));
+    expect(screen.queryByRole("button", { name: "Retry" })).toBeNull();
+    expect(screen.getByRole("link", { name: /Ask for a new link/ })).toBeTruthy();
+    expect(calls.filter((c) => c.path === confirmUrl)).toHaveLength(2);
   });
 });
