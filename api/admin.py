@@ -13,6 +13,7 @@ from api.models import (
     Plan,
     Program,
     ProgramVersion,
+    QuotaNotice,
     Run,
     Tenant,
     UsageRecord,
@@ -95,7 +96,7 @@ class KVFileAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{kv.name}: {exc}", messages.ERROR)
 
 
-admin.site.register([Program, ProgramVersion, UsageRecord, AuditLog])
+admin.site.register([Program, ProgramVersion, UsageRecord, AuditLog, QuotaNotice])
 
 
 User = get_user_model()

@@ -230,6 +230,29 @@ class AuditLog(models.Model):
         return f"{self.action} {self.target}"
 
 
+class QuotaNotice(models.Model):
+    """One mail to a tenant's owners that its usage crossed a share of a monthly quota; the unique
+    row makes it one per tenant, quota, month and threshold, however many runs end at once."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="quota_notices")
+    quota = models.CharField(max_length=32, default="tokens_per_month")
+    period = models.CharField(max_length=7)  # "2026-11"
+    percent = models.PositiveSmallIntegerField()
+    used = models.BigIntegerField()
+    limit = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "quota", "period", "percent"], name="one_quota_notice_per_threshold"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.quota} {self.period} {self.percent}%"
+
+
 class KVFile(models.Model):
     """Control-plane mirror of one named KV file on a worker (the worker is the source of truth;
     rows are refreshed from its kv_list on listing and at run end)."""

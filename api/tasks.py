@@ -163,3 +163,11 @@ def send_email_changed_mail(old_email: str, new_email: str) -> bool:
     from api.services.mail import send_email_changed
 
     return send_email_changed(old_email, new_email)
+
+
+@shared_task(name="api.send_quota_notice_mail", **_MAIL_RETRY)
+def send_quota_notice_mail(notice_id: int) -> int:
+    """Tell a tenant's owners that its usage crossed a share of its monthly quota."""
+    from api.services.mail import send_quota_notice
+
+    return send_quota_notice(notice_id)

@@ -184,6 +184,8 @@ else:
 DEFAULT_FROM_EMAIL = os.environ.get("SYMPHONY_EMAIL_FROM") or "Symphony <noreply@localhost>"
 #: Seconds a password-reset link stays valid (Django's token; one use: it dies with the old password).
 PASSWORD_RESET_TIMEOUT = int(os.environ.get("SYMPHONY_PASSWORD_RESET_S") or 3600)
+#: Shares (percent) of a monthly token quota at which the tenant's owners are mailed, once each a month.
+SYMPHONY_QUOTA_ALERT_PERCENTS = env_list("SYMPHONY_QUOTA_ALERT_PERCENTS", "80,100")
 
 # --- DRF ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -231,3 +231,38 @@ def queue_email_changed_notice(old_email: str, new_email: str) -> None:
 
 def send_email_changed(old_email: str, new_email: str) -> bool:
     return _send("email_changed", old_email, new_email=new_email)
+
+
+# --- quota notices (api/services/quota_alerts.py) ------------------------------------------------
+
+
+def queue_quota_notice(notice) -> None:
+    """Queue the owners' mail for a quota notice (best effort: the notice row and audit entry
+    stay either way)."""
+    from api.tasks import send_quota_notice_mail
+
+    try:
+        _enqueue(send_quota_notice_mail, notice.pk)
+    except MailUnavailable:
+        pass  # logged
+
+
+def send_quota_notice(notice_id: int) -> int:
+    """Mail the notice to each owner of its tenant; how many were mailed."""
+    from api.models import Membership, QuotaNotice
+    from api.services.quota_alerts import next_period_start
+
+    notice = QuotaNotice.objects.select_related("tenant").filter(pk=notice_id).first()
+    if notice is None or notice.tenant.closed_at is not None:
+        return 0
+    owners = Membership.objects.filter(tenant=notice.tenant, role="owner", user__is_active=True).select_related("user")
+    context = {
+        "tenant": notice.tenant.name,
+        "plan": notice.tenant.plan,
+        "percent": notice.percent,
+        "used": f"{notice.used:,}",
+        "limit": f"{notice.limit:,}",
+        "resets": next_period_start(notice.created_at.date()).isoformat(),
+        "link": public_link("/usage"),
+    }
+    return sum(_send("quota_notice", m.user.email, **context) for m in owners if m.user.email)

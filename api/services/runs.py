@@ -15,7 +15,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from api.models import ApiKey, Program, Run, Tenant, UsageRecord
-from api.services import cancellation, routing
+from api.services import cancellation, quota_alerts, routing
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import check_can_start
@@ -323,5 +323,6 @@ def finish_run(run_id: str, outcome: RunOutcome) -> Run:
         usage = {k: outcome.usage.get(k, 0) or 0 for k in USAGE_FIELDS}
         UsageRecord.objects.update_or_create(run=run, defaults={"tenant": run.tenant, **usage})
     publish_end(run)
+    quota_alerts.after_usage(run.tenant)
     log.info("run_finished run=%s tenant=%s status=%s", run.pk, run.tenant.slug, run.status)
     return run

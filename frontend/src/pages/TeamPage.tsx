@@ -208,6 +208,9 @@ function InvitationTable({ invitations, isOwner, onRevoke }: { invitations: Invi
 function describeDetail(entry: AuditEntry): string {
   const detail = (entry.detail ?? {}) as Record<string, unknown>;
   if (entry.action === "member.role") return `${String(detail.old)} → ${String(detail.new)}`;
+  if (entry.action === "quota.notice") {
+    return `${String(detail.percent)}% of the monthly tokens used (${Number(detail.used).toLocaleString("en-US")} of ${Number(detail.limit).toLocaleString("en-US")}); owners mailed`;
+  }
   if (typeof detail.role === "string") return `as ${detail.role}`;
   return "";
 }

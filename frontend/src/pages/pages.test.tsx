@@ -349,7 +349,10 @@ describe("team", () => {
       "GET /api/v1/audit-log": () => ({
         body: page(
           members.length === 1
-            ? [{ id: 31, actor: "ada@example.com", action: "member.remove", target: "bob@example.com", detail: { role: "member" }, created_at: "2026-01-04T00:00:00Z" }]
+            ? [
+                { id: 31, actor: "ada@example.com", action: "member.remove", target: "bob@example.com", detail: { role: "member" }, created_at: "2026-01-04T00:00:00Z" },
+                { id: 30, actor: null, action: "quota.notice", target: "tokens_per_month", detail: { percent: 80, used: 812345, limit: 1000000, period: "2026-01" }, created_at: "2026-01-03T00:00:00Z" },
+              ]
             : [],
         ),
       }),
@@ -387,6 +390,7 @@ describe("team", () => {
     const activity = await screen.findByRole("table", { name: "Activity" });
     expect(within(activity).getByText("member.remove")).toBeTruthy();
     expect(within(activity).getByText("as member")).toBeTruthy();
+    expect(within(activity).getByText("80% of the monthly tokens used (812,345 of 1,000,000); owners mailed")).toBeTruthy();
   });
 
   it("says when the invitation could not be mailed, and still shows the link", async () => {
