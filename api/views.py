@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import date
 
+from django.conf import settings
 from django.contrib.auth import authenticate, get_user_model, login, logout, update_session_auth_hash
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
@@ -229,7 +230,8 @@ class PasswordResetRequestView(APIView):
         data.is_valid(raise_exception=True)
         mail.request_password_reset(data.validated_data["email"])
         message = "if an account uses this email, a link to reset its password is on its way"
-        return Response({"detail": message}, status=status.HTTP_202_ACCEPTED)
+        body = {"detail": message, "valid_minutes": settings.PASSWORD_RESET_TIMEOUT // 60}
+        return Response(body, status=status.HTTP_202_ACCEPTED)
 
 
 class PasswordResetConfirmView(APIView):

@@ -249,3 +249,9 @@ def test_staff_mail_a_reset_link_from_the_django_admin(monkeypatch, admin_client
     shown = [str(m) for m in response.context["messages"]]
     assert shown == ["password-reset link queued for 1 user(s) (one per address a minute)"]
     assert queued == [("api.send_password_reset_mail", ("ada@example.com",))]
+
+
+def test_the_reset_answer_says_how_long_the_link_lasts(settings):
+    settings.PASSWORD_RESET_TIMEOUT = 1800
+    response = APIClient().post("/api/v1/auth/password-reset", {"email": "ada@example.com"}, format="json")
+    assert response.status_code == 202 and response.json()["valid_minutes"] == 30

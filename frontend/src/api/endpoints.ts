@@ -70,8 +70,9 @@ export async function changePassword(current_password: string, new_password: str
 }
 /** Ask for a password-reset link by mail. The server answers 202 whether or not an account
  * uses the address (no account enumeration), so success says only that the request was taken. */
-export async function requestPasswordReset(email: string): Promise<void> {
-  await unwrap(http.POST("/api/v1/auth/password-reset", { body: { email } }));
+export async function requestPasswordReset(email: string): Promise<number | null> {
+  const answer = (await unwrap(http.POST("/api/v1/auth/password-reset", { body: { email } }))) as { valid_minutes?: unknown } | undefined;
+  return typeof answer?.valid_minutes === "number" ? answer.valid_minutes : null;
 }
 /** Set a new password through a mailed link `/reset-password/<uid>/<token>` (works once). */
 export async function confirmPasswordReset(uid: string, token: string, new_password: string): Promise<void> {

@@ -10,6 +10,13 @@ import { AuthCard } from "./AuthPages";
 /** What the login page shows after a reset (router state `notice`, see LoginPage). */
 export const PASSWORD_CHANGED_NOTICE = "Your password was changed. Log in with the new one.";
 
+/** How long a reset link lasts, in words (the server's SYMPHONY_PASSWORD_RESET_S). */
+export function validity(minutes: number): string {
+  if (minutes === 60) return "an hour";
+  if (minutes % 60 === 0) return `${minutes / 60} hours`;
+  return minutes === 1 ? "a minute" : `${minutes} minutes`;
+}
+
 /** `/forgot-password`: mail a reset link. The server answers alike whether or not an account
  * uses the address, so the confirmation says "if". */
 export function ForgotPasswordPage() {
@@ -17,17 +24,19 @@ export function ForgotPasswordPage() {
   // The login page passes on what was typed in its email field.
   const [email, setEmail] = useState((location.state as { email?: string } | null)?.email ?? "");
   const [sentTo, setSentTo] = useState<string | null>(null);
+  const [validMinutes, setValidMinutes] = useState<number | null>(null);
   const { busy, error, run } = useAction();
   const submit = async (e: FormEvent) => {
     e.preventDefault();
     const address = email.trim();
-    if (await run(() => requestPasswordReset(address))) setSentTo(address);
+    const sent = await run(async () => setValidMinutes(await requestPasswordReset(address)));
+    if (sent) setSentTo(address);
   };
   return (
     <AuthCard title="Reset your password">
       {sentTo !== null ? (
         <Notice tone="ok">
-          If an account uses {sentTo}, we sent a link to reset its password. It is valid for an hour.
+          If an account uses {sentTo}, we sent a link to reset its password.{validMinutes !== null && ` It is valid for ${validity(validMinutes)}.`}
         </Notice>
       ) : (
         <form onSubmit={submit} className="form">

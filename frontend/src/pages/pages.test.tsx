@@ -4,6 +4,7 @@ import { App } from "../App";
 import type { Run } from "../api/types";
 import { ME, mockApi, page } from "../test/mockApi";
 import { renderAt } from "../test/render";
+import { validity } from "./PasswordResetPages";
 
 const PROGRAM = { id: 3, name: "hello", description: "demo", default_args: { prompt: "hi" }, created_at: "2026-01-01T00:00:00Z", latest_version: 1 };
 const VERSION = { number: 1, kind: "py", sha256: "ab".repeat(32), size: 40, created_at: "2026-01-01T00:00:00Z" };
@@ -628,7 +629,7 @@ describe("password reset", () => {
     fireEvent.click(screen.getByRole("button", { name: "Send reset link" }));
     expect((await screen.findByRole("alert")).textContent).toContain("mail cannot be sent right now");
 
-    answer = { status: 202, body: { detail: "if an account uses this email, a link to reset its password is on its way" } };
+    answer = { status: 202, body: { detail: "if an account uses this email, a link to reset its password is on its way", valid_minutes: 60 } };
     fireEvent.click(screen.getByRole("button", { name: "Send reset link" }));
     const sent = await screen.findByText(/we sent a link/);
     expect(sent.textContent).toBe("If an account uses ada@example.com, we sent a link to reset its password. It is valid for an hour.");
@@ -822,5 +823,14 @@ describe("email change", () => {
     expect(screen.queryByRole("button", { name: "Retry" })).toBeNull();
     expect(screen.getByRole("link", { name: /Ask for a new link/ })).toBeTruthy();
     expect(calls.filter((c) => c.path === confirmUrl)).toHaveLength(2);
+  });
+});
+
+describe("reset link validity", () => {
+  it("says the server's lifetime in words", () => {
+    expect(validity(60)).toBe("an hour");
+    expect(validity(30)).toBe("30 minutes");
+    expect(validity(1)).toBe("a minute");
+    expect(validity(1440)).toBe("24 hours");
   });
 });
