@@ -171,6 +171,17 @@ class PasswordChangeView(APIView):
         return Response(status=status.HTTP_204_NO_CONTENT)
 
 
+class LinkCredentialView(APIView):
+    """Base of the routes a mailed link drives (password reset, email change): no session or key
+    is read, so none is needed and no CSRF token either; the email or the link's token is the
+    whole request. Throttled per client like sign-in."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list = []
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+
 class EmailChangeView(APIView):
     """Ask to sign in with another email address: a link is mailed to it, and the address changes
     only when that link is opened (api/services/accounts.py). Console only."""
@@ -192,15 +203,10 @@ class EmailChangeView(APIView):
         return Response({"detail": message}, status=status.HTTP_202_ACCEPTED)
 
 
-class EmailChangeConfirmView(APIView):
+class EmailChangeConfirmView(LinkCredentialView):
     """Open an email-change link: the account signs in with the new address from now on, and the
     old address is told. The token is the credential, so no session is needed (the link may be
     opened on another device)."""
-
-    permission_classes = [AllowAny]
-    authentication_classes: list = []
-    throttle_classes = [ScopedRateThrottle]
-    throttle_scope = "auth"
 
     @extend_schema(request=s.EmailChangeConfirmSerializer, responses={200: OpenApiTypes.OBJECT})
     def post(self, request):
@@ -213,16 +219,11 @@ class EmailChangeConfirmView(APIView):
         return Response({"email": user.email})
 
 
-class PasswordResetRequestView(APIView):
+class PasswordResetRequestView(LinkCredentialView):
     """Mail a one-time link to reset the password of the account using this email.
 
     Always 202, whether or not such an account exists (no account enumeration), and at most one
     mail per address a minute."""
-
-    permission_classes = [AllowAny]
-    authentication_classes: list = []  # nobody is signed in; no CSRF token needed either
-    throttle_classes = [ScopedRateThrottle]
-    throttle_scope = "auth"
 
     @extend_schema(request=s.PasswordResetRequestSerializer, responses={202: OpenApiTypes.OBJECT})
     def post(self, request):
@@ -234,14 +235,9 @@ class PasswordResetRequestView(APIView):
         return Response(body, status=status.HTTP_202_ACCEPTED)
 
 
-class PasswordResetConfirmView(APIView):
+class PasswordResetConfirmView(LinkCredentialView):
     """Set a new password through a reset link. Every session of the account ends (the link's
     own browser signs in afresh); API keys are the tenant's and stay."""
-
-    permission_classes = [AllowAny]
-    authentication_classes: list = []
-    throttle_classes = [ScopedRateThrottle]
-    throttle_scope = "auth"
 
     @extend_schema(request=s.PasswordResetConfirmSerializer, responses={204: None})
     def post(self, request):

@@ -9,7 +9,8 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,23 @@ def wait_for(predicate, timeout: float, interval: float = 0.1, message: str = "c
             return
         time.sleep(interval)
     pytest.fail(f"timed out after {timeout}s waiting for {message}")
+
+
+def at_once(calls: list[Callable[[], object]]) -> list[object]:
+    """Run each call on its own thread, released together by a barrier, for races on the real
+    database; each thread closes its own connection. Results in order; an exception is re-raised."""
+    import threading
+
+    from django.db import connection
+
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], object]) -> object:
+        try:
+            barrier.wait(timeout=10)
+            return call()
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(run, calls))

@@ -7,18 +7,17 @@ in-process against Django's test outbox (HTTP -> Celery -> SMTP is tests/integra
 from __future__ import annotations
 
 import re
-import threading
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail as outbox
 from django.core import signing
 from django.core.cache import cache
-from django.db import connection
 from rest_framework.test import APIClient
 
 from api.services import accounts, mail
 from api.services.keys import issue_key
+from tests.conftest import at_once
 
 pytestmark = pytest.mark.django_db
 
@@ -158,19 +157,7 @@ def test_two_clicks_of_one_link_change_the_address_once(queued):
     user = _user()
     _ask(_session(user), "new@example.com")
     token = _token(queued)
-    results: list[int] = []
-
-    def click() -> None:
-        try:
-            results.append(_confirm(token).status_code)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=click) for _ in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = at_once([lambda: _confirm(token).status_code] * 2)
     assert sorted(results) == [200, 400]
     assert [q for q in queued if q[0] == "api.send_email_changed_mail"] == [
         ("api.send_email_changed_mail", ("ada@example.com", "new@example.com"))

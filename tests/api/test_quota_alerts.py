@@ -5,17 +5,16 @@ tests/integration/test_quota_notice_e2e.py."""
 
 from __future__ import annotations
 
-import threading
 from datetime import date
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core import mail as outbox
-from django.db import connection
 
 from api.models import AuditLog, Membership, Plan, Program, QuotaNotice
 from api.services import mail, programs, quota_alerts
 from api.services.runs import RunOutcome, create_run, finish_run, start_run
+from tests.conftest import at_once
 
 pytestmark = pytest.mark.django_db
 
@@ -103,22 +102,7 @@ def test_runs_ending_together_notify_once(tenant, queued):
     from api.models import UsageRecord
 
     UsageRecord.objects.create(tenant=tenant, prefill_tokens=900)
-    errors: list[BaseException] = []
-
-    def check() -> None:
-        try:
-            quota_alerts.check_tokens(tenant)
-        except BaseException as exc:  # surfaced below
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=check) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    at_once([lambda: quota_alerts.check_tokens(tenant)] * 4)
     assert _percents(tenant) == [80] and len(queued) == 1
 
 

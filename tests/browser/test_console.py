@@ -152,19 +152,12 @@ def test_a_forgotten_password_is_reset_in_the_console_through_the_mailed_link(ma
     import requests
     from django.contrib.auth import get_user_model
 
-    from tests.plugins.mail import link_in
+    from tests.plugins.mail import link_in, signed_up
 
     url, smtp = mail_stack.url, mail_stack.smtp
     email = f"curie-{uuid.uuid4().hex[:8]}@example.com"
     old_password, new_password = "pw-polonium-1898", "radium-glows-in-the-dark-1902"
-    # Sign up through the API the way the console does (CSRF cookie, then the header).
-    session = requests.Session()
-    csrf = session.get(f"{url}/api/v1/auth/csrf", timeout=10).json()["csrftoken"]
-    body = {"email": email, "password": old_password, "tenant_name": "Radium Institute"}
-    signed_up = session.post(
-        f"{url}/api/v1/auth/signup", json=body, headers={"X-CSRFToken": csrf, "Referer": url}, timeout=10
-    )
-    assert signed_up.status_code == 201, signed_up.text
+    signed_up(url, email, old_password, "Radium Institute")  # over HTTP, as the console does
 
     asked = browser("forgotPassword", baseUrl=url, email=email)
     assert asked["confirmation"] == (
@@ -205,20 +198,13 @@ def test_a_signed_in_user_changes_their_email_through_the_link_mailed_to_the_new
     import requests
     from django.contrib.auth import get_user_model
 
-    from tests.plugins.mail import link_in
+    from tests.plugins.mail import link_in, signed_up
 
     url, smtp = mail_stack.url, mail_stack.smtp
     suffix = uuid.uuid4().hex[:8]
     old, new = f"meitner-{suffix}@example.com", f"lise-{suffix}@physics.example"
     password = "pw-fission-1938"
-    # Sign up through the API the way the console does (CSRF cookie, then the header).
-    session = requests.Session()
-    csrf = session.get(f"{url}/api/v1/auth/csrf", timeout=10).json()["csrftoken"]
-    body = {"email": old, "password": password, "tenant_name": "Kaiser Wilhelm Institute"}
-    signed_up = session.post(
-        f"{url}/api/v1/auth/signup", json=body, headers={"X-CSRFToken": csrf, "Referer": url}, timeout=10
-    )
-    assert signed_up.status_code == 201, signed_up.text
+    signed_up(url, old, password, "Kaiser Wilhelm Institute")  # over HTTP, as the console does
     user = get_user_model().objects.get(username=old)
 
     asked = browser("changeEmail", baseUrl=url, email=old, password=password, newEmail=new)

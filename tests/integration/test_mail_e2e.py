@@ -10,27 +10,11 @@ import uuid
 import pytest
 import requests
 
-from tests.plugins.mail import link_in
+from tests.plugins.mail import link_in, signed_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 OLD, NEW = "pw-old-horse-1", "pw-new-battery-2"
-
-
-def _signed_in(url: str, email: str, password: str, tenant: str | None = None) -> requests.Session:
-    """A browser-like session: signed up (when ``tenant`` is given) or logged in, CSRF header set."""
-    session = requests.Session()
-    token = session.get(f"{url}/api/v1/auth/csrf", timeout=10).json()["csrftoken"]
-    session.headers.update({"X-CSRFToken": token, "Referer": url})
-    if tenant:
-        body = {"email": email, "password": password, "tenant_name": tenant}
-        response = session.post(f"{url}/api/v1/auth/signup", json=body, timeout=10)
-        assert response.status_code == 201, response.text
-    else:
-        response = session.post(f"{url}/api/v1/auth/login", json={"email": email, "password": password}, timeout=10)
-        assert response.status_code == 200, response.text
-    session.headers["X-CSRFToken"] = session.cookies["csrftoken"]  # rotated at sign-in
-    return session
 
 
 def _login_status(url: str, email: str, password: str) -> int:
@@ -42,7 +26,7 @@ def _login_status(url: str, email: str, password: str) -> int:
 def test_forgotten_password_is_reset_through_the_mailed_link(mail_stack):
     url, smtp = mail_stack.url, mail_stack.smtp
     email = f"ada-{uuid.uuid4().hex[:8]}@example.com"
-    other_device = _signed_in(url, email, OLD, tenant="Analytical Engines")
+    other_device = signed_up(url, email, OLD, "Analytical Engines")
 
     asked = requests.post(f"{url}/api/v1/auth/password-reset", json={"email": email.upper()}, timeout=10)
     assert asked.status_code == 202
@@ -77,7 +61,7 @@ def test_an_invitation_is_mailed_and_its_link_opens_the_invitation(mail_stack):
     url, smtp = mail_stack.url, mail_stack.smtp
     owner_email = f"owner-{uuid.uuid4().hex[:8]}@example.com"
     invitee = f"bob-{uuid.uuid4().hex[:8]}@example.com"
-    owner = _signed_in(url, owner_email, OLD, tenant="Difference Engines")
+    owner = signed_up(url, owner_email, OLD, "Difference Engines")
 
     created = owner.post(f"{url}/api/v1/invitations", json={"email": invitee, "role": "member"}, timeout=10)
     assert created.status_code == 201, created.text
@@ -102,7 +86,7 @@ def test_a_new_email_address_is_confirmed_through_the_link_mailed_to_it(mail_sta
     url, smtp = mail_stack.url, mail_stack.smtp
     old = f"ada-{uuid.uuid4().hex[:8]}@example.com"
     new = f"lovelace-{uuid.uuid4().hex[:8]}@example.com"
-    session = _signed_in(url, old, OLD, tenant="Analytical Engines")
+    session = signed_up(url, old, OLD, "Analytical Engines")
 
     asked = session.post(f"{url}/api/v1/auth/email", json={"new_email": new, "current_password": OLD}, timeout=10)
     assert asked.status_code == 202, asked.text

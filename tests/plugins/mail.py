@@ -19,6 +19,7 @@ from email.message import EmailMessage
 from email.policy import default as default_policy
 
 import pytest
+import requests
 from aiosmtpd.controller import Controller
 
 from tests.conftest import celery_worker
@@ -75,6 +76,19 @@ def link_in(message: EmailMessage, base_url: str, path: str) -> str:
     found = re.search(re.escape(base_url + path) + r"\S*", body)
     assert found, f"no {path} link in the mail:\n{body}"
     return found.group(0)
+
+
+def signed_up(url: str, email: str, password: str, tenant: str) -> requests.Session:
+    """A new account and tenant, signed up over HTTP the way the console does it (CSRF cookie,
+    then the header); the session stays signed in, with the rotated CSRF token as its header."""
+    session = requests.Session()
+    token = session.get(f"{url}/api/v1/auth/csrf", timeout=10).json()["csrftoken"]
+    session.headers.update({"X-CSRFToken": token, "Referer": url})
+    body = {"email": email, "password": password, "tenant_name": tenant}
+    response = session.post(f"{url}/api/v1/auth/signup", json=body, timeout=10)
+    assert response.status_code == 201, response.text
+    session.headers["X-CSRFToken"] = session.cookies["csrftoken"]  # rotated at sign-in
+    return session
 
 
 @pytest.fixture
