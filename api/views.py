@@ -194,9 +194,10 @@ class EmailChangeView(APIView):
         user = _console_user(request)
         data = s.EmailChangeSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        new_email = data.validated_data["new_email"].lower()
         try:
-            accounts.request_email_change(user, new_email, data.validated_data["current_password"])
+            new_email = accounts.request_email_change(
+                user, data.validated_data["new_email"], data.validated_data["current_password"]
+            )
         except accounts.WrongPassword as exc:
             raise ValidationError({"current_password": ["wrong password"]}) from exc
         message = f"a link to confirm {new_email} is on its way to that address"
@@ -244,10 +245,10 @@ class PasswordResetConfirmView(LinkCredentialView):
         data = s.PasswordResetConfirmSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
-            user = mail.reset_password(
+            user = accounts.reset_password(
                 data.validated_data["uid"], data.validated_data["token"], data.validated_data["new_password"]
             )
-        except mail.ResetLinkInvalid as exc:
+        except accounts.ResetLinkInvalid as exc:
             auth_failures.record("bad_reset_link")
             raise ValidationError({"token": [str(exc)]}) from exc
         except DjangoValidationError as exc:

@@ -1,4 +1,8 @@
-"""A person's own account: changing the email address they sign in with.
+"""A person's own account: setting a new password through a reset link, and changing the email
+address they sign in with.
+
+A reset link (mailed by api/services/mail.py) carries Django's token, bound to the old password's
+hash: the link works once, and every session signed in with the old password ends with it.
 
 The new address must prove it is theirs before it replaces the old one: the request mails a link
 to the new address, and only opening it makes the change. The link's token is signed (Django's
@@ -16,8 +20,12 @@ import logging
 from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
+from django.contrib.auth.password_validation import validate_password
+from django.contrib.auth.tokens import default_token_generator
 from django.core import signing
 from django.db import IntegrityError, transaction
+from django.utils.encoding import force_str
+from django.utils.http import urlsafe_base64_decode
 
 from api.services import mail
 
@@ -30,6 +38,10 @@ _SALT = "symphony.accounts.email-change"
 
 class WrongPassword(Exception):
     pass
+
+
+class ResetLinkInvalid(Exception):
+    """A password-reset link that is malformed, used, or past ``PASSWORD_RESET_TIMEOUT``."""
 
 
 class EmailTaken(Exception):
@@ -47,13 +59,33 @@ class EmailChange:
     new_email: str
 
 
+def reset_password(uid: str, token: str, new_password: str):
+    """Set a new password through a reset link; returns the user.
+
+    Raises ResetLinkInvalid for a bad, used or expired link, and Django's ValidationError for a
+    password the validators refuse."""
+    User = get_user_model()
+    try:
+        user = User.objects.get(pk=force_str(urlsafe_base64_decode(uid)), is_active=True)
+    except (ValueError, TypeError, OverflowError, User.DoesNotExist):
+        user = None
+    if user is None or not default_token_generator.check_token(user, token):
+        raise ResetLinkInvalid("this reset link is invalid, was already used or has expired: ask for a new one")
+    validate_password(new_password, user)
+    user.set_password(new_password)
+    user.save(update_fields=["password"])
+    log.info("password_reset user=%s", user.pk)
+    return user
+
+
 def _taken(email: str, user) -> bool:
     return get_user_model().objects.filter(username__iexact=email).exclude(pk=user.pk).exists()
 
 
-def request_email_change(user, new_email: str, password: str) -> None:
+def request_email_change(user, new_email: str, password: str) -> str:
     """Mail a confirmation link to ``new_email`` (the signed-in user's password confirms it is
-    them asking). Raises WrongPassword, EmailTaken, or mail.MailUnavailable."""
+    them asking); returns the address as it will be stored. Raises WrongPassword, EmailTaken,
+    or mail.MailUnavailable."""
     if not user.check_password(password):
         raise WrongPassword("wrong password")
     new_email = new_email.strip().lower()
@@ -64,6 +96,7 @@ def request_email_change(user, new_email: str, password: str) -> None:
     token = signing.dumps({"user": user.pk, "old": user.email.lower(), "new": new_email}, salt=_SALT)
     mail.queue_email_change(new_email, token)
     log.info("email_change_requested user=%s", user.pk)
+    return new_email
 
 
 def read_link(token: str) -> EmailChange:

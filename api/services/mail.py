@@ -4,8 +4,9 @@ password changed.
 Each mail is sent by a Celery task on the housekeeping queue (api/tasks.py), never inside the
 request: an SMTP server that is slow or down then costs a retry, not a hung page, and a reset
 request takes the same time whether or not the address has an account (no account enumeration
-by timing). The request side only queues: ``request_password_reset``, ``queue_invitation`` and
-``queue_password_changed``; the task side builds and sends: ``send_*``.
+by timing). The request side only queues (``request_password_reset``, ``queue_*``); the task
+side builds and sends (``send_*``). Setting the password a reset link allows is
+api/services/accounts.py.
 
 Bodies are plain-text Django templates in api/templates/api/mail/; links point at the console
 (``SYMPHONY_PUBLIC_URL``). Where mail goes is Django's email backend (``SYMPHONY_EMAIL_URL``:
@@ -20,16 +21,15 @@ import smtplib
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.password_validation import validate_password
 from django.contrib.auth.tokens import default_token_generator
 from django.core.cache import cache
 from django.core.mail import send_mail
 from django.template.loader import render_to_string
-from django.utils.encoding import force_bytes, force_str
-from django.utils.http import urlsafe_base64_decode, urlsafe_base64_encode
+from django.utils.encoding import force_bytes
+from django.utils.http import urlsafe_base64_encode
 from kombu.exceptions import OperationalError
 
-from api.models import Invitation
+from api.models import Invitation, Membership, QuotaNotice
 from api.services.keys import secret_digests
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,6 @@ RESET_MAIL_INTERVAL_S = 60
 
 class MailUnavailable(Exception):
     """The mail could not be queued (the Celery broker is down); nothing was sent."""
-
-
-class ResetLinkInvalid(Exception):
-    """A password-reset link that is malformed, used, or past ``PASSWORD_RESET_TIMEOUT``."""
 
 
 def public_link(path: str) -> str:
@@ -90,6 +86,16 @@ def _enqueue(task, *args) -> None:
         raise MailUnavailable("mail cannot be sent right now; try again in a minute") from exc
 
 
+def _enqueue_best_effort(task, *args) -> bool:
+    """Queue a mail whose occasion has already happened (a changed password, a notice): a broker
+    outage is logged and must not undo or fail it. False when nothing was queued."""
+    try:
+        _enqueue(task, *args)
+    except MailUnavailable:
+        return False
+    return True
+
+
 # --- password reset ---------------------------------------------------------------------------
 
 
@@ -99,8 +105,9 @@ def request_password_reset(email: str) -> None:
     Answers the same whether or not an account uses the address: the task finds out."""
     from api.tasks import send_password_reset_mail
 
+    interval_key = f"mail:reset:{_address_hash(email)}"
     try:
-        first = cache.add(f"mail:reset:{_address_hash(email)}", 1, timeout=RESET_MAIL_INTERVAL_S)
+        first = cache.add(interval_key, 1, timeout=RESET_MAIL_INTERVAL_S)
     except Exception as exc:  # a cache outage must not stop people from getting back in
         log.warning("reset_mail_interval_unchecked error=%s", exc)
         first = True
@@ -109,7 +116,7 @@ def request_password_reset(email: str) -> None:
     try:
         _enqueue(send_password_reset_mail, email.strip().lower())
     except MailUnavailable:
-        cache.delete(f"mail:reset:{_address_hash(email)}")  # nothing went out: a retry may ask again
+        cache.delete(interval_key)  # nothing went out: a retry may ask again
         raise
 
 
@@ -131,26 +138,6 @@ def send_password_reset(email: str) -> int:
     return sent
 
 
-def reset_password(uid: str, token: str, new_password: str):
-    """Set a new password through a reset link; returns the user.
-
-    Raises ResetLinkInvalid for a bad, used or expired link, and Django's ValidationError for a
-    password the validators refuse. The token is bound to the old password's hash, so the link
-    works once, and every session signed in with the old password ends with it."""
-    User = get_user_model()
-    try:
-        user = User.objects.get(pk=force_str(urlsafe_base64_decode(uid)), is_active=True)
-    except (ValueError, TypeError, OverflowError, User.DoesNotExist):
-        user = None
-    if user is None or not default_token_generator.check_token(user, token):
-        raise ResetLinkInvalid("this reset link is invalid, was already used or has expired: ask for a new one")
-    validate_password(new_password, user)
-    user.set_password(new_password)
-    user.save(update_fields=["password"])
-    log.info("password_reset user=%s", user.pk)
-    return user
-
-
 # --- notices and invitations ------------------------------------------------------------------
 
 
@@ -159,10 +146,7 @@ def queue_password_changed(user) -> None:
     is then noticed). Best effort: the change itself has happened."""
     from api.tasks import send_password_changed_mail
 
-    try:
-        _enqueue(send_password_changed_mail, user.pk)
-    except MailUnavailable:
-        pass  # logged; the password is changed either way
+    _enqueue_best_effort(send_password_changed_mail, user.pk)
 
 
 def send_password_changed(user_id: int) -> bool:
@@ -177,11 +161,7 @@ def queue_invitation(invitation: Invitation, token: str) -> bool:
     link on screen to pass on)."""
     from api.tasks import send_invitation_mail
 
-    try:
-        _enqueue(send_invitation_mail, invitation.pk, token)
-    except MailUnavailable:
-        return False
-    return True
+    return _enqueue_best_effort(send_invitation_mail, invitation.pk, token)
 
 
 def send_invitation(invitation_id: int, token: str) -> bool:
@@ -223,10 +203,7 @@ def queue_email_changed_notice(old_email: str, new_email: str) -> None:
     """Tell the old address it no longer signs in (best effort: the change has happened)."""
     from api.tasks import send_email_changed_mail
 
-    try:
-        _enqueue(send_email_changed_mail, old_email, new_email)
-    except MailUnavailable:
-        pass  # logged
+    _enqueue_best_effort(send_email_changed_mail, old_email, new_email)
 
 
 def send_email_changed(old_email: str, new_email: str) -> bool:
@@ -241,16 +218,12 @@ def queue_quota_notice(notice) -> None:
     stay either way)."""
     from api.tasks import send_quota_notice_mail
 
-    try:
-        _enqueue(send_quota_notice_mail, notice.pk)
-    except MailUnavailable:
-        pass  # logged
+    _enqueue_best_effort(send_quota_notice_mail, notice.pk)
 
 
 def send_quota_notice(notice_id: int) -> int:
     """Mail the notice to each owner of its tenant; how many were mailed."""
-    from api.models import Membership, QuotaNotice
-    from api.services.quota_alerts import next_period_start
+    from api.services.quota_alerts import next_period_start  # it queues through this module
 
     notice = QuotaNotice.objects.select_related("tenant").filter(pk=notice_id).first()
     if notice is None or notice.tenant.closed_at is not None:
