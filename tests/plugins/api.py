@@ -2,16 +2,10 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
-from django.conf import settings
 from rest_framework.test import APIClient
 
 
@@ -60,35 +54,11 @@ def api_tenant_b(db) -> ApiTenant:
 @pytest.fixture
 def api_asgi_server() -> Iterator[str]:
     """The real ASGI app under uvicorn on a free port, on the test database; yields its base URL."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    db = settings.DATABASES["default"]
-    env = {**os.environ, "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "web.asgi:application", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            break
-        except OSError:
-            if proc.poll() is not None:
-                pytest.fail(f"uvicorn exited: {proc.stderr.read().decode()[-2000:]}")
-            time.sleep(0.2)
-    else:
-        pytest.fail("uvicorn did not listen within 30 s")
-    yield f"http://127.0.0.1:{port}"
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:  # a client left a stream open (a failed test's SSE reader)
-        proc.kill()
-        proc.wait()
+    from tests.plugins.browser import child_env_for_test_db, start_uvicorn, stop
+
+    proc, url = start_uvicorn(child_env_for_test_db())
+    yield url
+    stop(proc, timeout=10)  # then killed: a client may have left a stream open (a failed test's SSE reader)
 
 
 @pytest.fixture
