@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export DJANGO_SETTINGS_MODULE := web.settings
 
-.PHONY: up down test test-all lint format bootstrap migrate demo lock model sandbox-image frontend \
+.PHONY: up down test test-all lint typecheck format bootstrap migrate demo lock model sandbox-image frontend \
 	collectstatic check-infra bench bench-quick
 
 ## Set-up shared by `up` and `test`.
@@ -50,18 +50,23 @@ lint: bootstrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy over gpu_worker/, sandbox/ (host side and SDK), client/ and api/services/; the checked
+# set and the per-module rules are [tool.mypy] in pyproject.toml.
+typecheck: bootstrap
+	$(PY) -m mypy
+
 format:
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-## Tests: lint, then pytest against real PostgreSQL, Redis, dockerd/runsc and vLLM.
-test: lint model sandbox-image frontend check-infra
+## Tests: lint and typecheck, then pytest against real PostgreSQL, Redis, dockerd/runsc and vLLM.
+test: lint typecheck model sandbox-image frontend check-infra
 	scripts/pytest.sh -m "not slow"
 
-test-all: lint model sandbox-image frontend check-infra
+test-all: lint typecheck model sandbox-image frontend check-infra
 	scripts/pytest.sh
 
-## Benchmarks against vLLM (bench/README.md); results go to bench/RESULTS.md.
+## Benchmarks against vLLM (bench/README.md); a full run updates bench/results/ and bench/RESULTS.md.
 bench: model sandbox-image
 	$(PY) -m bench all
 

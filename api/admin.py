@@ -50,8 +50,19 @@ class PlanAdmin(admin.ModelAdmin):
         "max_run_seconds",
         "max_device_pages_per_run",
         "kv_bytes_stored",
+        "kv_pinned_device_share",
+        "kv_host_share",
+        "max_kv_files",
+        "max_memory_mb",
+        "max_tool_hosts",
+        "max_children_per_run",
+        "max_spawn_depth",
         "scheduling_weight",
         "api_requests_per_minute",
+        "max_concurrent_streams",
+        "stream_bytes_per_run",
+        "streamed_gib_price",
+        "cached_token_price_ratio",
     ]
 
 

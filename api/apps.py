@@ -7,4 +7,7 @@ class ApiConfig(AppConfig):
     verbose_name = "Symphony API"
 
     def ready(self) -> None:
-        from api import schema  # noqa: F401 - registers the OpenAPI auth extension
+        from api import (
+            schema,  # noqa: F401 - registers the OpenAPI auth extension
+            tasks,  # noqa: F401 - registers the tasks api/dispatch.py looks up by name
+        )

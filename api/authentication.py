@@ -52,38 +52,67 @@ def _parse_rate(rate: str) -> tuple[int, int]:
 
 
 class BadKeyGuard:
-    """Fixed-window count of failed bearer keys per client address.
+    """Sliding-window count of failed bearer keys per client address.
+
+    Counts live in fixed windows (one cache key per window), and the guard reads them the way a
+    sliding window would: this window's failures plus the previous window's, weighted by how much
+    of it still overlaps the last ``window`` seconds. A plain fixed window let a guesser send
+    twice the limit around each window edge (the limit just before it, the limit again just after).
 
     A cache that cannot be reached lets keys be checked uncounted: guessing is then as slow as
     one HMAC per request, while refusing every key would turn a cache outage into an API outage."""
 
     scope = "bad_api_key"
 
-    def __init__(self, request) -> None:
+    def __init__(self, request, now: float | None = None) -> None:
         rate = api_settings.DEFAULT_THROTTLE_RATES.get(self.scope)  # "30/min"; None disables
         self.limit, self.window = _parse_rate(rate) if rate else (None, None)
-        self.window_start = int(time.time() // self.window * self.window) if self.window else 0
-        self.key = f"throttle_{self.scope}_{request.META.get('REMOTE_ADDR', '')}_{self.window_start}"
+        self.now = time.time() if now is None else now
+        self.window_start = int(self.now // self.window * self.window) if self.window else 0
+        address = request.META.get("REMOTE_ADDR", "")
+        self.key = self._key(address, self.window_start)
+        self.previous_key = self._key(address, self.window_start - (self.window or 0))
+
+    def _key(self, address: str, window_start: int) -> str:
+        return f"throttle_{self.scope}_{address}_{window_start}"
 
     def check(self) -> None:
-        if self.limit is not None and self._failures() >= self.limit:
-            wait = self.window_start + self.window - time.time()
+        if self.limit is None:
+            return
+        current, previous = self._failures()
+        wait = seconds_until_below(self.limit, self.window, self.now - self.window_start, current, previous)
+        if wait > 0:
             raise exceptions.Throttled(wait=max(1, wait), detail="too many invalid API keys from this address")
 
-    def _failures(self) -> int:
+    def _failures(self) -> tuple[int, int]:
         try:
-            return cache.get(self.key, 0)
+            found = cache.get_many([self.key, self.previous_key])
         except Exception as exc:
             log.warning("bad_key_guard_unchecked error=%s", exc)
-            return 0
+            return 0, 0
+        return int(found.get(self.key, 0)), int(found.get(self.previous_key, 0))
 
     def record_failure(self) -> None:
         if self.limit is None:
             return
         try:
-            shared_counters.incr(self.key, self.window)
+            # Kept two windows: the next window still weighs this one.
+            shared_counters.incr(self.key, 2 * self.window)
         except Exception as exc:
             log.warning("bad_key_guard_uncounted error=%s", exc)
+
+
+def seconds_until_below(limit: int, window: int, elapsed: float, current: int, previous: int) -> float:
+    """Seconds until the sliding estimate ``current + previous * (1 - elapsed / window)`` drops
+    below ``limit`` (0 when it already is). The estimate is rounded up, so a guesser at the
+    limit is not let through by the fraction of a failure that has slid out of the window."""
+    overlap = 1 - elapsed / window
+    if math.ceil(current + previous * overlap) < limit:
+        return 0.0
+    if current < limit:  # the previous window's share has to slide out of this one
+        return window * (overlap - (limit - 1 - current) / previous) if previous else 0.0
+    # This window alone is over: wait for it to end, then for its share to slide out of the next.
+    return window * overlap + window * (1 - (limit - 1) / current)
 
 
 @dataclass

@@ -16,13 +16,15 @@ from api.services.mail import MailUnavailable
 from api.services.members import InvitationInvalid, MembershipConflict, NotAllowed, TooManyTenants
 from api.services.programs import ProgramInvalid
 from api.services.quotas import QuotaExceeded
-from api.services.runs import RunConflict
+from api.services.runs import IdempotencyMismatch, RunConflict
 from api.services.tenant_closure import TenantClosed
+from api.services.tool_hosts import ToolHostsInvalid
 
 DOMAIN_ERRORS = {
     ProgramInvalid: (status.HTTP_400_BAD_REQUEST, "invalid_program"),
     QuotaExceeded: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
     RunConflict: (status.HTTP_409_CONFLICT, "conflict"),
+    IdempotencyMismatch: (status.HTTP_422_UNPROCESSABLE_ENTITY, "idempotency_mismatch"),
     ProtectedError: (status.HTTP_409_CONFLICT, "conflict"),
     WorkerUnavailable: (status.HTTP_503_SERVICE_UNAVAILABLE, "worker_unavailable"),
     MembershipConflict: (status.HTTP_409_CONFLICT, "conflict"),
@@ -32,6 +34,7 @@ DOMAIN_ERRORS = {
     TenantClosed: (status.HTTP_409_CONFLICT, "conflict"),
     MailUnavailable: (status.HTTP_503_SERVICE_UNAVAILABLE, "mail_unavailable"),
     EmailTaken: (status.HTTP_409_CONFLICT, "exists"),
+    ToolHostsInvalid: (status.HTTP_400_BAD_REQUEST, "invalid"),
 }
 
 

@@ -23,7 +23,8 @@ def check_dependencies() -> dict[str, str]:
     except Exception as exc:
         status["database"] = f"error: {exc.__class__.__name__}"
     try:
-        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2).ping()
+        with redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2) as client:  # closed: probes come every few s
+            client.ping()
         status["redis"] = "ok"
     except Exception as exc:
         status["redis"] = f"error: {exc.__class__.__name__}"

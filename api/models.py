@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 
 from django.conf import settings
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone
+
+from api.fields import JSONAsSentField
 
 
 class Plan(models.Model):
@@ -26,12 +29,59 @@ class Plan(models.Model):
     max_device_pages_per_run = models.PositiveIntegerField(null=True, blank=True)
     #: Bytes of persistent KV files the tenant may keep stored.
     kv_bytes_stored = models.BigIntegerField(null=True, blank=True)
+    #: Fraction of each worker's device KV pool the tenant's *pinned* KV files may hold (pinned
+    #: files are never spilled; a pin past it is refused with EDQUOT). Fractions, not pages, so
+    #: one plan fits workers of any size (gpu_worker/kvfs/quota.py).
+    kv_pinned_device_share = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
+    )
+    #: Fraction of each worker's host-memory KV tier the tenant's spilled files may hold (past it
+    #: its own oldest go to disk, never another tenant's).
+    kv_host_share = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)]
+    )
+    #: Named (persistent) KV files the tenant may have; creating one more is refused (EDQUOT).
+    max_kv_files = models.PositiveIntegerField(null=True, blank=True)
     #: Share of contended forward passes, relative to other tenants' (the worker's fair scheduler
     #: serves tenants in proportion to it while they compete; 2 = twice a weight-1 tenant's tokens).
     scheduling_weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(1000)])
     #: Control-plane requests per minute of the whole tenant (every key and member together):
     #: REST API, run events, OpenAI endpoints (api/throttling.py). ``None``: unlimited.
     api_requests_per_minute = models.PositiveIntegerField(null=True, blank=True, default=600)
+    #: Event streams the tenant may hold open at once (run events and ``/v1`` requests waiting
+    #: on their run); ``None``: ``SYMPHONY_STREAMS_PER_TENANT`` (api/services/stream_leases.py).
+    max_concurrent_streams = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    #: Bytes one run may send to its client with ``send_to_user`` (as stored in its event
+    #: stream); the worker answers EDQUOT past it. ``None``: the worker's default (64 MiB).
+    stream_bytes_per_run = models.BigIntegerField(
+        null=True, blank=True, default=16 * 1024 * 1024, validators=[MinValueValidator(1)]
+    )
+    #: USD per GiB a tenant's runs send to their clients (invoices' ``streamed_bytes`` line).
+    streamed_gib_price = models.DecimalField(max_digits=10, decimal_places=4, default=Decimal("0.10"))
+    #: A cached prompt token (served from the prefix cache or a stored KV file, not computed) costs
+    #: this fraction of a prefill token (invoices' ``cached_tokens`` line).
+    cached_token_price_ratio = models.DecimalField(
+        max_digits=5,
+        decimal_places=4,
+        default=Decimal("0.1"),
+        validators=[MinValueValidator(Decimal("0")), MaxValueValidator(Decimal("1"))],
+    )
+    #: The most memory (MiB) one run's sandbox may ask for in its ``limits.memory_mb``; a run
+    #: asking for more is refused (400). Never above what the sandbox allows at all (4096).
+    max_memory_mb = models.PositiveIntegerField(
+        default=1024, validators=[MinValueValidator(64), MaxValueValidator(4096)]
+    )
+    #: Entries a tenant's owners may put on its tool-host allowlist (``PUT /tool-hosts``).
+    max_tool_hosts = models.PositiveIntegerField(default=8, validators=[MaxValueValidator(1000)])
+    #: Runs one run may ``spawn`` in its life (children, not descendants; a spawn past it is
+    #: refused at once, EDQUOT): a LIP spawning in a loop stops here (api/services/procs.py).
+    max_children_per_run = models.PositiveIntegerField(default=8, validators=[MaxValueValidator(1000)])
+    #: Levels of a run tree below the run a client started (1: children only, 0: no spawn):
+    #: a LIP that spawns itself recursively stops here.
+    max_spawn_depth = models.PositiveIntegerField(default=2, validators=[MaxValueValidator(16)])
+    #: Seconds a stored ``/v1/responses`` conversation keeps its KV file after its last turn
+    #: (billed as KV storage like any KV file); 0 keeps none (follow-ups are recomputed).
+    response_kv_ttl_s = models.PositiveIntegerField(default=3600, validators=[MaxValueValidator(30 * 86400)])
 
     def __str__(self) -> str:
         return self.name
@@ -157,7 +207,11 @@ class Run(models.Model):
     args = models.JSONField(default=dict)
     limits = models.JSONField(default=dict)
     idempotency_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001 - NULL keeps the unique constraint off unkeyed runs
-    result = models.JSONField(null=True, blank=True)
+    #: SHA-256 of the request a keyed run was created from, so the key reused with another body
+    #: is refused instead of answering the first run (empty for runs made before it was kept).
+    idempotency_digest = models.CharField(max_length=64, blank=True, default="")
+    #: The program's result, key order as it returned it (``json``, not ``jsonb``).
+    result = JSONAsSentField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     exit_code = models.IntegerField(null=True, blank=True)
     #: What the program printed (the tail of each stream, ``SYMPHONY_RUN_OUTPUT_KEEP_BYTES``);
@@ -170,6 +224,17 @@ class Run(models.Model):
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    #: When the program first sent something to its client (``send_to_user``), as the worker
+    #: saw it; null when it sent nothing. Time to first token is this less ``created_at``.
+    first_output_at = models.DateTimeField(null=True, blank=True)
+    #: The run whose LIP spawned this one (``symphony.spawn``), null for a run a client started.
+    #: Children are executed by their parent's executor, on its worker (api/services/procs.py).
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    #: Levels below the run a client started: 0 for it, 1 for its children, ...
+    depth = models.PositiveSmallIntegerField(default=0)
+    #: What a spawned run executes of its program's bundle: ``module[:function]`` ("" or
+    #: "self": the program's own ``main``); always "" for a run a client started.
+    entry = models.CharField(max_length=200, blank=True, default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="run_idempotency_per_tenant")]
@@ -186,12 +251,14 @@ class UsageRecord(models.Model):
     #: The metered counters, in the order invoices list them.
     METERED = (
         "prefill_tokens",
+        "cached_tokens",
         "decode_tokens",
         "pred_calls",
         "page_seconds",
         "io_calls",
         "sandbox_seconds",
         "kv_gib_hours",
+        "streamed_bytes",
     )
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage")
@@ -207,6 +274,15 @@ class UsageRecord(models.Model):
     sandbox_seconds = models.FloatField(default=0.0)
     #: Persistent KV files kept in storage; rows without a run are written by the storage meter.
     kv_gib_hours = models.FloatField(default=0.0)
+    #: Bytes the run's LIP sent to its client (``send_to_user``), priced by the tenant's plan.
+    streamed_bytes = models.BigIntegerField(default=0)
+    #: Prompt tokens the run did not compute: served from the tenant's prefix cache or held by
+    #: stored KV files it opened. Billed at the plan's ``cached_token_price_ratio`` of prefill.
+    cached_tokens = models.BigIntegerField(default=0)
+    #: Not billed, shown with the run: events sent to the client, forward passes that carried
+    #: its ``pred`` calls.
+    streamed_events = models.BigIntegerField(default=0)
+    forwards = models.BigIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     def __str__(self) -> str:
@@ -272,3 +348,32 @@ class KVFile(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant_id}:{self.name}@{self.worker}"
+
+
+class StoredResponse(models.Model):
+    """One ``/v1/responses`` response stored for retrieval and ``previous_response_id``
+    (``store`` true): the turn's own input items, its output items and the link to the turn it
+    continues, so a conversation can always be rebuilt from these rows (the KV file named
+    ``kv_name`` only saves recomputing it, and may be gone)."""
+
+    STATUSES = ["queued", "in_progress", "completed", "incomplete", "failed", "cancelled"]
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="responses")
+    run = models.ForeignKey(Run, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    previous = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    status = models.CharField(max_length=16, default="in_progress")
+    #: The request's echoed settings (instructions, tools, tool_choice, sampling, metadata...).
+    request = JSONAsSentField(default=dict)
+    #: This turn's input items as given (normalised to item objects), in order.
+    input_items = JSONAsSentField(default=list)
+    output = JSONAsSentField(default=list)
+    usage = JSONAsSentField(null=True, blank=True)
+    error = JSONAsSentField(null=True, blank=True)
+    #: The conversation's KV file (shared along a chain of turns) and when it may be removed.
+    kv_name = models.CharField(max_length=100, blank=True, default="")
+    kv_expires_at = models.DateTimeField(null=True, blank=True, db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"resp_{self.pk.hex}"

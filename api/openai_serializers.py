@@ -1,20 +1,46 @@
 """Validation of OpenAI-style request bodies; produces :class:`CompletionRequest`.
 
-Only the parameters the built-in LIP implements are accepted; anything else the OpenAI API
-defines is ignored (as OpenAI-compatible servers commonly do) rather than silently faked.
+Every parameter a request carries is either honoured (implemented by the built-in LIP,
+api/builtin_lips/openai_compat.py) or refused with a 400 naming it: nothing is silently
+ignored. ``null`` counts as not given, as OpenAI treats it. ``user`` is accepted (an end-user
+identifier OpenAI uses for abuse monitoring; it changes nothing in the answer).
 """
 
 from __future__ import annotations
 
+import json
+
 from rest_framework import serializers
 
 from api.services.openai_compat import CompletionRequest, model_name
+from api.services.openai_tools import call_schema_text, render_messages
 from api.validators import reject_nul, storable_json
 
 MAX_CHOICES = 8
 MAX_STOPS = 4
+MAX_STOP_TOKEN_IDS = 64
+MAX_LOGIT_BIAS = 1024
+MAX_TOP_LOGPROBS = 20
+MAX_COMPLETION_LOGPROBS = 5
+MAX_PROMPTS = 16
+#: Choices of one completions request: prompts times ``n``.
+MAX_COMPLETION_CHOICES = 32
 DEFAULT_MAX_TOKENS = 256
 MAX_CONTENT_CHARS = 200_000
+#: A chat's length, in messages and in characters of all their contents together (the same
+#: bound as a completion's ``prompt``). Past them the prompt cannot fit any context this
+#: deployment serves; without them a 3,000-message chat becomes a run that fails (a 500).
+MAX_MESSAGES = 1024
+MAX_PROMPT_CHARS = 200_000
+MAX_PROMPT_TOKENS = 65_536
+#: Function tools of one request, and the size of their definitions as JSON: the call grammar
+#: is compiled from them (the worker refuses grammar sources over 100,000 characters).
+MAX_TOOLS = 64
+MAX_TOOLS_CHARS = 60_000
+MAX_TOOL_CALLS = 64
+#: Message keys OpenAI clients send back with ``null`` (from a response's message object):
+#: accepted when null, refused otherwise.
+NULLABLE_MESSAGE_KEYS = {"refusal", "audio", "function_call", "annotations"}
 
 
 class MessageContentField(serializers.Field):
@@ -45,12 +71,47 @@ class MessageContentField(serializers.Field):
 
 
 def _is_text_part(part: object) -> bool:
-    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+    return isinstance(part, dict) and part.get("type") in ("text", "input_text") and isinstance(part.get("text"), str)
+
+
+class FunctionCallSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=64)
+    arguments = serializers.CharField(allow_blank=True, max_length=MAX_CONTENT_CHARS, trim_whitespace=False)
+
+
+class ToolCallSerializer(serializers.Serializer):
+    id = serializers.CharField(max_length=200)
+    type = serializers.ChoiceField(choices=["function"], default="function")
+    function = FunctionCallSerializer()
 
 
 class MessageSerializer(serializers.Serializer):
-    role = serializers.ChoiceField(choices=["system", "user", "assistant", "tool"])
-    content = MessageContentField()
+    role = serializers.ChoiceField(choices=["system", "developer", "user", "assistant", "tool"])
+    content = MessageContentField(required=False, allow_null=True)
+    name = serializers.CharField(max_length=200, required=False, allow_null=True)
+    tool_calls = ToolCallSerializer(many=True, required=False, allow_null=True, max_length=MAX_TOOL_CALLS)
+    tool_call_id = serializers.CharField(max_length=200, required=False, allow_null=True)
+
+    def to_internal_value(self, data: object) -> dict:
+        if isinstance(data, dict):
+            unknown = [
+                k for k, v in data.items() if k not in self.fields and (v is not None or k not in NULLABLE_MESSAGE_KEYS)
+            ]
+            if unknown:
+                raise serializers.ValidationError(f"unsupported message field {unknown[0]!r}")
+        return super().to_internal_value(data)
+
+    def validate(self, attrs: dict) -> dict:
+        role = attrs["role"]
+        if not all(isinstance(c, dict) for c in attrs.get("tool_calls") or []):  # a null in a nullable list
+            raise serializers.ValidationError("each tool call must be an object")
+        if attrs.get("tool_calls") and role != "assistant":
+            raise serializers.ValidationError("only assistant messages may have tool_calls")
+        if attrs.get("content") is None and not (role == "assistant" and attrs.get("tool_calls")):
+            raise serializers.ValidationError("content is required (it may be null only for an assistant's tool_calls)")
+        if role == "tool" and not attrs.get("tool_call_id"):
+            raise serializers.ValidationError("a tool message needs the tool_call_id it answers")
+        return attrs
 
 
 class ResponseFormatSerializer(serializers.Serializer):
@@ -67,18 +128,58 @@ class StreamOptionsSerializer(serializers.Serializer):
     include_usage = serializers.BooleanField(default=False)
 
 
+class FunctionSerializer(serializers.Serializer):
+    name = serializers.RegexField(
+        r"^[A-Za-z0-9_-]{1,64}$", error_messages={"invalid": "function names are 1-64 of a-z, A-Z, 0-9, _ and -"}
+    )
+    description = serializers.CharField(required=False, allow_blank=True, allow_null=True, max_length=8192)
+    parameters = serializers.DictField(required=False, allow_null=True, validators=[storable_json])
+    strict = serializers.BooleanField(required=False, allow_null=True)
+
+
+class ToolSerializer(serializers.Serializer):
+    type = serializers.ChoiceField(choices=["function"])
+    function = FunctionSerializer()
+
+
+def _given(initial: dict, name: str) -> bool:
+    return initial.get(name) is not None
+
+
 class _CommonSerializer(serializers.Serializer):
+    #: Request keys accepted besides the declared fields (no effect on the answer).
+    ACCEPTED = {"user"}
+
     model = serializers.CharField(max_length=200)
-    max_tokens = serializers.IntegerField(min_value=1, required=False)
-    max_completion_tokens = serializers.IntegerField(min_value=1, required=False)
-    temperature = serializers.FloatField(min_value=0.0, max_value=2.0, default=1.0)
-    top_p = serializers.FloatField(min_value=0.0, max_value=1.0, default=1.0)
-    n = serializers.IntegerField(min_value=1, max_value=MAX_CHOICES, default=1)
+    max_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    temperature = serializers.FloatField(min_value=0.0, max_value=2.0, default=1.0, allow_null=True)
+    top_p = serializers.FloatField(min_value=0.0, max_value=1.0, default=1.0, allow_null=True)
+    top_k = serializers.IntegerField(min_value=-1, required=False, allow_null=True)
+    min_p = serializers.FloatField(min_value=0.0, max_value=1.0, required=False, allow_null=True)
+    presence_penalty = serializers.FloatField(min_value=-2.0, max_value=2.0, required=False, allow_null=True)
+    frequency_penalty = serializers.FloatField(min_value=-2.0, max_value=2.0, required=False, allow_null=True)
+    logit_bias = serializers.DictField(
+        child=serializers.FloatField(min_value=-100.0, max_value=100.0), required=False, allow_null=True
+    )
+    n = serializers.IntegerField(min_value=1, max_value=MAX_CHOICES, default=1, allow_null=True)
     stop = serializers.JSONField(required=False, allow_null=True)
+    stop_token_ids = serializers.ListField(
+        child=serializers.IntegerField(min_value=0), required=False, allow_null=True, max_length=MAX_STOP_TOKEN_IDS
+    )
     seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31)
-    stream = serializers.BooleanField(default=False)
+    stream = serializers.BooleanField(default=False, allow_null=True)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
-    response_format = ResponseFormatSerializer(required=False)
+    response_format = ResponseFormatSerializer(required=False, allow_null=True)
+    user = serializers.CharField(required=False, allow_null=True, allow_blank=True, max_length=256)
+
+    def to_internal_value(self, data: object) -> dict:
+        if isinstance(data, dict):
+            unknown = [k for k in data if k not in self.fields and k not in self.ACCEPTED]
+            if unknown:
+                raise serializers.ValidationError(
+                    {unknown[0]: [f"unsupported parameter: {unknown[0]!r} is not implemented by this deployment"]}
+                )
+        return super().to_internal_value(data)
 
     def validate_stop(self, value: object) -> list[str]:
         reject_nul(value)
@@ -87,50 +188,241 @@ class _CommonSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"stop must be a string or a list of up to {MAX_STOPS} strings")
         return stops
 
-    def to_request(self, chat: bool, source: dict) -> CompletionRequest:
+    def validate_logit_bias(self, value: dict | None) -> dict[str, float] | None:
+        if not value:
+            return None
+        if len(value) > MAX_LOGIT_BIAS:
+            raise serializers.ValidationError(f"logit_bias may have at most {MAX_LOGIT_BIAS} entries")
+        if not all(k.isdigit() and len(k) <= 9 for k in value):
+            raise serializers.ValidationError("logit_bias keys must be token ids (decimal strings)")
+        return {str(int(k)): float(v) for k, v in value.items()}
+
+    def validate(self, attrs: dict) -> dict:
+        grammar = bool(attrs.get("response_format") and attrs["response_format"]["type"] != "text")
+        if attrs.get("min_p") and (grammar or self._uses_tool_grammar(attrs)):
+            raise serializers.ValidationError(
+                {"min_p": ["min_p cannot be combined with response_format or tools in this deployment"]}
+            )
+        return attrs
+
+    def _uses_tool_grammar(self, attrs: dict) -> bool:
+        return False
+
+    def sampling_args(self, max_tokens: int) -> dict:
         data = self.validated_data
-        max_tokens = data.get("max_completion_tokens") or data.get("max_tokens") or DEFAULT_MAX_TOKENS
+        top_k = data.get("top_k") or 0
         args = {
-            **source,
             "max_tokens": max_tokens,
-            "temperature": data["temperature"],
-            "top_p": data["top_p"],
-            "n": data["n"],
+            "temperature": 1.0 if data.get("temperature") is None else data["temperature"],
+            "top_p": 1.0 if data.get("top_p") is None else data["top_p"],
+            "top_k": max(top_k, 0),
+            "min_p": data.get("min_p") or 0.0,
+            "presence_penalty": data.get("presence_penalty") or 0.0,
+            "frequency_penalty": data.get("frequency_penalty") or 0.0,
+            "logit_bias": data.get("logit_bias") or {},
+            "n": data.get("n") or 1,
             "stop": data.get("stop") or [],
+            "stop_token_ids": data.get("stop_token_ids") or [],
             "seed": data.get("seed"),
-            "json_schema": _schema(data.get("response_format")),
         }
+        schema = _schema(self.initial_data.get("response_format"), data.get("response_format"))
+        if schema is not None:
+            args["json_schema"] = schema
+        return args
+
+    def request(self, chat: bool, args: dict, prompt_chars: int, choices: int) -> CompletionRequest:
+        data = self.validated_data
         # The run's token budget covers the prompt (unknown before tokenizing: bounded by its
         # characters) and every choice's completion.
-        prompt_chars = sum(len(m["content"]) for m in source.get("messages", [])) + len(source.get("prompt", ""))
         return CompletionRequest(
             chat=chat,
             args=args,
-            stream=data["stream"],
+            stream=bool(data.get("stream")),
             include_usage=bool((data.get("stream_options") or {}).get("include_usage")),
             model=model_name(),
-            run_max_tokens=prompt_chars + 64 + max_tokens * data["n"],
+            run_max_tokens=prompt_chars + 64 + args["max_tokens"] * choices,
         )
 
 
-def _schema(response_format: dict | None) -> dict | None:
+def _schema(raw: object, response_format: dict | None) -> str | None:
+    """The response's JSON schema as JSON text, in the key order the client wrote it (run args
+    are jsonb, which reorders keys; the grammar emits properties in the schema's order)."""
     if not response_format or response_format["type"] == "text":
         return None
     if response_format["type"] == "json_object":
-        return {"type": "object"}
-    return response_format["json_schema"]["schema"]
+        return '{"type": "object"}'
+    return json.dumps(raw["json_schema"]["schema"], ensure_ascii=False)
 
 
 class ChatCompletionSerializer(_CommonSerializer):
-    messages = MessageSerializer(many=True, allow_empty=False)
+    messages = MessageSerializer(
+        many=True,
+        allow_empty=False,
+        max_length=MAX_MESSAGES,
+        error_messages={"max_length": f"a chat may have at most {MAX_MESSAGES} messages"},
+    )
+    max_completion_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    logprobs = serializers.BooleanField(required=False, allow_null=True)
+    top_logprobs = serializers.IntegerField(min_value=0, max_value=MAX_TOP_LOGPROBS, required=False, allow_null=True)
+    tools = ToolSerializer(many=True, required=False, allow_null=True, max_length=MAX_TOOLS)
+    tool_choice = serializers.JSONField(required=False, allow_null=True)
+    parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True)
+
+    def validate_messages(self, value: list[dict]) -> list[dict]:
+        total = sum(len(m.get("content") or "") for m in value)
+        total += sum(len(c["function"]["arguments"]) for m in value for c in m.get("tool_calls") or [])
+        if total > MAX_PROMPT_CHARS:
+            raise serializers.ValidationError(
+                f"the messages' contents together are longer than {MAX_PROMPT_CHARS} characters"
+            )
+        return value
+
+    def validate_tools(self, value: list[dict] | None) -> list[dict] | None:
+        if not value:
+            return None
+        if not all(isinstance(t, dict) for t in value):  # DRF lets a null through a nullable list
+            raise serializers.ValidationError("each tool must be an object")
+        names = [t["function"]["name"] for t in value]
+        if len(set(names)) != len(names):
+            raise serializers.ValidationError("tool function names must be unique")
+        raw = self.initial_data.get("tools")
+        if len(json.dumps(raw)) > MAX_TOOLS_CHARS:
+            raise serializers.ValidationError(
+                f"the tools' definitions are longer than {MAX_TOOLS_CHARS} characters of JSON"
+            )
+        return value
+
+    def validate_tool_choice(self, value: object) -> object:
+        if value is None or value in ("none", "auto", "required"):
+            return value
+        if (
+            isinstance(value, dict)
+            and value.get("type") == "function"
+            and isinstance(value.get("function"), dict)
+            and isinstance(value["function"].get("name"), str)
+        ):
+            return {"name": value["function"]["name"]}
+        raise serializers.ValidationError(
+            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+        )
+
+    def validate(self, attrs: dict) -> dict:
+        attrs = super().validate(attrs)
+        choice, tools = attrs.get("tool_choice"), attrs.get("tools")
+        if choice not in (None, "none", "auto") and not tools:
+            raise serializers.ValidationError({"tool_choice": ["tool_choice needs tools"]})
+        if isinstance(choice, dict) and choice["name"] not in {t["function"]["name"] for t in tools}:
+            raise serializers.ValidationError({"tool_choice": [f"no tool named {choice['name']!r} in tools"]})
+        if tools and attrs.get("response_format") and attrs["response_format"]["type"] != "text":
+            raise serializers.ValidationError({"response_format": ["response_format cannot be combined with tools"]})
+        if attrs.get("top_logprobs") and not attrs.get("logprobs"):
+            raise serializers.ValidationError({"top_logprobs": ["top_logprobs needs logprobs: true"]})
+        return attrs
+
+    def _uses_tool_grammar(self, attrs: dict) -> bool:
+        return bool(attrs.get("tools")) and attrs.get("tool_choice") != "none"
+
+    def _tools(self) -> list[dict]:
+        """The request's function definitions, from the raw body (key order as written)."""
+        if not self.validated_data.get("tools"):
+            return []
+        out = []
+        for tool in self.initial_data["tools"]:
+            function = tool["function"]
+            entry = {"name": function["name"]}
+            if function.get("description"):
+                entry["description"] = function["description"]
+            entry["parameters"] = function.get("parameters") or {"type": "object", "properties": {}}
+            out.append(entry)
+        return out
 
     def to_completion_request(self) -> CompletionRequest:
-        messages = [{"role": m["role"], "content": m["content"]} for m in self.validated_data["messages"]]
-        return self.to_request(True, {"messages": messages})
+        data = self.validated_data
+        tools = self._tools()
+        choice = data.get("tool_choice") or ("auto" if tools else "none")
+        offered = tools if choice != "none" else []
+        messages = render_messages(data["messages"], offered)
+        max_tokens = data.get("max_completion_tokens") or data.get("max_tokens") or DEFAULT_MAX_TOKENS
+        args = {"messages": messages, **self.sampling_args(max_tokens)}
+        if data.get("logprobs"):
+            args["logprobs"] = int(data.get("top_logprobs") or 0)
+        if offered:
+            callable_ = [t for t in offered if not isinstance(choice, dict) or t["name"] == choice["name"]]
+            args["tools"] = {
+                "call_schema": call_schema_text(callable_),
+                "mode": "auto" if choice == "auto" else "required",
+                "parallel": data.get("parallel_tool_calls") is not False,
+            }
+        prompt_chars = sum(len(m["content"]) for m in messages)
+        return self.request(True, args, prompt_chars, args["n"])
+
+
+class PromptField(serializers.Field):
+    """A completion's ``prompt``: a string, a list of strings, a list of token ids, or a list
+    of lists of token ids (OpenAI's four forms); always a list of prompts internally, each a
+    string or a token id list."""
+
+    default_error_messages = {
+        "type": "prompt must be a string, a list of strings, a list of token ids or a list of token id lists",
+        "count": f"at most {MAX_PROMPTS} prompts",
+        "long": f"prompts are longer than {MAX_PROMPT_CHARS} characters together",
+        "tokens": f"prompts are more than {MAX_PROMPT_TOKENS} tokens together",
+        "empty": "a prompt must not be empty",
+    }
+
+    def to_internal_value(self, data: object) -> list:
+        if isinstance(data, str):
+            data = [data]
+        if not isinstance(data, list) or not data:
+            self.fail("type")
+        if all(_is_token(t) for t in data):
+            data = [data]
+        prompts = []
+        for p in data:
+            if isinstance(p, list) and p and all(_is_token(t) for t in p):
+                prompts.append(p)
+            elif isinstance(p, str):
+                reject_nul(p)
+                if not p:
+                    self.fail("empty")
+                prompts.append(p)
+            else:
+                self.fail("type")
+        if len(prompts) > MAX_PROMPTS:
+            self.fail("count")
+        if sum(len(p) for p in prompts if isinstance(p, str)) > MAX_PROMPT_CHARS:
+            self.fail("long")
+        if sum(len(p) for p in prompts if isinstance(p, list)) > MAX_PROMPT_TOKENS:
+            self.fail("tokens")
+        return prompts
+
+    def to_representation(self, value: list) -> list:
+        return value
+
+
+def _is_token(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**31
 
 
 class CompletionSerializer(_CommonSerializer):
-    prompt = serializers.CharField(max_length=200_000, allow_blank=False)
+    prompt = PromptField()
+    logprobs = serializers.IntegerField(min_value=0, max_value=MAX_COMPLETION_LOGPROBS, required=False, allow_null=True)
+    echo = serializers.BooleanField(required=False, allow_null=True)
+
+    def validate(self, attrs: dict) -> dict:
+        attrs = super().validate(attrs)
+        if len(attrs["prompt"]) * (attrs.get("n") or 1) > MAX_COMPLETION_CHOICES:
+            raise serializers.ValidationError({"n": [f"prompts times n must be at most {MAX_COMPLETION_CHOICES}"]})
+        return attrs
 
     def to_completion_request(self) -> CompletionRequest:
-        return self.to_request(False, {"prompt": self.validated_data["prompt"]})
+        data = self.validated_data
+        max_tokens = data.get("max_tokens") or DEFAULT_MAX_TOKENS
+        args = {"prompts": data["prompt"], **self.sampling_args(max_tokens)}
+        if data.get("logprobs") is not None:
+            args["logprobs"] = data["logprobs"]
+        if data.get("echo"):
+            args["echo"] = True
+        prompts = data["prompt"]
+        prompt_chars = sum(len(p) for p in prompts)
+        return self.request(False, args, prompt_chars, args["n"] * len(prompts))

@@ -4,29 +4,45 @@ Async Django views (served by the ASGI app): a request becomes a run of the buil
 (api/services/openai_compat.py); the response waits on the run's Redis stream, so a streaming
 client receives each token as the worker publishes it and nothing holds a thread meanwhile.
 Authentication is an API key with the ``runs`` scope; errors use OpenAI's error envelope.
+Like the run events endpoint, a request waiting on its run holds no database connection
+(api/asyncdb.py) and one of its tenant's stream slots (api/services/stream_leases.py), taken
+before the run is created: past the cap a 429 ``rate_limit_exceeded`` and no run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 
-from asgiref.sync import sync_to_async
-from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from django.views.decorators.http import require_GET, require_POST
 
 from api import parsers
+from api.asyncdb import db_call
 from api.authentication import KeyRefused, bearer_key
-from api.events import stream_entries
 from api.models import ApiKey, Run
 from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
-from api.services import openai_compat
-from api.services.openai_compat import CompletionRequest, chunk_body, completion_body, error_body, usage_chunk
-from api.services.quotas import QuotaExceeded
+from api.run_events_view import sse_response, stream_entries
+from api.services import openai_compat, stream_leases
+from api.services.openai_compat import (
+    CompletionRequest,
+    chunk_body,
+    completion_body,
+    error_body,
+    refusal,
+    usage_chunk,
+)
+from api.services.quotas import ConcurrencyLimitReached, QuotaExceeded, plan_limits
 from api.throttling import TenantThrottled, check_tenant_rate
+from gpu_worker import contracts
+from web.body_limit import too_large_body
 
 log = logging.getLogger(__name__)
 
@@ -65,30 +81,64 @@ def _key(request: HttpRequest) -> ApiKey:
 def _parse(request: HttpRequest, serializer_class: type) -> CompletionRequest:
     try:
         body = parsers.loads(request.body or b"{}")  # the REST API's parser (api/parsers.py)
+    except RequestDataTooBig:  # only without web/body_limit.py in front (another server)
+        limit = settings.SYMPHONY_MAX_REQUEST_BYTES
+        raise _Refused(413, too_large_body(request.path, limit)) from None
     except ValueError as exc:
         message = f"request body is not valid JSON: {exc}"
         raise _Refused(400, error_body(message, "invalid_request_error")) from None
     serializer = serializer_class(data=body)
     if not serializer.is_valid():
         field, problems = next(iter(serializer.errors.items()))
-        raise _Refused(400, error_body(f"{field}: {json.dumps(problems)}", "invalid_request_error"))
+        raise _Refused(400, error_body(f"{field}: {json.dumps(problems)}", "invalid_request_error", param=field))
     return serializer.to_completion_request()
 
 
-def _start(request: HttpRequest, serializer_class: type) -> tuple[CompletionRequest, Run]:
+def _admit(request: HttpRequest, serializer_class: type) -> tuple[ApiKey, CompletionRequest, int]:
+    """The caller's key, its validated request and its tenant's stream cap."""
     key = _key(request)
-    parsed = _parse(request, serializer_class)
+    return key, _parse(request, serializer_class), plan_limits(key.tenant).max_concurrent_streams
+
+
+#: How often a request queued behind its plan's concurrent-run limit tries again.
+QUEUE_POLL_S = 0.25
+
+
+def _start_once(key: ApiKey, parsed: CompletionRequest) -> Run | None:
+    """The run, or ``None`` while the tenant is at its concurrent-run limit."""
     try:
-        return parsed, openai_compat.start(key.tenant, key, parsed)
+        return openai_compat.start(key.tenant, key, parsed)
+    except ConcurrencyLimitReached:
+        return None
     except QuotaExceeded as exc:
         raise _Refused(429, error_body(str(exc), "insufficient_quota", "quota_exceeded")) from None
 
 
+async def _start(key: ApiKey, parsed: CompletionRequest) -> Run:
+    """Start the run; over the plan's concurrent-run limit the request waits (holding no
+    database connection) up to ``SYMPHONY_OPENAI_QUEUE_S`` for a run of its tenant to end, as
+    a serving system queues a burst, then gets a 429 with ``Retry-After``."""
+    deadline = time.monotonic() + settings.SYMPHONY_OPENAI_QUEUE_S
+    while True:
+        run = await db_call(_start_once, key, parsed)
+        if run is not None:
+            return run
+        if time.monotonic() >= deadline:
+            message = (
+                "this API key's tenant already runs as many requests as its plan allows, still after "
+                f"waiting {settings.SYMPHONY_OPENAI_QUEUE_S:g} s: retry later"
+            )
+            body = error_body(message, "rate_limit_error", "rate_limit_exceeded")
+            raise _Refused(429, body, {"Retry-After": "1"})
+        await asyncio.sleep(QUEUE_POLL_S)
+
+
 async def _finished_run(run: Run) -> Run:
-    async for entry in stream_entries(run.pk):
-        if entry.type == "end":
-            break
-    return await Run.objects.aget(pk=run.pk)
+    async with aclosing(stream_entries(run.pk)) as entries:
+        async for entry in entries:
+            if entry.type == contracts.END:
+                break
+    return await db_call(Run.objects.select_related("usage").get, pk=run.pk)
 
 
 def _failure(run: Run) -> JsonResponse:
@@ -100,31 +150,53 @@ async def _abandon(run: Run) -> None:
     """The client disconnected before the answer was complete (Django cancels the view, or
     closes the streaming generator): stop the run instead of generating for nobody."""
     try:
-        await sync_to_async(openai_compat.abandon)(run.pk)
+        await db_call(openai_compat.abandon, run.pk)
     except Exception:  # the disconnect is being handled: log, never mask it
         log.exception("openai_abandon_failed run=%s", run.pk)
 
 
-async def _chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[bytes]:
+async def _chunks(parsed: CompletionRequest, run: Run, lease: stream_leases.Lease) -> AsyncIterator[bytes]:
+    lease.keep_alive()
+    try:
+        async with aclosing(_run_chunks(parsed, run)) as chunks:
+            async for chunk in chunks:
+                yield chunk
+    finally:
+        await lease.release()
+
+
+async def _run_chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[bytes]:
     def sse(body: dict) -> bytes:
         return f"data: {json.dumps(body)}\n\n".encode()
 
     try:
-        async for entry in stream_entries(run.pk):
-            if entry.type is None:
-                yield b": keep-alive\n\n"
-            elif entry.type == "message":
-                message = json.loads(entry.data).get("data") or {}
-                if isinstance(message, dict) and "delta" in message:
-                    yield sse(chunk_body(parsed, run, int(message.get("index", 0)), str(message["delta"]), None))
-            elif entry.type == "end":
-                break
+        async with aclosing(stream_entries(run.pk)) as entries:
+            async for entry in entries:
+                if entry.type is None:
+                    yield b": keep-alive\n\n"
+                elif entry.type == contracts.MessageEvent.TYPE:
+                    event = contracts.decode(entry.type, entry.data)
+                    message = (event.data if isinstance(event, contracts.MessageEvent) else None) or {}
+                    if not isinstance(message, dict):
+                        continue
+                    index = int(message.get("index", 0))
+                    if "delta" in message:
+                        logprobs = message.get("logprobs") if isinstance(message.get("logprobs"), list) else None
+                        yield sse(chunk_body(parsed, run, index, str(message["delta"]), None, logprobs))
+                    elif isinstance(message.get("tool_call"), dict):
+                        yield sse(chunk_body(parsed, run, index, None, None, tool_call=message["tool_call"]))
+                elif entry.type == contracts.END:
+                    break
     except (asyncio.CancelledError, GeneratorExit):
         await _abandon(run)
         raise
-    done = await Run.objects.aget(pk=run.pk)
+    done = await db_call(Run.objects.select_related("usage").get, pk=run.pk)
     if done.status != "succeeded":
         yield sse(error_body(f"run {done.pk} {done.status}: {done.error[:2000]}", "server_error"))
+        return
+    refused = refusal(parsed, done)
+    if refused is not None:
+        yield sse(refused)
         return
     for choice in (done.result or {}).get("choices", []):
         yield sse(chunk_body(parsed, done, choice["index"], None, choice["finish_reason"]))
@@ -133,45 +205,113 @@ async def _chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[bytes]:
     yield b"data: [DONE]\n\n"
 
 
+def _stream_limit_reached(refused: stream_leases.StreamLimitReached) -> JsonResponse:
+    """The tenant holds as many open streams as its plan allows: OpenAI's 429, with when to retry."""
+    body = error_body(str(refused), "rate_limit_error", "rate_limit_exceeded")
+    return JsonResponse(body, status=429, headers={"Retry-After": str(refused.retry_after)})
+
+
 async def _complete(request: HttpRequest, serializer_class: type):
     try:
-        parsed, run = await sync_to_async(_start)(request, serializer_class)
+        key, parsed, stream_cap = await db_call(_admit, request, serializer_class)
     except _Refused as refused:
         return refused.response()
+    try:
+        lease = await stream_leases.acquire(key.tenant_id, stream_cap)
+    except stream_leases.StreamLimitReached as refused:
+        return _stream_limit_reached(refused)
+    try:
+        run = await _start(key, parsed)
+    except BaseException as exc:
+        await lease.release()
+        if isinstance(exc, _Refused):
+            return exc.response()
+        raise
     if parsed.stream:
-        response = StreamingHttpResponse(_chunks(parsed, run), content_type="text/event-stream")
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
+        response = sse_response(_chunks(parsed, run, lease))
     else:
+        lease.keep_alive()
         try:
             done = await _finished_run(run)
         except asyncio.CancelledError:
             await _abandon(run)
             raise
+        finally:
+            await lease.release()
         if done.status != "succeeded":
             return _failure(done)
-        response = JsonResponse(completion_body(parsed, done))
+        refused = refusal(parsed, done)
+        response = JsonResponse(refused, status=400) if refused else JsonResponse(completion_body(parsed, done))
     response["X-Symphony-Run-Id"] = str(run.pk)
     return response
 
 
+def _allow(*methods: str) -> Callable:
+    """Like Django's ``require_http_methods``, but the 405 is OpenAI's JSON error envelope."""
+
+    def decorate(view: Callable) -> Callable:
+        @functools.wraps(view)
+        async def wrapped(request: HttpRequest, *args: object, **kwargs: object):
+            if request.method not in methods:
+                message = f"{request.method} is not allowed on {request.path}; use {', '.join(methods)}"
+                body = error_body(message, "invalid_request_error", "method_not_allowed")
+                return JsonResponse(body, status=405, headers={"Allow": ", ".join(methods)})
+            return await view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorate
+
+
 @csrf_exempt
-@require_POST
+@_allow("POST")
 async def chat_completions(request: HttpRequest):
     return await _complete(request, ChatCompletionSerializer)
 
 
 @csrf_exempt
-@require_POST
+@_allow("POST")
 async def completions(request: HttpRequest):
     return await _complete(request, CompletionSerializer)
 
 
-@require_GET
+def _model_object() -> dict:
+    return {"id": openai_compat.model_name(), "object": "model", "created": 0, "owned_by": "symphony"}
+
+
+@csrf_exempt
+@_allow("GET")
 async def models(request: HttpRequest):
     try:
-        await sync_to_async(_key)(request)
+        await db_call(_key, request)
     except _Refused as refused:
         return refused.response()
-    name = openai_compat.model_name()
-    return JsonResponse({"object": "list", "data": [{"id": name, "object": "model", "owned_by": "symphony"}]})
+    return JsonResponse({"object": "list", "data": [_model_object()]})
+
+
+@csrf_exempt
+@_allow("GET")
+async def model(request: HttpRequest, model_id: str):
+    """``/v1/models/<id>``: the served model by its name, else OpenAI's ``model_not_found``."""
+    try:
+        await db_call(_key, request)
+    except _Refused as refused:
+        return refused.response()
+    if model_id != openai_compat.model_name():
+        message = f"The model '{model_id}' does not exist; this deployment serves '{openai_compat.model_name()}'"
+        return JsonResponse(error_body(message, "invalid_request_error", "model_not_found", "model"), status=404)
+    return JsonResponse(_model_object())
+
+
+@csrf_exempt
+async def unsupported(request: HttpRequest, what: str):
+    """An OpenAI endpoint this deployment does not serve (it has one generative model)."""
+    body = error_body(f"{what} are not supported by this deployment", "invalid_request_error", "unsupported_endpoint")
+    return JsonResponse(body, status=404)
+
+
+@csrf_exempt
+async def not_found(request: HttpRequest, rest: str = ""):
+    """Any other ``/v1/`` path: OpenAI's JSON 404 (whatever DEBUG says), never an HTML page."""
+    body = error_body(f"no route {request.method} {request.path}", "invalid_request_error", "not_found")
+    return JsonResponse(body, status=404)

@@ -8,6 +8,8 @@ import time
 from celery import shared_task
 from celery.signals import worker_ready
 
+from api import dispatch
+
 log = logging.getLogger(__name__)
 
 
@@ -17,7 +19,7 @@ REAP_EVERY_S = float(os.environ.get("SYMPHONY_SANDBOX_REAP_EVERY_S") or 60)
 
 def _reap_sandboxes() -> None:
     try:
-        from sandbox.launcher import reap
+        from sandbox.reaper import reap
 
         reap()
     except Exception as exc:  # docker down: runs will fail with a clear error instead
@@ -49,13 +51,14 @@ def ping(payload: str = "pong") -> dict[str, str]:
     return {"payload": payload, "hostname": socket.gethostname()}
 
 
-@shared_task(name="api.run_lip", acks_late=True)
-def run_lip(run_id: str) -> str:
+@shared_task(name=dispatch.RUN_LIP, acks_late=True)
+def run_lip(run_id: str, worker: str | None = None, attempt: int = 0) -> str:
     """Execute one run on this worker; see api/services/execution.py. Idempotent: a run that is
-    not queued any more (already started, cancelled) is left alone."""
+    not queued any more (already started, cancelled), or was re-routed to a worker other than
+    ``worker`` (the one this task was sent to), is left alone. ``attempt`` counts re-routes."""
     from api.services.execution import execute_run
 
-    return execute_run(run_id)
+    return execute_run(run_id, target=worker, attempt=attempt)
 
 
 @shared_task(name="api.reap_orphaned_runs")
@@ -74,6 +77,14 @@ def meter_kv_storage() -> int:
     return meter()
 
 
+@shared_task(name="api.expire_response_kv")
+def expire_response_kv() -> int:
+    """Remove the KV files of stored /v1/responses conversations past their plan's TTL."""
+    from api.services import responses
+
+    return responses.expire_kv()
+
+
 @shared_task(name="api.expire_finished_streams")
 def expire_finished_streams() -> int:
     """Periodic (Celery beat): retention for finished runs' event streams that have none."""
@@ -86,7 +97,7 @@ def expire_finished_streams() -> int:
 PURGE_RETRY_S = 30
 
 
-@shared_task(name="api.purge_tenant", bind=True, max_retries=240)
+@shared_task(name=dispatch.PURGE_TENANT, bind=True, max_retries=240)
 def purge_tenant(self, tenant_id: int) -> dict[str, int]:
     """Delete a closed tenant's programs, runs, keys and invitations (api/services/tenant_closure.py),
     retried every PURGE_RETRY_S while its cancelled runs are still finishing."""
@@ -101,7 +112,7 @@ def purge_tenant(self, tenant_id: int) -> dict[str, int]:
         raise self.retry(exc=exc, countdown=PURGE_RETRY_S) from exc
 
 
-@shared_task(name="api.purge_tenant_kv", bind=True, max_retries=None)
+@shared_task(name=dispatch.PURGE_TENANT_KV, bind=True, max_retries=None)
 def purge_tenant_kv(self, tenant_id: int) -> int:
     """On a worker host (queue ``worker.<name>``): delete a closed tenant's KV files from this
     host's gpu_worker, retried with backoff (up to 10 minutes apart) while it is unreachable."""
@@ -125,7 +136,7 @@ _MAIL_RETRY = {
 }
 
 
-@shared_task(name="api.send_password_reset_mail", **_MAIL_RETRY)
+@shared_task(name=dispatch.SEND_PASSWORD_RESET_MAIL, **_MAIL_RETRY)
 def send_password_reset_mail(email: str) -> int:
     """Mail a password-reset link to the accounts using ``email`` (none: nothing is sent)."""
     from api.services.mail import send_password_reset
@@ -133,7 +144,7 @@ def send_password_reset_mail(email: str) -> int:
     return send_password_reset(email)
 
 
-@shared_task(name="api.send_password_changed_mail", **_MAIL_RETRY)
+@shared_task(name=dispatch.SEND_PASSWORD_CHANGED_MAIL, **_MAIL_RETRY)
 def send_password_changed_mail(user_id: int) -> bool:
     """Tell a user their password changed."""
     from api.services.mail import send_password_changed
@@ -141,7 +152,7 @@ def send_password_changed_mail(user_id: int) -> bool:
     return send_password_changed(user_id)
 
 
-@shared_task(name="api.send_invitation_mail", **_MAIL_RETRY)
+@shared_task(name=dispatch.SEND_INVITATION_MAIL, **_MAIL_RETRY)
 def send_invitation_mail(invitation_id: int, token: str) -> bool:
     """Mail an invitee their invitation link (not if it was revoked or used meanwhile)."""
     from api.services.mail import send_invitation
@@ -149,7 +160,7 @@ def send_invitation_mail(invitation_id: int, token: str) -> bool:
     return send_invitation(invitation_id, token)
 
 
-@shared_task(name="api.send_email_change_mail", **_MAIL_RETRY)
+@shared_task(name=dispatch.SEND_EMAIL_CHANGE_MAIL, **_MAIL_RETRY)
 def send_email_change_mail(new_email: str, token: str) -> bool:
     """Mail the link that confirms a new sign-in address to that address."""
     from api.services.mail import send_email_change
@@ -157,7 +168,7 @@ def send_email_change_mail(new_email: str, token: str) -> bool:
     return send_email_change(new_email, token)
 
 
-@shared_task(name="api.send_email_changed_mail", **_MAIL_RETRY)
+@shared_task(name=dispatch.SEND_EMAIL_CHANGED_MAIL, **_MAIL_RETRY)
 def send_email_changed_mail(old_email: str, new_email: str) -> bool:
     """Tell the old address that the account now signs in with another."""
     from api.services.mail import send_email_changed
@@ -165,7 +176,7 @@ def send_email_changed_mail(old_email: str, new_email: str) -> bool:
     return send_email_changed(old_email, new_email)
 
 
-@shared_task(name="api.send_quota_notice_mail", **_MAIL_RETRY)
+@shared_task(name=dispatch.SEND_QUOTA_NOTICE_MAIL, **_MAIL_RETRY)
 def send_quota_notice_mail(notice_id: int) -> int:
     """Tell a tenant's owners that its usage crossed a share of its monthly quota."""
     from api.services.mail import send_quota_notice

@@ -5,13 +5,34 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterator
+from typing import overload
 
 from rest_framework import serializers
 
 NUL = "\x00"
+#: How deeply arrays and objects may nest in any JSON the API accepts. Python's json module and
+#: every recursive walk after it (these validators, DRF, the jsonb encoder) recurse per level, so
+#: a 5,000-deep body would end in a RecursionError (a 500); no real request nests this deep.
+MAX_JSON_DEPTH = 64
 #: A UTF-16 surrogate code point alone in a Python string (JSON's ``\ud800`` escapes make them):
 #: not encodable as UTF-8, so PostgreSQL cannot store it.
 SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_depth(value: object, limit: int = MAX_JSON_DEPTH) -> int:
+    """How deeply ``value``'s arrays and objects nest (a scalar is 0), counted without recursion
+    and stopping once past ``limit`` (so the answer is at most ``limit + 1``)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            depth += 1
+            deepest = max(deepest, depth)
+            if deepest > limit:
+                return deepest
+            stack.extend((child, depth) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _leaves(value: object) -> Iterator[object]:
@@ -56,6 +77,8 @@ def storable_json(value: object) -> object:
     Python's json module reads (``NaN``, ``1e400``, ``"\\ud800"``), so they are a 400 here instead
     of a 500 there. JSON bodies are already refused at parsing (api/parsers.py); this catches
     JSON that arrives as a form field (a program's ``default_args`` in its multipart upload)."""
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise serializers.ValidationError(f"Arrays and objects must not nest deeper than {MAX_JSON_DEPTH} levels.")
     reject_nul(value)
     if contains_non_finite(value):
         raise serializers.ValidationError("Numbers must be finite: NaN, Infinity and out-of-range numbers aren't JSON.")
@@ -64,6 +87,10 @@ def storable_json(value: object) -> object:
     return value
 
 
+@overload
+def make_storable(value: str) -> str: ...
+@overload
+def make_storable(value: object) -> object: ...
 def make_storable(value: object) -> object:
     """The same JSON value with every U+0000 and lone surrogate (in strings and keys) replaced
     by U+FFFD and every non-finite number by ``null`` (as JavaScript's JSON.stringify writes NaN).

@@ -1,1 +1,1 @@
-"""Benchmarks of Symphony against vLLM (see bench/README.md and /work/shared/BENCHMARKS.md)."""
+"""Benchmarks of Symphony against vLLM (see bench/README.md)."""

@@ -1,11 +1,14 @@
-"""``python -m bench all|b1|b2|b3|b4|b5|b6|b7|b8 [--quick] [--model DIR] [--reps N]``.
+"""``python -m bench all|b1|…|b8|b10|b11|b12 [--quick] [--model DIR] [--reps N]``, and
+``python -m bench results`` (regenerate ``bench/RESULTS.md`` from ``bench/results/``, run nothing).
 
 Each benchmark runs in its own ``python -m bench.<module>`` subprocess: vLLM allows one engine per
 process, and every benchmark hosts one (the baseline ``LLM`` or, for B3, the bare engine
 adapter) next to its worker subprocess. ``--quick`` (the CI smoke check) runs B2 on B1's worker
 and baseline to stay within its 2-minute budget; B4-B8 are then left out (each runs alone with
 ``python -m bench b4 --quick``, which tests/bench does too). A summary of every ratio is printed at the end
-and written to ``bench/out/summary.json``.
+and written to ``bench/out/summary.json``. A full-mode run (not ``--quick``) also keeps each
+benchmark's JSON as its record in ``bench/results/`` and regenerates ``bench/RESULTS.md``
+(``bench/results.py``).
 """
 
 from __future__ import annotations
@@ -17,18 +20,10 @@ import subprocess
 import sys
 import time
 
+from bench import results
 from bench.harness import OUT_DIR, ROOT, ensure_tiny_model
 
-OUTPUTS = {
-    "b1": "b1_rag_pareto",
-    "b2": "b2_completion",
-    "b3": "b3_pred_overhead",
-    "b4": "b4_parallel_decode",
-    "b5": "b5_json",
-    "b6": "b6_react",
-    "b7": "b7_mix",
-    "b8": "b8_sandbox_start",
-}
+OUTPUTS = {b.key: b.output for b in results.BENCHMARKS}
 MODULES = {name: f"bench.{module}" for name, module in OUTPUTS.items()}
 
 
@@ -46,13 +41,16 @@ def plan(which: str, quick: bool) -> list[tuple[str, list[str]]]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("which", choices=["all", *MODULES])
+    p.add_argument("which", choices=["all", *MODULES, "results"])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--model", default=None)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--dtype", default="float32")
     # Anything else (a workload size such as ``--agents 8``) goes to the benchmark module as is.
     a, passthrough = p.parse_known_args(argv)
+    if a.which == "results":
+        print(f"wrote {results.write()}")
+        return 0
     if passthrough and a.which == "all":
         p.error(f"workload flags need one benchmark, not 'all': {' '.join(passthrough)}")
     common = ["--reps", str(a.reps), "--dtype", a.dtype, *passthrough]
@@ -73,12 +71,15 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(module)
     names = list(OUTPUTS) if a.which == "all" else [a.which]
     summary = {"wall_s": time.perf_counter() - started, "failed": failed, "results": {}}
+    recorded: list[str] = []
     print(f"### summary ({summary['wall_s']:.0f}s)")
     for n in names:
         path = OUT_DIR / f"{OUTPUTS[n]}.json"
         if not path.exists() or path.stat().st_mtime < started_wall:
             continue  # not written by this run (failed, or a stale file)
         data = json.loads(path.read_text())
+        if not a.quick and results.record_run(path):
+            recorded.append(n)
         summary["results"][n] = [
             {
                 "name": c["name"],
@@ -96,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
             )
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     (OUT_DIR / "summary.json").write_text(json.dumps(summary, indent=2))
+    if recorded:
+        print(f"### recorded {', '.join(recorded)} in {results.RECORDS_DIR}; wrote {results.write()}")
     return 1 if failed else 0
 
 

@@ -51,7 +51,7 @@ TENANT = "bench-b1"
 
 @dataclass(frozen=True)
 class Workload:
-    """Sizes of one B1 run (defaults: the spec in BENCHMARKS.md)."""
+    """Sizes of one B1 run (defaults: the sizes in bench/README.md)."""
 
     docs: int = 200
     doc_tokens: int = 1024

@@ -72,7 +72,7 @@ def main(args):
 
 #: The same completions written with one thread that steps its lanes together: each step's calls
 #: go out in one write (``pred_token_many``). Same forwards, far fewer system calls and thread
-#: wake-ups in gVisor per step (see RESULTS.md, B2).
+#: wake-ups in gVisor per step (see NOTES.md, B2).
 SANDBOX_LIP_LOCKSTEP = """
 from symphony import kv_close, kv_create, pred_token_many
 
@@ -102,7 +102,7 @@ class Workload:
     max_batch: int = 64
     #: gVisor containers the sandboxed side splits its lanes over, each one LIP with its share
     #: of the lanes as threads. Each sandbox costs CPU of its own while its threads wait on the
-    #: session socket (0.3-4% of a core per waiting thread with Debian's ptrace runsc, by VM; see RESULTS.md), so
+    #: session socket (0.3-4% of a core per waiting thread with Debian's ptrace runsc, by VM; see NOTES.md), so
     #: fewer, wider LIPs are cheaper: ``--sandbox-containers 1`` runs all lanes in one program.
     sandbox_containers: int = 4
 
@@ -140,7 +140,7 @@ def sandbox_side(worker: WorkerProcess, wl: Workload, prompts: list[list[int]], 
     """Output tokens/s of the same LIP run in gVisor containers by ``runner`` (launcher or pool)."""
     import uuid
 
-    from sandbox.launcher import SandboxSpec
+    from sandbox.spec import SandboxSpec
 
     lanes = min(wl.max_batch, len(prompts))
     containers = min(wl.sandbox_containers, lanes)
@@ -168,9 +168,10 @@ def compare_sandboxed(
     worker: WorkerProcess, base: VLLMBaseline, wl: Workload, reps: int, seed: int, workdir: str
 ) -> list[Comparison]:
     """Cold and warm sandboxed runs against the same baseline repetitions (rotated order)."""
+    from sandbox.cold import SandboxLauncher
     from sandbox.image import ensure
-    from sandbox.launcher import SandboxLauncher, SandboxLimits
     from sandbox.pool import SandboxPool
+    from sandbox.spec import SandboxLimits
 
     image = ensure(log=lambda m: print(m, file=sys.stderr))
     launcher = SandboxLauncher(image=image)

@@ -11,7 +11,7 @@ Baseline: vLLM from the same install runs the same three workloads one after the
 work, since one offline engine cannot interleave three clients. Ratio: the sum of the three vLLM
 wall times ÷ Symphony's wall time for all three at once (higher is better).
 
-Also reported, against BENCHMARKS.md's targets: mean batch occupancy while all three tenants have
+Also reported, against B7's targets: mean batch occupancy while all three tenants have
 calls (items per forward ÷ the worker's max batch; target ≥ 90%), and each tenant's service against
 its max-min fair share (target: within 10%). Max-min, because the three tenants do not want the
 same amount: B4's tenant never has more than 8 one-token decode calls queued, B6's waits on tools,

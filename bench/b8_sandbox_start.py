@@ -43,7 +43,7 @@ QUICK = Workload(runs=3)
 
 
 def _one(worker: WorkerProcess, runner: Any, program: Path) -> tuple[float, float]:
-    from sandbox.launcher import SandboxSpec
+    from sandbox.spec import SandboxSpec
 
     info = worker.admin.create_session("bench-b8", f"b8-{time.monotonic_ns()}", {})
     try:
@@ -64,9 +64,10 @@ def _p90(xs: list[float]) -> float:
 
 
 def measure(worker: WorkerProcess, wl: Workload, result: BenchResult) -> None:
+    from sandbox.cold import SandboxLauncher
     from sandbox.image import ensure
-    from sandbox.launcher import SandboxLauncher, SandboxLimits
     from sandbox.pool import SandboxPool
+    from sandbox.spec import SandboxLimits
 
     tag = ensure(log=lambda m: print(m, file=sys.stderr))
     launcher = SandboxLauncher(image=tag)

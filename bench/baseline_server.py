@@ -1,6 +1,6 @@
 """The ``vllm serve`` baseline: vLLM's OpenAI server in a subprocess, driven over HTTP.
 
-BENCHMARKS.md asks for this baseline where a benchmark is about client round trips (B6): a
+The benchmarks use this baseline where a benchmark is about client round trips (B6): a
 client program that talks to an inference server pays one HTTP request per generation step of
 its own loop and re-sends its whole prompt each time, and that is the cost a LIP avoids.
 
@@ -21,6 +21,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,10 @@ class VLLMServer:
         max_num_seqs: int = 64,
         max_model_len: int = 2048,
         max_num_batched_tokens: int = 2048,
+        extra_flags: Sequence[str] = (),
     ) -> None:
+        """``extra_flags``: server (not engine) flags a benchmark needs, such as
+        ``--enable-prompt-tokens-details`` to get each request's cached prompt tokens (B11)."""
         self.model = model
         self.port = free_port()
         self.log_path = Path(tempfile.mkdtemp(prefix="symb-serve-", dir="/tmp")) / "vllm-serve.log"
@@ -79,6 +84,7 @@ class VLLMServer:
             "--served-model-name",
             "bench",
             *cli_flags(settings),
+            *extra_flags,
         ]
         env = {
             **os.environ,
@@ -117,6 +123,17 @@ class VLLMServer:
                 self.proc.wait(timeout=10)
 
 
+@dataclass(frozen=True)
+class Completion:
+    """One ``/v1/completions`` reply, as the benchmarks read it."""
+
+    ids: list[int]
+    logprobs: list[float]
+    prompt_tokens: int
+    #: Prompt tokens vLLM served from its prefix cache (-1: the server does not report them).
+    cached_tokens: int
+
+
 class CompletionClient:
     """One keep-alive HTTP connection to the server (one per client thread, like one agent)."""
 
@@ -125,25 +142,41 @@ class CompletionClient:
 
     def complete(self, prompt: list[int], max_tokens: int) -> list[int]:
         """Greedy ``/v1/completions`` of ``prompt`` ids; the generated ids (``ignore_eos``)."""
-        body = json.dumps(
-            {
-                "model": "bench",
-                "prompt": prompt,
-                "max_tokens": max_tokens,
-                "temperature": 0.0,
-                "ignore_eos": True,
-                "return_token_ids": True,
-            }
-        )
+        return self.completion(prompt, max_tokens).ids
+
+    def completion(self, prompt: list[int], max_tokens: int, logprobs: int | None = None) -> Completion:
+        """Greedy ``/v1/completions`` with what the reply says: the generated ids, each one's
+        log-probability (with ``logprobs``: the top-``logprobs`` are computed server-side) and
+        the prompt tokens served from the prefix cache (needs ``--enable-prompt-tokens-details``;
+        -1 without it)."""
+        request: dict[str, Any] = {
+            "model": "bench",
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
+        if logprobs is not None:
+            request["logprobs"] = logprobs
+        body = json.dumps(request)
         self.conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
         resp = self.conn.getresponse()
         data: dict[str, Any] = json.loads(resp.read())
         if resp.status != 200:
             raise RuntimeError(f"vllm serve answered {resp.status}: {data}")
-        ids = data["choices"][0].get("token_ids")
+        choice = data["choices"][0]
+        ids = choice.get("token_ids")
         if ids is None:
             raise RuntimeError("vllm serve returned no token_ids (return_token_ids unsupported?)")
-        return list(ids)
+        usage = data.get("usage") or {}
+        details = usage.get("prompt_tokens_details") or {}
+        return Completion(
+            ids=list(ids),
+            logprobs=list((choice.get("logprobs") or {}).get("token_logprobs") or []),
+            prompt_tokens=int(usage.get("prompt_tokens", len(prompt))),
+            cached_tokens=int(details.get("cached_tokens", -1) if details else -1),
+        )
 
     def close(self) -> None:
         self.conn.close()

@@ -122,12 +122,3 @@ class VLLMBaseline:
         if core is not None:
             core.shutdown()
         self.llm = None
-
-
-def has_cpu_kv_offload() -> bool:
-    """Whether this vLLM build ships the KV offloading connector (CPU offload of KV blocks)."""
-    try:
-        import vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector  # noqa: F401
-    except Exception:
-        return False
-    return True

@@ -60,10 +60,6 @@ class BenchConfig:
     dtype: str = "float32"
     seed: int = 0
 
-    def to_args(self) -> list[str]:
-        args = ["--model", self.model, "--reps", str(self.reps), "--dtype", self.dtype, "--seed", str(self.seed)]
-        return [*args, "--quick"] if self.quick else args
-
 
 def default_model(quick: bool) -> str:
     """``--quick`` runs on the tiny random Llama (real tokenizer): it checks the harness, not
@@ -228,6 +224,7 @@ class BenchResult:
             "started": self.started,
             "wall_s": self.wall_s,
             "machine": machine(),
+            "command": command(),
             "comparisons": [c.to_dict() for c in self.comparisons],
             "memory": self.memory,
             "notes": self.notes,
@@ -247,6 +244,13 @@ class BenchResult:
             print(f"  memory {k}: {v}", flush=True)
         for n in self.notes:
             print(f"  note: {n}", flush=True)
+
+
+def command() -> str:
+    """The command line of this benchmark process, as it would be typed again."""
+    import shlex
+
+    return f"python -m bench.{Path(sys.argv[0]).stem} {shlex.join(sys.argv[1:])}".strip()
 
 
 def machine() -> dict[str, Any]:

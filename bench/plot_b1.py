@@ -1,8 +1,8 @@
 """The B1 curve as a PNG: requests/s of both sides and their ratio against Pareto alpha.
 
 Source, in order: ``--json PATH``; ``bench/out/b1_rag_pareto.json`` when it is a full-mode run
-(a ``--quick`` run's tiny random model says nothing, so it is never plotted); otherwise the
-table recorded in ``bench/RESULTS.md`` (the spec's-size run), and the title says so. Each point
+(a ``--quick`` run's tiny random model says nothing, so it is never plotted); otherwise B1's
+record in ``bench/results/`` (its latest full-mode run, what ``bench/RESULTS.md`` shows). Each point
 is the median of the repetitions, the bars span min..max (the machines are noisy).
 
 ``python -m bench.plot_b1 [--json PATH] [--out bench/plots/b1_rag_pareto.png]`` — needs
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 from bench.harness import OUT_DIR, ROOT
 
 DEFAULT_OUT = ROOT / "bench" / "plots" / "b1_rag_pareto.png"
-RESULTS_MD = ROOT / "bench" / "RESULTS.md"
+RECORD = ROOT / "bench" / "results" / "b1_rag_pareto.json"
 
 
 @dataclass(frozen=True)
@@ -57,34 +56,13 @@ def from_json(path: Path) -> Curve:
     return Curve(tuple(pts), src)
 
 
-_ROW = re.compile(r"^\|\s*([0-9.]+)\s*\|\s*[0-9, ]+\|\s*([0-9., ]+)\|\s*([0-9., ]+)\|")
-
-
-def from_results_md(path: Path = RESULTS_MD) -> Curve:
-    """Parse the first B1 table of RESULTS.md, the spec's size (rows ``| alpha | distinct docs |
-    S reps | B reps | ...``); later tables are other sizes and builds."""
-    text = path.read_text()
-    section = text.split("## B1", 1)[1].split("\n## ", 1)[0]
-    pts: list[Point] = []
-    for line in section.splitlines():
-        m = _ROW.match(line)
-        if m:
-            vals = [tuple(float(x) for x in g.split(",")) for g in (m.group(2), m.group(3))]
-            pts.append(Point(float(m.group(1)), vals[0], vals[1]))
-        elif pts:
-            break  # the first table ended
-    if not pts:
-        raise ValueError(f"no B1 table rows in {path}")
-    return Curve(tuple(pts), "recorded run in bench/RESULTS.md (200 docs x 1024 tok, SmolLM2-135M, CPU)")
-
-
 def load(json_path: Path | None) -> Curve:
     if json_path is not None:
         return from_json(json_path)
     default = OUT_DIR / "b1_rag_pareto.json"
     if default.exists() and not json.loads(default.read_text())["config"].get("quick"):
         return from_json(default)
-    return from_results_md()
+    return from_json(RECORD)
 
 
 def plot(curve: Curve, out: Path) -> Path:

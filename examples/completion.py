@@ -1,6 +1,7 @@
 """Greedy completion: the smallest useful LIP.
 
 args: ``{"prompt": str, "max_tokens": int = 32, "chat": bool = false}``
+Example args: {"prompt": "The capital of France is", "max_tokens": 24}
 result: ``{"text": str, "tokens": [int]}``; the text is also streamed with ``send_to_user``.
 """
 

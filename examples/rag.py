@@ -1,8 +1,9 @@
 """RAG with a persistent, pinned document KV file reused across runs.
 
 The first run prefills the documents into the named KV file ``docs-<corpus>`` (kept after the
-run, pinned so memory pressure never evicts it); later runs ``kv_open`` it read-only (a private
-copy-on-write fork) and only prefill the question. The answer is identical either way.
+run, pinned so memory pressure never evicts it, unless the tenant's plan has no pinned share
+left); later runs ``kv_open`` it read-only (a private copy-on-write fork) and only prefill the
+question. The answer is identical either way.
 
 args: ``{"corpus": str, "documents": [str], "question": str, "max_tokens": int = 16}``
 result: ``{"answer": str, "tokens": [int], "reused": bool, "doc_tokens": int}``
@@ -24,7 +25,10 @@ def document_kv(corpus, documents):
     except sy.KVExists:  # a concurrent run built it first
         return sy.kv_open(name, "r"), True
     sy.release(sy.pred(kv, sy.tokenize(text)))
-    sy.kv_pin(name)
+    try:
+        sy.kv_pin(name)
+    except sy.QuotaExceeded:  # the plan's share of pinned pages is used: keep it unpinned (spillable)
+        pass
     kv.close()  # a named file survives close: this is what later runs reuse
     return sy.kv_open(name, "r"), False
 

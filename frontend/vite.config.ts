@@ -19,11 +19,14 @@ export default defineConfig({
       },
     },
   },
-  server: { proxy: { "/api": "http://127.0.0.1:8000" } },
+  // The console carries examples/completion.py ("Try an example"): the repository root is readable.
+  server: { proxy: { "/api": "http://127.0.0.1:8000" }, fs: { allow: [".."] } },
   test: {
     environment: "jsdom",
     globals: true,
     include: ["src/**/*.test.{ts,tsx}"],
     setupFiles: ["src/test/setup.ts"],
+    // Rendering 100-row tables in jsdom takes seconds on a loaded CI machine; 5 s flaked.
+    testTimeout: 15000,
   },
 });

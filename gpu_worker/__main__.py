@@ -2,6 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
+# OpenMP threads (the CPU backend's forward) that finish a parallel region early spin at the
+# barrier before sleeping (libgomp's default ACTIVE-then-sleep). On a CPU host shared with
+# sandboxes, executors and other workers, the spinning thread burns the core its partner needs:
+# forwards measured ~10x slower under load (bench/NOTES.md, B10). Sleeping at once costs a
+# wake-up per region on an idle host and nothing on a GPU. Set OMP_WAIT_POLICY to override;
+# it must be in the environment before torch (and its OpenMP runtime) loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 import argparse
 import asyncio
 import dataclasses
@@ -9,20 +19,52 @@ import json
 import logging
 import signal
 import sys
+from collections.abc import Callable
 
-from gpu_worker.config import SchedulerConfig, WorkerConfig, env_defaults
+from gpu_worker.config import (
+    ConnectionLimits,
+    GrammarConfig,
+    SchedulerConfig,
+    WorkerConfig,
+    connection_limits_from_env,
+    env_defaults,
+)
 
 log = logging.getLogger("gpu_worker")
 
 
-def _slack(value: str) -> int | None:
-    """``--contended-prefill-slack``: a token count >= 0, or ``off`` for no bound."""
-    if value.lower() == "off":
-        return None
-    tokens = int(value)
-    if tokens < 0:
-        raise argparse.ArgumentTypeError("must be >= 0 or 'off'")
-    return tokens
+def _fraction(value: str) -> float:
+    share = float(value)
+    if not 0.0 <= share <= 1.0:
+        raise argparse.ArgumentTypeError("must be a fraction in [0, 1]")
+    return share
+
+
+def _count_or_off(minimum: int) -> Callable[[str], int | None]:
+    """An argparse type: an integer >= ``minimum``, or ``off`` (``None``: no bound), as
+    ``--contended-prefill-slack`` (tokens, >= 0) and ``--contended-seats`` (seats, >= 1) take."""
+
+    def parse(value: str) -> int | None:
+        if value.lower() == "off":
+            return None
+        count = int(value)
+        if count < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum} or 'off'")
+        return count
+
+    return parse
+
+
+def _positive(cast: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: a number of ``cast`` above 0."""
+
+    def parse(value: str) -> float:
+        number = cast(value)
+        if number <= 0:
+            raise argparse.ArgumentTypeError("must be > 0")
+        return number
+
+    return parse
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -37,7 +79,25 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-cache-gib", type=float, default=env["kv_cache_gib"])
     p.add_argument("--num-pages", type=int, default=None)
     p.add_argument("--host-pages", type=int, default=4096)
-    p.add_argument("--dtype", default="auto")
+    p.add_argument(
+        "--kv-pinned-fraction",
+        type=_fraction,
+        default=env["kv_pinned_fraction"],
+        help="most of the device KV pool all tenants' pinned files together may hold",
+    )
+    p.add_argument(
+        "--prefix-cache",
+        action=argparse.BooleanOptionalAction,
+        default=env["prefix_cache"],
+        help="tenant-scoped automatic prefix cache in KVFS (gpu_worker/kvfs/prefix.py); "
+        "SYMPHONY_PREFIX_CACHE=0 turns it off",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto: the checkpoint's dtype on a GPU or a CPU with native bf16, else float32"
+        " (exact greedy and seeded results; gpu_worker/dtype_choice.py)",
+    )
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -48,9 +108,48 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--io-swap-threshold-s", type=float, default=0.5)
     p.add_argument(
         "--contended-prefill-slack",
-        type=_slack,
+        type=_count_or_off(0),
         default=SchedulerConfig.contended_prefill_slack,
         help="tokens a contended prefill chunk may take its tenant above those left out ('off': no bound)",
+    )
+    conn = connection_limits_from_env()
+    for f in dataclasses.fields(ConnectionLimits):
+        p.add_argument(
+            "--" + f.name.replace("_", "-"),
+            type=float if f.type == "float" else int,
+            default=getattr(conn, f.name),
+            help=f"session connections (env SYMPHONY_WORKER_{f.name.upper()}; default %(default)s)",
+        )
+    p.add_argument(
+        "--contended-seats",
+        type=_count_or_off(1),
+        default=SchedulerConfig.contended_seats_per_tenant,
+        help="while other tenants are served, most calls one tenant takes in a forward ('off': no cap)",
+    )
+    grammar = GrammarConfig()
+    p.add_argument(
+        "--grammar-compile-processes",
+        type=_positive(int),
+        default=grammar.processes,
+        help="child processes compiling grammars (one tenant uses one at a time)",
+    )
+    p.add_argument(
+        "--grammar-compile-timeout-s",
+        type=_positive(float),
+        default=grammar.timeout_s,
+        help="a grammar compile past this is killed and refused",
+    )
+    p.add_argument(
+        "--grammar-max-bytes", type=_positive(int), default=grammar.max_bytes, help="largest compiled grammar (bytes)"
+    )
+    p.add_argument(
+        "--grammar-max-repeat",
+        type=_positive(int),
+        default=grammar.max_repeat,
+        help="largest product of nested repetition bounds in a regex or schema pattern",
+    )
+    p.add_argument(
+        "--grammar-max-depth", type=_positive(int), default=grammar.max_depth, help="deepest JSON schema nesting"
     )
     p.add_argument("--redis-url", default=env["redis_url"])
     p.add_argument("--log-level", default="INFO")
@@ -82,7 +181,10 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
         dtype=args.dtype,
         max_model_len=args.max_model_len,
         host_pages=args.host_pages,
+        kv_pinned_fraction=args.kv_pinned_fraction,
+        prefix_cache=args.prefix_cache,
         redis_url=args.redis_url,
+        conn=ConnectionLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ConnectionLimits)}),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=args.max_num_batched_tokens,
             max_num_seqs=args.max_num_seqs,
@@ -90,29 +192,43 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
             batch_wait_fraction=args.batch_wait_fraction,
             io_swap_threshold_s=args.io_swap_threshold_s,
             contended_prefill_slack=args.contended_prefill_slack,
+            contended_seats_per_tenant=args.contended_seats,
+        ),
+        grammar=GrammarConfig(
+            processes=args.grammar_compile_processes,
+            timeout_s=args.grammar_compile_timeout_s,
+            max_bytes=args.grammar_max_bytes,
+            max_repeat=args.grammar_max_repeat,
+            max_depth=args.grammar_max_depth,
         ),
     )
 
 
 async def serve(config: WorkerConfig) -> None:
+    import torch
+
+    from gpu_worker.dtype_choice import choose_dtype
     from gpu_worker.engine import Engine, EngineConfig
     from gpu_worker.events import EventPublisher
-    from gpu_worker.kvfs import KVFS, store_from_location
-    from gpu_worker.scheduler import EngineThread, Scheduler
+    from gpu_worker.kvfs import KVFS, KVFSLimits, store_from_location
+    from gpu_worker.scheduler import EngineThread, PendingReleases, Scheduler
     from gpu_worker.server import Worker
+    from gpu_worker.sessions import SessionTable
     from gpu_worker.tokenizer import Tokenizer
 
     sched = config.scheduler
+    dtype, why = choose_dtype(config.dtype, on_gpu=torch.cuda.is_available())
+    log.info("event=dtype_chosen requested=%s dtype=%s why=%s", config.dtype, dtype, why)
     # The engine is built on the thread that will run every forward (the scheduler's loop):
     # vLLM's CPU backend sets up its threads for the thread that builds it, and forwards from
-    # another thread ran 20-25% slower (bench/RESULTS.md, B3).
+    # another thread ran 20-25% slower (bench/NOTES.md, B3).
     engine_thread = EngineThread()
     engine = await asyncio.wrap_future(
         engine_thread.submit(
             Engine,
             EngineConfig(
                 model_dir=config.model_dir,
-                dtype=config.dtype,
+                dtype=dtype,
                 num_pages=config.num_pages,
                 kv_cache_gib=config.kv_cache_gib,
                 # Room for one call whose pending tokens (after merge/reload) exceed the budget.
@@ -122,7 +238,8 @@ async def serve(config: WorkerConfig) -> None:
             ),
         )
     )
-    scheduler_ref: list[Scheduler] = []
+    releases = PendingReleases()  # KVFS adds the sequences it releases, the scheduler drops them
+    sessions = SessionTable()
     kvfs = KVFS(
         engine.num_pages,
         engine.block_size,
@@ -130,13 +247,24 @@ async def serve(config: WorkerConfig) -> None:
         engine,
         store_from_location(config.kv_store_dir),
         host_pages=config.host_pages,
-        on_release=lambda seq_id: scheduler_ref[0].defer_release(seq_id),
+        limits=KVFSLimits(max_pinned_fraction=config.kv_pinned_fraction),
+        on_release=releases.add,
+        worker_id=config.name,
+        prefix_cache=config.prefix_cache,
     )
     loaded = kvfs.load_index()
-    scheduler = Scheduler(engine, kvfs, sched, config.max_model_len, engine_thread=engine_thread)
-    scheduler_ref.append(scheduler)
+    scheduler = Scheduler(
+        engine,
+        kvfs,
+        sched,
+        config.max_model_len,
+        engine_thread=engine_thread,
+        releases=releases,
+        active_sessions=sessions.active_ids,
+    )
     scheduler.start()
-    worker = Worker(config, engine, Tokenizer(config.model_dir), kvfs, scheduler, EventPublisher(config.redis_url))
+    events = EventPublisher(config.redis_url)
+    worker = Worker(config, engine, Tokenizer(config.model_dir), kvfs, scheduler, events, sessions)
     log.info("event=kv_index_loaded files=%d store=%s", loaded, config.kv_store_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

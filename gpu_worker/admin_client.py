@@ -7,29 +7,15 @@ use it. One request per connection keeps it trivially thread-safe; admin calls a
 from __future__ import annotations
 
 import socket
-from dataclasses import dataclass
 from typing import Any
 
 from gpu_worker import protocol
 from gpu_worker.protocol import ErrorCode, ProtocolError
 
-
-@dataclass(frozen=True)
-class SessionInfo:
-    """What the sandbox needs to reach its session: socket path (mounted) and token (env)."""
-
-    session_id: str
-    socket_path: str
-    token: str
-
-
-@dataclass(frozen=True)
-class SessionEnd:
-    """Usage counters, the LIP's ``finish`` result and an error message if it failed."""
-
-    usage: dict[str, Any]
-    result: Any
-    error: str | None
+#: What the sandbox needs to reach its session: socket path (mounted) and token (env).
+SessionAccess = protocol.SessionCreated
+#: Usage counters, the LIP's ``finish`` result and an error message if it failed.
+SessionEnd = protocol.SessionEnded
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -60,32 +46,40 @@ class AdminClient:
             raise error
         return value
 
-    def create_session(self, tenant: str, run_id: str, limits: dict[str, Any] | None = None) -> SessionInfo:
-        out = self.call("create_session", {"tenant": tenant, "run_id": run_id, "limits": limits or {}})
-        return SessionInfo(out["session_id"], out["socket_path"], out["token"])
+    def run(self, args: protocol.Args) -> Any:
+        """One op, its arguments built from its definition in ``protocol.ADMIN_OPS``."""
+        return self.call(args.OP, args.to_wire())
+
+    def create_session(
+        self, tenant: str, run_id: str, limits: dict[str, Any] | None = None, tree: str | None = None
+    ) -> SessionAccess:
+        """``tree``: the run tree's root run id (default: ``run_id``); runs of one tenant and one
+        tree share channels."""
+        out = self.run(protocol.CreateSession(tenant=tenant, run_id=run_id, limits=limits or {}, tree=tree))
+        return SessionAccess.from_wire(out)
 
     def end_session(self, session_id: str) -> SessionEnd:
-        out = self.call("end_session", {"session_id": session_id})
-        return SessionEnd(out["usage"], out.get("result"), out.get("error"))
+        return SessionEnd.from_wire(self.run(protocol.EndSession(session_id=session_id)))
 
     def kv_list(self, tenant: str | None = None) -> list[dict[str, Any]]:
-        return self.call("kv_list", {"tenant": tenant} if tenant is not None else {})
+        return self.run(protocol.KvList(tenant=tenant))
 
     def kv_evict(self, tenant: str, name: str) -> None:
-        self.call("kv_evict", {"tenant": tenant, "name": name})
+        self.run(protocol.KvEvict(tenant=tenant, name=name))
 
     def kv_delete(self, tenant: str, name: str) -> None:
-        self.call("kv_delete", {"tenant": tenant, "name": name})
+        self.run(protocol.KvDelete(tenant=tenant, name=name))
 
     def kv_delete_tenant(self, tenant: str) -> list[str]:
         """Delete every KV file of ``tenant`` here and in the KV store; the names deleted."""
-        return self.call("kv_delete_tenant", {"tenant": tenant})["deleted"]
+        return protocol.TenantDeleted.from_wire(self.run(protocol.KvDeleteTenant(tenant=tenant))).deleted
 
-    def kv_pin(self, tenant: str, name: str, pinned: bool) -> None:
-        self.call("kv_pin", {"tenant": tenant, "name": name, "pinned": pinned})
+    def kv_pin(self, tenant: str, name: str, pinned: bool, quota: dict[str, Any] | None = None) -> None:
+        """``quota``: the tenant's plan bounds on KV files (session limits' ``QUOTA_KEYS``)."""
+        self.run(protocol.AdminKvPin(tenant=tenant, name=name, pinned=pinned, quota=quota))
 
     def health(self) -> dict[str, Any]:
-        return self.call("health")
+        return self.run(protocol.Health())
 
     def stats(self) -> dict[str, Any]:
-        return self.call("stats")
+        return self.run(protocol.Stats())

@@ -14,9 +14,8 @@ import ipaddress
 import socket
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any
 
-from gpu_worker.protocol import ErrorCode, ProtocolError
+from gpu_worker.protocol import ErrorCode, HttpFetch, HttpReply, ProtocolError
 
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"})
 MAX_HEADERS = 64
@@ -39,10 +38,9 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.BAD_ARGS, message)
 
 
-def parse_request(args: dict[str, Any], timeout_cap: float) -> FetchRequest:
-    url = args.get("url")
-    if not isinstance(url, str) or len(url) > 8192:
-        raise _bad("url must be a string")
+def parse_request(args: HttpFetch, timeout_cap: float) -> FetchRequest:
+    """What the decoded ``http_fetch`` asks for, once URL, headers and body make sense."""
+    url = args.url
     parts = urllib.parse.urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise _bad("url must be http(s)://host[:port]/...")
@@ -50,23 +48,21 @@ def parse_request(args: dict[str, Any], timeout_cap: float) -> FetchRequest:
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         raise _bad("bad port in url") from None
-    method = str(args.get("method", "GET")).upper()
+    method = args.method.upper()
     if method not in METHODS:
         raise _bad(f"method must be one of {sorted(METHODS)}")
-    headers = args.get("headers") or {}
+    headers = args.headers or {}
     if not isinstance(headers, dict) or len(headers) > MAX_HEADERS:
         raise _bad("headers must be a small map of strings")
     for k, v in headers.items():
         if not isinstance(k, str) or not isinstance(v, str) or "\n" in k + v or "\r" in k + v:
             raise _bad("header names and values must be single-line strings")
-    body = args.get("body")
+    body = args.body
     if isinstance(body, str):
         body = body.encode()
     if body is not None and (not isinstance(body, bytes) or len(body) > MAX_REQUEST_BODY):
         raise _bad(f"body must be bytes or str of at most {MAX_REQUEST_BODY} bytes")
-    timeout = args.get("timeout", timeout_cap)
-    if not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout <= 0:
-        raise _bad("timeout must be a positive number")
+    timeout = timeout_cap if args.timeout is None else args.timeout
     path = parts.path or "/"
     if parts.query:
         path += "?" + parts.query
@@ -86,7 +82,11 @@ def check_allowed(req: FetchRequest, allowed_hosts: list[str]) -> str:
     default_port = 443 if req.scheme == "https" else 80
     listed = f"{req.host}:{req.port}" in entries or (req.port == default_port and req.host in entries)
     if not listed:
-        raise ProtocolError(ErrorCode.PERMISSION, f"host {req.host}:{req.port} is not in this run's allowed_hosts")
+        raise ProtocolError(
+            ErrorCode.PERMISSION,
+            f"host {req.host}:{req.port} is not in this run's allowed_hosts"
+            " (the tenant's tool hosts, narrowed by the run's limits.allowed_hosts)",
+        )
     try:
         ipaddress.ip_address(req.host)
         return req.host  # a literal IP that is listed is allowed as such, loopback included
@@ -102,7 +102,7 @@ def check_allowed(req: FetchRequest, allowed_hosts: list[str]) -> str:
     return addrs[0]
 
 
-def fetch(req: FetchRequest, address: str, max_bytes: int) -> dict[str, Any]:
+def fetch(req: FetchRequest, address: str, max_bytes: int) -> HttpReply:
     """Perform the request (blocking; run it in a thread). Body capped at ``max_bytes``."""
     conn_cls = http.client.HTTPSConnection if req.scheme == "https" else http.client.HTTPConnection
     conn = conn_cls(address if req.scheme == "http" else req.host, req.port, timeout=req.timeout)
@@ -113,7 +113,7 @@ def fetch(req: FetchRequest, address: str, max_bytes: int) -> dict[str, Any]:
         body = resp.read(max_bytes + 1)
         if len(body) > max_bytes:
             raise ProtocolError(ErrorCode.IO, f"response body exceeds {max_bytes} bytes")
-        return {"status": resp.status, "headers": dict(resp.getheaders()[:MAX_HEADERS]), "body": body}
+        return HttpReply(status=resp.status, headers=dict(resp.getheaders()[:MAX_HEADERS]), body=body)
     except ProtocolError:
         raise
     except TimeoutError:

@@ -7,8 +7,9 @@ without going through argv, and ``health`` can report what the worker runs with.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,7 +21,7 @@ def _env_path(name: str, default: str) -> str:
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Batch- and LIP-level scheduling knobs (DESIGN.md §5)."""
+    """Batch- and LIP-level scheduling knobs (docs/ARCHITECTURE.md §6)."""
 
     #: Token budget of one forward (decode tokens first, then prefill chunks).
     max_num_batched_tokens: int = 2048
@@ -36,11 +37,66 @@ class SchedulerConfig:
     #: tenant's virtual token counter at most this many tokens (per unit of weight) above the
     #: lowest counter of the other contending tenants; ``None``: chunks sized by DRR alone.
     contended_prefill_slack: int | None = 32
+    #: While other tenants are being served, one tenant takes no more seats (calls) of a
+    #: forward than the widest of them, and at least this many; ``None``: no cap. Keeps the
+    #: forward every tenant's next token waits for short.
+    contended_seats_per_tenant: int | None = 1
     #: Most ``pred`` calls one session may have queued or running at once (a LIP's thread
     #: count); the same as the per-connection in-flight cap of the protocol.
     max_inflight_preds_per_session: int = 64
     #: A session blocked on brokered I/O longer than this has its private pages swapped out.
     io_swap_threshold_s: float = 0.5
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one session connection, and all of them together, may hold in the worker.
+
+    A LIP is hostile code and its session socket is all it can reach: these bound what it can
+    make the worker buffer or keep open, so a slow or hostile client costs only itself.
+    """
+
+    #: Unsent reply bytes above which the worker stops reading the connection (back-pressure),
+    #: until they drain below a quarter of it. Replies of calls already in flight still go out.
+    max_unsent_reply_bytes: int = 1024 * 1024
+    #: Most open connections to one session's socket; more are refused (``EBUSY``) and closed.
+    max_connections_per_session: int = 16
+    #: A connection that has not sent a valid ``hello`` this long after connecting is closed.
+    hello_timeout_s: float = 5.0
+    #: A frame whose header arrived must be complete this long after, or the connection closes.
+    frame_timeout_s: float = 10.0
+    #: Bytes of large frames being received at once on one session's connections (announced
+    #: lengths); a frame past it is refused (``EBUSY``) and its connection closed.
+    max_partial_frame_bytes_per_session: int = 16 * 1024 * 1024
+    #: The same bound over every connection of the worker.
+    max_partial_frame_bytes: int = 256 * 1024 * 1024
+    #: Most open session connections over the whole worker: with ``max_sessions`` sessions the
+    #: per-session cap alone would allow thousands of descriptors, past a service's usual
+    #: RLIMIT_NOFILE (the worker raises its soft limit to the hard one at start-up).
+    max_connections: int = 2048
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not value > 0:
+                raise ValueError(f"{name} must be positive, not {value!r}")
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    """Budgets of one grammar compile (``grammar`` op): a hostile schema costs at most this."""
+
+    #: Child processes that compile (a compile cannot be interrupted in-process; a child can be
+    #: killed); one tenant uses at most one at a time.
+    processes: int = 2
+    #: Seconds one compile may run before its child is killed and the call refused.
+    timeout_s: float = 10.0
+    #: Largest compiled grammar (xgrammar's own size estimate, bytes).
+    max_bytes: int = 64 * 1024 * 1024
+    #: Largest product of nested repetition bounds in a regex (``(a{1,20}){1,5}`` is 100), the
+    #: count of a JSON schema's ``pattern`` included; checked before compiling.
+    max_repeat: int = 256
+    #: Deepest nesting of a JSON schema (objects and arrays), checked before compiling.
+    max_depth: int = 32
 
 
 @dataclass(frozen=True)
@@ -58,6 +114,11 @@ class WorkerConfig:
     max_model_len: int = 4096
     #: Host-memory tier size in pages (swap target for idle sessions and evicted files).
     host_pages: int = 4096
+    #: Most of the device pool the pinned KV files of all tenants together may hold: each tenant's
+    #: plan share bounds one tenant, this bounds many (one person may own several tenants).
+    kv_pinned_fraction: float = 0.5
+    #: The tenant-scoped automatic prefix cache (gpu_worker/kvfs/prefix.py).
+    prefix_cache: bool = True
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Seconds between live ``kv`` snapshot events of a running session.
     kv_event_interval_s: float = 0.5
@@ -68,7 +129,22 @@ class WorkerConfig:
     #: Hard cap on one http_fetch response body (bytes) and its timeout (seconds).
     http_max_bytes: int = 4 * 1024 * 1024
     http_timeout_s: float = 30.0
+    #: Bytes of unread channel messages one tenant may have queued here, all its run trees
+    #: together (gpu_worker/channels.py).
+    channel_bytes_per_tenant: int = 16 * 1024 * 1024
+    conn: ConnectionLimits = field(default_factory=ConnectionLimits)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    grammar: GrammarConfig = field(default_factory=GrammarConfig)
+
+
+def connection_limits_from_env() -> ConnectionLimits:
+    """:class:`ConnectionLimits` with each field overridden by ``SYMPHONY_WORKER_<FIELD>`` if set."""
+    values: dict[str, Any] = {}  # int or float, as each field is typed
+    for f in fields(ConnectionLimits):
+        raw = os.environ.get(f"SYMPHONY_WORKER_{f.name.upper()}")
+        if raw:
+            values[f.name] = float(raw) if f.type == "float" else int(raw)
+    return ConnectionLimits(**values)
 
 
 def env_defaults() -> dict[str, object]:
@@ -82,5 +158,8 @@ def env_defaults() -> dict[str, object]:
         "sessions_dir": _env_path("SYMPHONY_SESSIONS_DIR", "var/run/sessions"),
         "kv_store_dir": _env_path("SYMPHONY_KV_STORE", "var/kvstore"),
         "kv_cache_gib": float(os.environ.get("SYMPHONY_KV_CACHE_GIB", "1")),
+        # A string, so the CLI checks it as it checks --kv-pinned-fraction (a fraction in [0, 1]).
+        "kv_pinned_fraction": os.environ.get("SYMPHONY_KV_PINNED_FRACTION") or "0.5",
+        "prefix_cache": os.environ.get("SYMPHONY_PREFIX_CACHE", "1").lower() not in ("0", "false", "no", "off"),
         "redis_url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
     }

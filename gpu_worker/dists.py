@@ -1,4 +1,4 @@
-"""Dist handles: next-token distributions kept worker-side (DESIGN.md §3).
+"""Dist handles: next-token distributions kept worker-side (docs/ARCHITECTURE.md §4).
 
 A ``pred`` leaves its logits rows here and hands the LIP small integer handles; sampling,
 masking and biasing run in the worker, so a reply carries a few bytes instead of a vocabulary
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpu_worker.protocol import ErrorCode, ProtocolError
+from gpu_worker.protocol import ErrorCode, ProtocolError, Sample, TopKReply
 
 
 def _bad(message: str) -> ProtocolError:
@@ -32,20 +32,9 @@ class SampleParams:
     seed: int | None = None
 
     @classmethod
-    def from_args(cls, args: Mapping[str, object]) -> SampleParams:
-        temperature = args.get("temperature", 1.0)
-        top_p = args.get("top_p", 1.0)
-        top_k = args.get("top_k", 0)
-        seed = args.get("seed")
-        if not isinstance(temperature, int | float) or isinstance(temperature, bool) or not 0 <= temperature <= 100:
-            raise _bad("temperature must be a number in [0, 100]")
-        if not isinstance(top_p, int | float) or isinstance(top_p, bool) or not 0 < top_p <= 1:
-            raise _bad("top_p must be a number in (0, 1]")
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0:
-            raise _bad("top_k must be a non-negative integer")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63):
-            raise _bad("seed must be a non-negative integer")
-        return cls(float(temperature), float(top_p), int(top_k), seed)
+    def of(cls, spec: Sample) -> SampleParams:
+        """The parameters of a decoded ``sample`` choice (bounds checked by the protocol)."""
+        return cls(float(spec.temperature), float(spec.top_p), int(spec.top_k), spec.seed)
 
 
 def apply_bias(logits: torch.Tensor, bias: object) -> torch.Tensor:
@@ -185,20 +174,16 @@ def _draw(weights: torch.Tensor, generator: torch.Generator) -> int:
     return index
 
 
-def topk(logits: torch.Tensor, k: int) -> dict[str, list]:
-    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= min(1024, logits.shape[-1]):
-        raise _bad("k must be an integer in [1, 1024]")
+def topk(logits: torch.Tensor, k: int) -> TopKReply:
+    if k > logits.shape[-1]:
+        raise _bad(f"k must be at most the vocabulary size ({logits.shape[-1]})")
     logprobs = torch.log_softmax(logits, dim=-1)
     values, ids = torch.topk(logprobs, k)
-    return {"ids": [int(i) for i in ids], "logprobs": [float(v) for v in values]}
+    return TopKReply(ids=[int(i) for i in ids], logprobs=[float(v) for v in values])
 
 
-def logprob(logits: torch.Tensor, token_ids: Sequence[object]) -> list[float]:
-    vocab = logits.shape[-1]
-    if not isinstance(token_ids, list | tuple) or not 1 <= len(token_ids) <= vocab:
-        raise _bad("token_ids must be a non-empty list")
-    if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in token_ids):
-        raise _bad("token ids must be integers in [0, vocab_size)")
+def logprob(logits: torch.Tensor, token_ids: Sequence[int]) -> list[float]:
+    """Log-probabilities of ``token_ids`` (checked against the vocabulary by the protocol)."""
     logprobs = torch.log_softmax(logits, dim=-1)
     return [float(v) for v in logprobs[torch.tensor(list(token_ids), dtype=torch.long)]]
 

@@ -164,6 +164,8 @@ class Engine:
         self.block_size: int = int(self._runner.cache_config.block_size)
         self.num_pages: int = int(self._runner.kv_cache_config.num_blocks)
         self.vocab_size: int = int(self._runner.model_config.get_vocab_size())
+        #: What the model computes in (``torch.float32``, ``torch.bfloat16``): health shows it.
+        self.dtype: str = str(self._runner.model_config.dtype).removeprefix("torch.")
         # Page-major views of the per-layer KV tensors: vLLM-CPU allocates [pages, ...], the
         # CUDA flash-attention layout is [2, pages, ...]; both become [pages, ...] views.
         self._caches: list[torch.Tensor] = [self._page_major(c) for c in self._unique_caches()]
@@ -454,16 +456,6 @@ class Engine:
         if not caches:
             raise RuntimeError("engine is closed")
         return caches
-
-    def copy_pages(self, pairs: Sequence[tuple[int, int]]) -> None:
-        """Copy whole pages ``src -> dst`` over all layers (sources read before any write)."""
-        if not pairs:
-            return
-        src = self._index([s for s, _ in pairs])
-        dst = self._index([d for _, d in pairs])
-        with self._lock:
-            for cache in self._caches:
-                cache.index_copy_(0, dst, cache.index_select(0, src))
 
     def close(self) -> None:
         """Shut the in-process engine core down and free the KV cache."""

@@ -1,4 +1,7 @@
-"""Live run events: the worker XADDs to the Redis stream ``run:<run_id>``.
+"""Live run events: the worker XADDs to the Redis stream ``run:<run_id>``, and SETs its heartbeat.
+
+The stream's key, bound and event records, and the heartbeat's key and expiry, are the
+contracts in ``gpu_worker/contracts.py``, shared with the control plane that reads them.
 
 Publishing happens on a background thread fed by a bounded queue, so a slow or absent Redis
 never delays a ``pred``. When Redis is unreachable (a restart, a failover) the thread keeps the
@@ -10,30 +13,22 @@ Heartbeats are never retried: the next one follows in seconds.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import threading
 import time
 from typing import Any
 
+from gpu_worker import contracts
+from gpu_worker.contracts import HEARTBEAT_PREFIX, HEARTBEAT_TTL_S, STREAM_MAXLEN, RunEvent
+
 log = logging.getLogger(__name__)
 
-STREAM_MAXLEN = 10_000
 QUEUE_MAX = 10_000
 #: Most events sent in one Redis round trip (see ``EventPublisher._publish_batch``).
 BATCH_MAX = 256
-
-
-#: Workers announce themselves under ``symphony:worker:<name>``; the key expires when they stop.
-HEARTBEAT_PREFIX = "symphony:worker:"
-HEARTBEAT_TTL_S = 10
 #: How long one event is retried while Redis is unreachable before it is dropped.
 RETRY_FOR_S = 30.0
-
-
-def stream_key(run_id: str) -> str:
-    return f"run:{run_id}"
 
 
 class EventPublisher:
@@ -49,10 +44,15 @@ class EventPublisher:
         self._thread = threading.Thread(target=self._run, name="events", daemon=True)
         self._thread.start()
 
-    def publish(self, run_id: str, type_: str, data: Any) -> None:
+    def publish(self, run_id: str, event: RunEvent) -> None:
         """Queue one event; never blocks and never raises."""
+        self.publish_encoded(run_id, *contracts.encode(event))
+
+    def publish_encoded(self, run_id: str, type_: str, payload: str) -> None:
+        """Queue one event already encoded (``contracts.encode``: a caller that counted its
+        bytes first); never blocks or raises."""
         try:
-            self._queue.put_nowait((stream_key(run_id), type_, json.dumps(data, default=str)))
+            self._queue.put_nowait((contracts.run_stream_key(run_id), type_, payload))
         except queue.Full:
             self.dropped += 1
             log.warning("event=event_dropped reason=queue_full run=%s type=%s", run_id, type_)
@@ -61,7 +61,8 @@ class EventPublisher:
         """Announce this worker (name, free pages, sessions) for the control plane's routing;
         the key expires after ``HEARTBEAT_TTL_S`` so a dead worker disappears by itself."""
         try:
-            self._queue.put_nowait((HEARTBEAT_PREFIX + name, "", json.dumps(info, default=str)))
+            value = contracts.encode_heartbeat({**info, "name": name})
+            self._queue.put_nowait((contracts.heartbeat_key(name), "", value))
         except queue.Full:
             self.dropped += 1
 
@@ -126,7 +127,8 @@ class EventPublisher:
         try:
             pipe = self._connect().pipeline(transaction=True)
             for key, type_, data in events:
-                pipe.xadd(key, {"type": type_, "data": data}, maxlen=STREAM_MAXLEN, approximate=True)
+                fields = {contracts.TYPE_FIELD: type_, contracts.DATA_FIELD: data}
+                pipe.xadd(key, fields, maxlen=STREAM_MAXLEN, approximate=True)
             pipe.execute()
             return True
         except Exception as exc:  # redis raises many types; none may reach a LIP

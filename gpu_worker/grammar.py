@@ -1,27 +1,41 @@
 """Constrained decoding with xgrammar: grammars compiled once per source, matchers per session.
 
 ``grammar`` compiles a JSON schema, regex or EBNF grammar (cached across sessions by source
-text, since compiling costs milliseconds to seconds); ``grammar_state`` makes a fresh matcher,
+text, since compiling costs milliseconds to seconds; compiled in child processes under a time
+and size budget, so a hostile source costs only a child); ``grammar_state`` makes a fresh matcher,
 used as ``mask`` in ``dist_sample``/``dist_argmax`` and a fused ``pred``'s ``then``;
 ``mask_advance`` feeds it the chosen token, or the choice does (``advance: true``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import itertools
 import json
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
 from gpu_worker import dists
+from gpu_worker.config import GrammarConfig
+from gpu_worker.grammar_budget import check_source
+from gpu_worker.grammar_pool import CompilePool, CompileTimeout
 from gpu_worker.protocol import ErrorCode, ProtocolError
+from gpu_worker.protocol import Grammar as GrammarArgs
 
 MAX_SOURCE_CHARS = 100_000
 CACHE_SIZE = 128
+#: How long a compile that ran out of time stays refused without trying again.
+REFUSAL_TTL_S = 60.0
 
 
 def grammar_source(kind: str, value: object) -> str:
@@ -49,57 +63,148 @@ def grammar_source(kind: str, value: object) -> str:
 
 
 class GrammarCompiler:
-    """Worker-wide compiler with an LRU cache keyed by ``(kind, source)``."""
+    """Worker-wide LRU of compiled grammars keyed by ``(kind, source)``, compiled in child
+    processes (``grammar_pool``) under the worker's grammar budgets.
 
-    def __init__(self, model_dir: str, vocab_size: int) -> None:
+    Everything but the compile itself runs on the event loop: a cache hit returns at once and
+    never waits for anyone's compile; concurrent requests for one source share one compile; a
+    tenant compiles one source at a time, so with two or more children another tenant always
+    finds one. Refusals are remembered too (a timeout only for ``REFUSAL_TTL_S``, since load
+    may have caused it), so resubmitting a hostile source does not cost another child.
+    """
+
+    def __init__(self, model_dir: str, vocab_size: int, budget: GrammarConfig | None = None) -> None:
         self._model_dir = model_dir
         self.vocab_size = vocab_size
-        self._compiler: Any = None
+        self.budget = budget or GrammarConfig()
+        self._info: Any = None
+        self._pool: CompilePool | None = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._inflight: dict[tuple[str, str], asyncio.Task] = {}
+        self._gates: dict[str, tuple[asyncio.Lock, list[int]]] = {}
+        self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self.compiled = 0
         self.hits = 0
+        self.refused = 0
 
-    def _xgr_compiler(self) -> Any:
-        if self._compiler is None:
-            import xgrammar as xgr
-            from transformers import AutoTokenizer
+    async def start(self) -> None:
+        """Load the tokenizer's vocabulary for xgrammar and start the compiling children (a
+        worker that answers health can compile at once)."""
+        loop = asyncio.get_running_loop()
+        self._info = await loop.run_in_executor(self._thread, self._tokenizer_info)
+        serialized = await loop.run_in_executor(self._thread, self._info.serialize_json)
+        self._pool = CompilePool(serialized, self.budget.processes, self.budget.max_bytes)
+        await self._pool.start()
 
-            hf = AutoTokenizer.from_pretrained(self._model_dir)
-            info = xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size)
-            self._compiler = xgr.GrammarCompiler(info, max_threads=1)
-        return self._compiler
+    def _tokenizer_info(self) -> Any:
+        import xgrammar as xgr
+        from transformers import AutoTokenizer
 
-    def compile(self, args: dict[str, Any]) -> Any:
-        """Compile (or fetch from cache) the one grammar source given in ``args``."""
-        kinds = [k for k in ("json_schema", "regex", "ebnf") if args.get(k) is not None]
-        if len(kinds) != 1:
-            raise ProtocolError(ErrorCode.BAD_ARGS, "give exactly one of json_schema, regex, ebnf")
-        kind = kinds[0]
-        source = grammar_source(kind, args[kind])
+        hf = AutoTokenizer.from_pretrained(self._model_dir)
+        return xgr.TokenizerInfo.from_huggingface(hf, vocab_size=self.vocab_size)
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            await self._pool.close()
+        self._thread.shutdown(wait=False)
+
+    def stats(self) -> dict[str, int]:
+        killed = self._pool.killed if self._pool is not None else 0
+        return {"compiled": self.compiled, "cache_hits": self.hits, "refused": self.refused, "killed": killed}
+
+    async def compile(self, args: GrammarArgs, tenant: str = "") -> Any:
+        """The compiled grammar of the one source ``args`` gives (cached), or BAD_ARGS."""
+        ((kind, given),) = [(k, v) for k, v in vars(args).items() if v is not None]
+        source = grammar_source(kind, given)
         key = (kind, source)
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                return self._cache[key]
-            compiler = self._xgr_compiler()
-            try:
-                if kind == "json_schema":
-                    # Compact JSON, no space after "," or ":" (what vLLM's disable_any_whitespace
-                    # compiles): with any_whitespace a model may emit whitespace forever.
-                    compiled = compiler.compile_json_schema(source, any_whitespace=False, separators=(",", ":"))
-                elif kind == "regex":
-                    compiled = compiler.compile_regex(source)
-                else:
-                    compiled = compiler.compile_grammar(source)
-            except Exception as exc:  # xgrammar raises RuntimeError/ValueError subclasses
-                raise ProtocolError(ErrorCode.BAD_ARGS, f"invalid {kind}: {str(exc)[:300]}") from None
-            self._cache[key] = compiled
-            self.compiled += 1
-            while len(self._cache) > CACHE_SIZE:
-                self._cache.popitem(last=False)
-            return compiled
+        cached = self._cached(key)
+        if cached is not None:
+            return cached
+        check_source(kind, source, self.budget)
+        task = self._inflight.get(key)
+        if task is None:
+            if self._pool is None:
+                raise ProtocolError(ErrorCode.INTERNAL, "grammar compiler is not started")
+            task = asyncio.get_running_loop().create_task(self._compile(key, tenant))
+            self._inflight[key] = task
+            task.add_done_callback(partial(self._compiled, key))
+        # Shielded: one requester going away must not cancel the compile the others share.
+        return await asyncio.shield(task)
+
+    def _compiled(self, key: tuple[str, str], task: asyncio.Task) -> None:
+        del self._inflight[key]
+        if not task.cancelled():
+            task.exception()  # retrieved here: every requester may have gone away
+
+    def _cached(self, key: tuple[str, str]) -> Any:
+        entry = self._cache.get(key)
+        if entry is None:
+            return None
+        if isinstance(entry, _Refusal):
+            if entry.expires_at is not None and time.monotonic() > entry.expires_at:
+                del self._cache[key]
+                return None
+            self._cache.move_to_end(key)
+            raise ProtocolError(entry.error.code, entry.error.message)
+        self._cache.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def _remember(self, key: tuple[str, str], value: Any) -> None:
+        self._cache[key] = value
+        while len(self._cache) > CACHE_SIZE:
+            self._cache.popitem(last=False)
+
+    async def _compile(self, key: tuple[str, str], tenant: str) -> Any:
+        kind, source = key
+        assert self._pool is not None
+        reply: dict[str, Any] | None = None
+        async with self._gate(tenant):
+            # Raised outside the gate: contextlib sets attributes on what passes through, and a
+            # ProtocolError is frozen.
+            with contextlib.suppress(CompileTimeout):
+                reply = await self._pool.compile(kind, source, self.budget.timeout_s)
+        if reply is None:
+            error = ProtocolError(
+                ErrorCode.BAD_ARGS,
+                f"{kind} did not compile within the grammar budget of {self.budget.timeout_s:g} s "
+                "(grammar_compile_timeout_s)",
+            )
+            return self._refuse(key, error, time.monotonic() + REFUSAL_TTL_S)
+        if "err" in reply:
+            return self._refuse(key, ProtocolError(ErrorCode.BAD_ARGS, str(reply["err"])), None)
+        import xgrammar as xgr
+
+        compiled = await asyncio.get_running_loop().run_in_executor(
+            self._thread, xgr.CompiledGrammar.deserialize_json, reply["ok"], self._info
+        )
+        self._remember(key, compiled)
+        self.compiled += 1
+        return compiled
+
+    def _refuse(self, key: tuple[str, str], error: ProtocolError, expires_at: float | None) -> Any:
+        self.refused += 1
+        self._remember(key, _Refusal(error, expires_at))
+        raise error
+
+    @contextlib.asynccontextmanager
+    async def _gate(self, tenant: str) -> AsyncIterator[None]:
+        """One compile at a time per tenant (entries removed once nobody holds or waits)."""
+        lock, users = self._gates.setdefault(tenant, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                del self._gates[tenant]
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    error: ProtocolError
+    expires_at: float | None
 
 
 class Matcher:

@@ -1,4 +1,4 @@
-"""Two-level scheduler (DESIGN.md §5).
+"""Two-level scheduler (docs/ARCHITECTURE.md §6).
 
 *LIP level*: pending ``pred`` calls wait in per-tenant queues; :class:`FairQueue` picks the
 next batch by deficit round robin on tokens across tenants (weighted), decode calls first,
@@ -7,6 +7,8 @@ contended decode seats to the least-served tenant.
 runnable call under the token budget, chunking long prefills, after waiting a bounded time
 (a fraction of one forward) for a fuller batch; plans appends with KVFS, runs ``Engine.forward``,
 commits or aborts, and completes each call's future. The asyncio loop never touches the engine.
+A failed call's future carries a KVFS error or one of the :class:`PredError` kinds below, never a
+wire code: the op layer maps them (``gpu_worker/ops/errors.py``).
 """
 
 from __future__ import annotations
@@ -28,13 +30,57 @@ from gpu_worker.batch import Batch, SeqWork
 from gpu_worker.config import SchedulerConfig
 from gpu_worker.engine import cpu_threads
 from gpu_worker.kvfs import KVFS, AppendPlan, Busy, KVFSError, Owner
-from gpu_worker.protocol import ErrorCode, ProtocolError
+from gpu_worker.usage import Usage
 
 log = logging.getLogger(__name__)
 
 #: An engine idle for longer than this between two forwards had no work; shorter gaps count
 #: in ``Metrics.gap_s_total`` (time the program-driven loop costs a busy engine).
 BUSY_GAP_S = 1.0
+
+
+class PredError(Exception):
+    """Why the scheduler failed a ``pred`` call; the op layer maps each kind to a wire code
+    (``gpu_worker/ops/errors.py``). KVFS errors from planning a call fail it as they are."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class SessionEnded(PredError):
+    """The call's session ended while the call was queued."""
+
+
+class ShuttingDown(PredError):
+    """The worker is stopping: no new call is taken, queued ones are failed."""
+
+
+class ContextFull(PredError):
+    """The call would take its KV file past the model's context length."""
+
+
+class ForwardFailed(PredError):
+    """The engine raised during the forward that carried the call."""
+
+
+class PendingReleases:
+    """Engine sequences whose KV files were released, dropped by the engine thread before its
+    next forward. Made before both KVFS (whose ``on_release`` adds to it) and the scheduler
+    (which drains it), so neither needs the other to exist first."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: list[str] = []
+
+    def add(self, seq_id: str) -> None:
+        with self._lock:
+            self._ids.append(seq_id)
+
+    def take(self) -> list[str]:
+        with self._lock:
+            ids, self._ids = self._ids, []
+        return ids
 
 
 class Forward(Protocol):
@@ -46,7 +92,7 @@ class Forward(Protocol):
 
 
 class SessionView(Protocol):
-    """What the scheduler needs of a session (see sessions.Session)."""
+    """What the scheduler needs of a session (see sessions.WorkerSession)."""
 
     session_id: str
     tenant: str
@@ -54,8 +100,12 @@ class SessionView(Protocol):
     owner: Owner
     weight: float
     swapped: bool
+    #: The run's counters; the scheduler adds the forwards the session took part in.
+    usage: Usage
 
-    def on_tokens(self, n: int) -> None: ...
+    def on_tokens(self, n: int, prefill: bool | None = None) -> None: ...
+
+    def on_cached_tokens(self, n: int) -> None: ...
 
 
 @dataclass(eq=False)
@@ -72,7 +122,8 @@ class PredCall:
     logits: dict[int, torch.Tensor] = field(default_factory=dict)
     started: float | None = None
     #: ``pred(..., then=...)``: turns each logits row into a token id on the engine thread, right
-    #: after the forward, so the future carries token ids (see ``Scheduler._resolve``).
+    #: after the forward, so the future carries token ids (see ``Scheduler._resolve``); what it
+    #: raises fails the call as it is.
     choose: Callable[[torch.Tensor], int] | None = None
     #: Every chunk ran through a forward (its tokens were computed and metered).
     ran: bool = False
@@ -112,12 +163,29 @@ class FairQueue:
     in a forward whose other seats carry one token each: its tenant jumps that far ahead of the
     others at once (and that forward is slower for every tenant in it); with it, a contended
     prompt is served in small chunks over several forwards, the way VTC charges token by token.
+
+    While another tenant has queued a call within ``idle_reset_s``, one tenant takes no more
+    seats of a forward than the widest other such tenant (calls queued, or seats in its last
+    forward), and at least ``contended_seats`` (``None``: no cap). Every tenant's next token
+    waits for the forward in progress, and on CPU a forward costs about the same per sequence:
+    a LIP with 64 threads of one-token calls otherwise filled every forward, and another
+    tenant's small completion waited for 64 sequences at each of its steps (3.4x slower).
+    Tenants of similar width still fill the batch together, and a tenant alone fills it.
     """
 
-    def __init__(self, quantum: int, idle_reset_s: float = 1.0, prefill_slack: float | None = None) -> None:
+    def __init__(
+        self,
+        quantum: int,
+        idle_reset_s: float = 1.0,
+        prefill_slack: float | None = None,
+        contended_seats: int | None = None,
+    ) -> None:
         self.quantum = quantum
         self.idle_reset_s = idle_reset_s
         self.prefill_slack = prefill_slack
+        self.contended_seats = contended_seats
+        #: Seats each tenant took in the last forward it was in (its width, for ``seat_caps``).
+        self.last_seats: dict[str, int] = {}
         self.queues: collections.OrderedDict[str, collections.deque[PredCall]] = collections.OrderedDict()
         self.deficit: dict[str, float] = collections.defaultdict(float)
         #: Tokens served per unit of weight (the VTC counter, lifted on return from idle), the
@@ -144,7 +212,7 @@ class FairQueue:
                 # Nobody else is being served: every counter is history from a busy period that
                 # has ended, and whatever a tenant got then, it got while the others did not ask.
                 # All restart level; otherwise a tenant served alone at the end of the last busy
-                # period keeps its lead and loses every contended seat in the next (found by B7).
+                # period keeps its lead and loses every contended seat in the next (B7's mix).
                 self.served.clear()
             self.served[tenant] = max(self.served.get(tenant, 0.0), min(recent, default=0.0))
         self.last_queued[tenant] = now
@@ -155,7 +223,7 @@ class FairQueue:
             queue.append(call)
 
     def remove_if(self, pred: Callable[[PredCall], bool]) -> list[PredCall]:
-        removed = []
+        removed: list[PredCall] = []
         for tenant, queue in list(self.queues.items()):
             keep = collections.deque(c for c in queue if not pred(c))
             removed.extend(c for c in queue if pred(c))
@@ -175,6 +243,7 @@ class FairQueue:
             for tenant in [t for t in self.last_queued if t not in self.queues]:
                 if now - self.last_queued[tenant] > 60 * self.idle_reset_s:
                     del self.last_queued[tenant]
+                    self.last_seats.pop(tenant, None)
                     self.served.pop(tenant, None)
                     self.charged.pop(tenant, None)
 
@@ -189,7 +258,7 @@ class FairQueue:
         self.charged[call.tenant] += weighted
 
     def _decode_seats(
-        self, tenants: list[str], seats: int, skip: Callable[[PredCall], bool]
+        self, tenants: list[str], seats: int, skip: Callable[[PredCall], bool], caps: dict[str, int] | None = None
     ) -> tuple[list[PredCall], dict[str, int]]:
         """The decode calls to run, and the tenants given a seat for a prefill chunk, each with
         the most prefill tokens it may take in this forward (see ``prefill_slack``).
@@ -199,8 +268,10 @@ class FairQueue:
         a tenant with only prefill calls runnable takes one seat for its chunk (the DRR pass
         fills it) and leaves the contest, since the chunk will raise its counter far more.
         Without that seat, decodes that fill every seat would starve a least-served tenant whose
-        only runnable call is its prompt (found by B7)."""
+        only runnable call is its prompt (as in B7's mix of tenants)."""
         decodes = {t: [c for c in self.queues[t] if c.remaining == 1 and not skip(c)] for t in tenants}
+        for tenant, cap in (caps or {}).items():
+            del decodes[tenant][cap:]
         if sum(len(v) for v in decodes.values()) <= seats:
             return [c for t in tenants for c in decodes[t]], {}
         prefill_only = {
@@ -241,19 +312,52 @@ class FairQueue:
     def queued_tokens(self) -> int:
         return sum(c.remaining for q in self.queues.values() for c in q)
 
+    def seat_caps(self, tenants: list[str]) -> dict[str, int]:
+        """Most seats each tenant may take in the next forward (see ``contended_seats``)."""
+        if self.contended_seats is None:
+            return {}
+        recent = time.monotonic() - self.idle_reset_s
+        active = {t for t, at in self.last_queued.items() if at >= recent} | set(tenants)
+        # A tenant's width: calls queued now, or seats it took in its last forward (its next
+        # calls may not be back yet).
+        width = {t: max(len(self.queues.get(t, ())), self.last_seats.get(t, 0)) for t in active}
+        caps = {}
+        for tenant in tenants:
+            others = [width[t] for t in active if t != tenant]
+            if others:
+                caps[tenant] = max(self.contended_seats, max(others))
+        return caps
+
+    def seatable(self, max_seqs: int) -> int:
+        """How many queued calls the next forward could seat (each tenant up to its cap)."""
+        caps = self.seat_caps(list(self.queues))
+        return sum(min(len(q), caps.get(t, max_seqs)) for t, q in self.queues.items())
+
+    def capped_backlog(self) -> bool:
+        """Whether a tenant has more calls queued than its cap lets into the next forward."""
+        caps = self.seat_caps(list(self.queues))
+        return any(len(self.queues[t]) > cap for t, cap in caps.items())
+
     def select(self, budget: int, max_seqs: int, skip: Callable[[PredCall], bool]) -> list[tuple[PredCall, int]]:
         """Remove and return ``(call, n_tokens)`` pairs for one batch; the caller re-queues leftovers."""
         picked: list[tuple[PredCall, int]] = []
         taken: set[int] = set()
         tenants = list(self.queues)
+        caps = self.seat_caps(tenants)
+        seats_left = {t: caps.get(t, max_seqs) for t in tenants}
+
+        def seatless(c: PredCall) -> bool:
+            return skip(c) or seats_left[c.tenant] <= 0
+
         # Decode first: latency-bound, one token each.
-        decode_calls, prefill_seats = self._decode_seats(tenants, min(max_seqs, budget), skip)
+        decode_calls, prefill_seats = self._decode_seats(tenants, min(max_seqs, budget), skip, caps)
         # Tenants given a prefill seat go first in the DRR pass, so another tenant's prefill
         # cannot take their seat.
         tenants = list(prefill_seats) + [t for t in tenants if t not in prefill_seats]
         for call in decode_calls:
             picked.append((call, 1))
             taken.add(id(call))
+            seats_left[call.tenant] -= 1
             budget -= 1
             self.deficit[call.tenant] -= 1
             self._charge(call, 1)
@@ -262,16 +366,17 @@ class FairQueue:
         while budget > 0 and len(picked) < max_seqs and progress:
             progress = False
             for tenant in tenants:
-                waiting = [c for c in self.queues[tenant] if id(c) not in taken and not skip(c)]
+                waiting = [c for c in self.queues[tenant] if id(c) not in taken and not seatless(c)]
                 if not waiting:
                     continue
                 self.deficit[tenant] += self.quantum * self._weight(waiting[0])
                 for call in waiting:
                     n = min(call.remaining, budget, int(self.deficit[tenant]), prefill_seats.get(tenant, UNBOUNDED))
-                    if n <= 0 or len(picked) >= max_seqs:
+                    if n <= 0 or len(picked) >= max_seqs or seats_left[tenant] <= 0:
                         break
                     picked.append((call, n))
                     taken.add(id(call))
+                    seats_left[tenant] -= 1
                     budget -= n
                     self.deficit[tenant] -= n
                     if tenant in prefill_seats:
@@ -281,6 +386,8 @@ class FairQueue:
                     if n < call.remaining:
                         break
         for tenant in tenants:
+            if self.contended_seats is not None:
+                self.last_seats[tenant] = caps.get(tenant, max_seqs) - seats_left[tenant]
             self.queues[tenant] = collections.deque(c for c in self.queues[tenant] if id(c) not in taken)
             if not self.queues[tenant]:
                 self.deficit[tenant] = 0.0
@@ -332,6 +439,8 @@ class Metrics:
     #: Per tenant: forwards that left some of its runnable calls queued. A tenant that is
     #: never passed over got all it asked for (its share is limited by its own demand).
     passed_over_per_tenant: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
+    #: Prompt tokens mapped from the prefix cache instead of computed (gpu_worker/kvfs/prefix.py).
+    prefix_cached_tokens: int = 0
 
     def to_dict(self, max_num_batched_tokens: int) -> dict[str, Any]:
         f = max(self.forwards, 1)
@@ -357,6 +466,7 @@ class Metrics:
             "forwards_seq_capped": self.forwards_seq_capped,
             "forwards_token_capped": self.forwards_token_capped,
             "passed_over_per_tenant": dict(self.passed_over_per_tenant),
+            "prefix_cached_tokens": self.prefix_cached_tokens,
         }
 
 
@@ -398,18 +508,28 @@ class Scheduler:
         config: SchedulerConfig,
         max_model_len: int,
         engine_thread: EngineThread | None = None,
+        releases: PendingReleases | None = None,
+        active_sessions: Callable[[], Collection[str]] = lambda: (),
     ) -> None:
         """``engine_thread``: where to run the loop, the thread that built the engine (vLLM's
-        CPU backend ran forwards 20-25% faster there); ``None`` starts a thread of its own."""
+        CPU backend runs forwards 20-25% faster there); ``None`` starts a thread of its own.
+        ``releases``: what KVFS's ``on_release`` collects (``None``: a queue of its own).
+        ``active_sessions``: ids of the sessions currently able to issue a pred (connected, not
+        blocked in brokered I/O, not ended): a session of the last forward that went into I/O
+        or ended is not waited for."""
         self.engine = engine
         self.kvfs = kvfs
         self.config = config
         self.max_model_len = max_model_len
-        self.queue = FairQueue(config.drr_quantum, prefill_slack=config.contended_prefill_slack)
+        self.queue = FairQueue(
+            config.drr_quantum,
+            prefill_slack=config.contended_prefill_slack,
+            contended_seats=config.contended_seats_per_tenant,
+        )
         self.metrics = Metrics()
         self._cond = threading.Condition()
         self._tasks: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
-        self._releases: list[str] = []
+        self.releases = releases if releases is not None else PendingReleases()
         self._running: list[PredCall] = []
         #: The sessions of the last forward and their "width" (calls they had in it plus calls
         #: they queued during it): what the next batch's bounded wait expects back.
@@ -417,10 +537,7 @@ class Scheduler:
         #: When the last forward ended (``time.monotonic``): the start of a batch's bounded wait.
         self._engine_free_since = 0.0
         self._stop = False
-        #: Ids of the sessions currently able to issue a pred (connected, not blocked in
-        #: brokered I/O, not ended): a session of the last forward that went into I/O or ended
-        #: is not waited for.
-        self.active_sessions: Callable[[], Collection[str]] = lambda: ()
+        self.active_sessions = active_sessions
         self._engine_thread = engine_thread
         self._loop_done: concurrent.futures.Future | None = None
 
@@ -441,13 +558,14 @@ class Scheduler:
     def submit(self, call: PredCall) -> concurrent.futures.Future:
         """Queue ``call``; wake the engine thread only when that can launch a batch.
 
-        The engine waits for work, then for the batch to fill (``_wait_for_fuller_batch``).
-        Woken for every call, it re-checked the batch 32 times in the gap of a 32-wide forward,
-        taking the GIL from the event loop that was relaying those very calls; now the loop
-        checks, and wakes it for the first call and for the one that fills the batch."""
+        The engine waits for work, then for the batch to fill (``_wait_for_fuller_batch``). The
+        caller (the event loop) checks whether the batch is ready and wakes the engine only for
+        the first call and for the one that fills the batch: woken for every call, the engine
+        would re-check the batch 32 times in the gap of a 32-wide forward, taking the GIL from
+        the loop that is relaying those very calls."""
         with self._cond:
             if self._stop:
-                raise ProtocolError(ErrorCode.BUSY, "worker is shutting down")
+                raise ShuttingDown("worker is shutting down")
             idle = not len(self.queue)
             self.queue.push(call)
             if idle or self._batch_ready() is not None:
@@ -462,18 +580,13 @@ class Scheduler:
             self._cond.notify_all()
         return fut
 
-    def defer_release(self, seq_id: str) -> None:
-        """KVFS ``on_release`` hook: drop the engine's sequence state before the next forward."""
-        with self._cond:
-            self._releases.append(seq_id)
-
     def cancel_session(self, session_id: str) -> int:
         """Fail the session's queued calls; returns how many. Running calls finish normally."""
         with self._cond:
             removed = self.queue.remove_if(lambda c: c.session.session_id == session_id)
             self._width.pop(session_id, None)
         for call in removed:
-            self._fail(call, ProtocolError(ErrorCode.TIMEOUT, "session ended"))
+            self._fail(call, SessionEnded("session ended"))
         return len(removed)
 
     def session_busy(self, session_id: str) -> bool:
@@ -507,7 +620,7 @@ class Scheduler:
                     self.metrics.launch_reasons[reason] += 1
                 tasks = list(self._tasks)
                 self._tasks.clear()
-                releases, self._releases = self._releases, []
+                releases = self.releases.take()
             for seq_id in releases:
                 self.engine.release(seq_id)
             for fn, fut in tasks:
@@ -534,7 +647,7 @@ class Scheduler:
         with self._cond:
             leftover = self.queue.remove_if(lambda c: True)
         for call in leftover:
-            self._fail(call, ProtocolError(ErrorCode.BUSY, "worker is shutting down"))
+            self._fail(call, ShuttingDown("worker is shutting down"))
 
     def _wait_for_fuller_batch(self) -> str | None:
         """Bounded wait while the batch could grow: ``batch_wait_fraction`` of a forward's time,
@@ -545,9 +658,13 @@ class Scheduler:
         Returns why it stopped waiting (``None``: nothing queued), counted in the metrics."""
         if self._tasks:
             return "engine_task"
-        bound = min(
-            self.config.max_batch_wait_s, max(self.config.batch_wait_fraction * self.metrics.forward_s_ema, 0.001)
-        )
+        wait = self.config.batch_wait_fraction * self.metrics.forward_s_ema
+        if self.queue.capped_backlog():
+            # A capped tenant's backlog would otherwise start a forward while a narrower
+            # tenant's next call is a sandbox round trip away, and that call would wait it out:
+            # wait up to a forward for the last forward's sessions (at the backlog's expense).
+            wait = max(wait, self.metrics.forward_s_ema)
+        bound = min(self.config.max_batch_wait_s, max(wait, 0.001))
         oldest = self.queue.oldest()
         if oldest is None:
             return None
@@ -572,7 +689,8 @@ class Scheduler:
         # A batch that is already full cannot grow: waiting would only delay it.
         if self.queue.queued_tokens() >= self.config.max_num_batched_tokens:
             return "tokens_full"
-        if len(self.queue) >= self.config.max_num_seqs:
+        # Counted within the seat caps: a capped flood's backlog does not make a batch full.
+        if self.queue.seatable(self.config.max_num_seqs) >= self.config.max_num_seqs:
             return "seqs_full"
         if self._every_session_ready():
             return "all_ready"
@@ -595,11 +713,11 @@ class Scheduler:
         token ids its ``choose`` picks.
 
         Why on the engine thread: the next forward waits for every caller's next token, so the
-        time to pick it is on the critical path. Picked on the event loop, the rows of one
-        forward were sampled one after another between replies. All calls of a forward are
-        picked first and settled together after (``_run_batch``): settling each as it was picked
-        made the loop and this thread trade the GIL per call (B3's trace, batch 32: the engine
-        gap 9.9 -> 9.1 ms; batch 8: 3.5 -> 3.3 ms)."""
+        time to pick it is on the critical path; on the event loop the rows of one forward would
+        be sampled one after another between replies. All calls of a forward are picked first
+        and settled together after (``_run_batch``): settling each as it is picked makes the loop
+        and this thread trade the GIL per call (measured with B3, batch 32: the engine's gap
+        between forwards 9.1 ms this way against 9.9 ms; batch 8: 3.3 against 3.5 ms)."""
         call.ran = True
         rows = [call.logits[r] for r in call.rows]
         if call.choose is None:
@@ -607,11 +725,8 @@ class Scheduler:
         else:
             try:
                 value = [call.choose(row) for row in rows]
-            except ProtocolError as exc:  # the LIP's choice (e.g. a mask that leaves no token)
+            except Exception as exc:  # the LIP's choice failed (e.g. a mask that leaves no token)
                 return exc
-            except Exception as exc:
-                log.exception("event=choose_failed session=%s", call.session.session_id)
-                return ProtocolError(ErrorCode.INTERNAL, f"choosing the token failed: {type(exc).__name__}")
         return value
 
     @staticmethod
@@ -628,6 +743,24 @@ class Scheduler:
         self.metrics.failed_calls += 1
         self._settle(call, error)
 
+    def _map_cached_prefix(self, call: PredCall) -> int:
+        """On a call's first chunk: map the longest cached prefix of its tokens into a fresh KV
+        file (gpu_worker/kvfs/prefix.py) and count those tokens as done; returns how many. Never
+        past the first row the caller wants logits of (that position must be computed), nor for
+        a call that cannot fit (it fails in ``_plan`` and must leave the file as it was)."""
+        if len(call.tokens) > self.max_model_len:
+            return 0
+        limit = min(call.rows) if call.rows else len(call.tokens) - 1
+        try:
+            skipped = self.kvfs.map_cached_prefix(call.session.owner, call.kv, call.tokens, limit)
+        except KVFSError:
+            return 0  # a bad handle: ``_plan`` reports it
+        if skipped:
+            call.done = skipped
+            call.session.on_cached_tokens(skipped)
+            self.metrics.prefix_cached_tokens += skipped
+        return skipped
+
     def _plan(self, call: PredCall, n: int, budget_used: int, first: bool) -> AppendPlan | None:
         """Plan one chunk, or ``None`` (call failed, or deferred back to the queue)."""
         session = call.session
@@ -641,7 +774,7 @@ class Scheduler:
                 self.queue.push(call, front=True)
             return None
         except KVFSError as exc:
-            self._fail(call, ProtocolError(exc.code, exc.message))
+            self._fail(call, exc)
             return None
         run = len(plan.run_token_ids)
         # Checked against the whole call, not this chunk: a prompt that cannot fit fails before
@@ -651,7 +784,7 @@ class Scheduler:
             self.kvfs.abort_append(plan)
             self._fail(
                 call,
-                ProtocolError(ErrorCode.NO_SPACE, f"KV file would hold {total} tokens > {self.max_model_len}"),
+                ContextFull(f"KV file would hold {total} tokens > {self.max_model_len}"),
             )
             return None
         if not first and budget_used + run > self.config.max_num_batched_tokens:
@@ -666,13 +799,16 @@ class Scheduler:
         plans: list[tuple[PredCall, int, AppendPlan]] = []
         used = 0
         for call, n in picked:
+            if call.done == 0 and getattr(self.kvfs, "prefix", None) is not None and self._map_cached_prefix(call):
+                n = min(n, call.remaining)  # the mapped prefix is done; at least one token is left
             plan = self._plan(call, n, used, first=not plans)
             if plan is not None:
                 plans.append((call, n, plan))
                 used += len(plan.run_token_ids)
         if not plans:
             return
-        items, copies = [], []
+        items: list[SeqWork] = []
+        copies: list[tuple[int, int]] = []
         for call, n, plan in plans:
             start = call.done
             rows = [plan.n_pending + (r - start) for r in call.rows if start <= r < start + n]
@@ -708,7 +844,7 @@ class Scheduler:
             log.exception("event=forward_failed items=%d tokens=%d", len(items), used)
             for call, _, plan in plans:
                 self.kvfs.abort_append(plan)
-                self._fail(call, ProtocolError(ErrorCode.INTERNAL, f"forward failed: {type(exc).__name__}"))
+                self._fail(call, ForwardFailed(f"forward failed: {type(exc).__name__}"))
             with self._cond:
                 self._running = []
             return
@@ -723,6 +859,8 @@ class Scheduler:
         m.forward_s_ema = elapsed if m.forward_s_ema == 0 else 0.8 * m.forward_s_ema + 0.2 * elapsed
         widths = collections.Counter(c.session.session_id for c, _, _ in plans)
         sessions = set(widths)
+        for session in {id(c.session): c.session for c, _, _ in plans}.values():
+            session.usage.forwards += 1  # only this (engine) thread writes the counter
         with self._cond:
             # A session's width is what it had in this forward plus what it already queued
             # meanwhile: a LIP whose N threads fell into two alternating half-batches is N wide,
@@ -744,7 +882,11 @@ class Scheduler:
                     call.logits[r] = out[i]
                 call.done += n
                 m.tokens_per_tenant[call.tenant] += len(plan.run_token_ids)
-                call.session.on_tokens(n)
+                # A prompt whose cached prefix left one token is still prefill, not a decode step.
+                if n == 1 and len(call.tokens) > 1:
+                    call.session.on_tokens(n, prefill=True)
+                else:
+                    call.session.on_tokens(n)
                 if call.remaining > 0:
                     with self._cond:
                         self.queue.push(call, front=True)

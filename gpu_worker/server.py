@@ -8,35 +8,37 @@ arguments, a crash in a handler) end in an error reply or in closing that connec
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import dataclasses
 import hmac
 import logging
 import os
 import secrets
 import time
-from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gpu_worker import admin, lip_ops, protocol
+from gpu_worker import ops, protocol
 from gpu_worker.config import WorkerConfig
+from gpu_worker.connections import READ_BUFFER_BYTES, ConnectionGuard, close_with, raise_open_file_limit
+from gpu_worker.contracts import KvEvent
 from gpu_worker.engine import set_cpu_threads_of_this_thread
 from gpu_worker.events import EventPublisher
 from gpu_worker.grammar import GrammarCompiler
 from gpu_worker.kvfs import KVFS, KVFSError
-from gpu_worker.pred_relay import PredRelay, error_reply
+from gpu_worker.ops.context import OpContext
+from gpu_worker.ops.errors import wire_error
+from gpu_worker.ops.pred import PredRelay
 from gpu_worker.protocol import ErrorCode, ProtocolError
 from gpu_worker.scheduler import Scheduler
-from gpu_worker.sessions import Session, SessionLimits
+from gpu_worker.sessions import SessionLimits, SessionTable, WorkerSession
 
 log = logging.getLogger(__name__)
 
 #: Sessions left behind by a control plane that never called end_session are reaped this long
 #: after their deadline.
 REAP_GRACE_S = 300.0
-#: Seconds between Redis heartbeats (their keys expire after events.HEARTBEAT_TTL_S).
+#: Seconds between Redis heartbeats (their keys expire after contracts.HEARTBEAT_TTL_S).
 HEARTBEAT_EVERY_S = 2.0
 
 
@@ -51,7 +53,10 @@ class Worker:
         kvfs: KVFS,
         scheduler: Scheduler,
         events: EventPublisher,
+        sessions: SessionTable,
     ) -> None:
+        """``sessions``: the table the scheduler was given too (``Scheduler(active_sessions=
+        sessions.active_ids)``), filled and emptied here."""
         self.config = config
         self.engine = engine
         self.tokenizer = tokenizer
@@ -61,54 +66,21 @@ class Worker:
         self.vocab_size: int = engine.vocab_size
         self.block_size: int = engine.block_size
         self.device: str = getattr(engine, "device", "cpu")
-        self.grammar = GrammarCompiler(config.model_dir, self.vocab_size)
-        self.sessions: dict[str, Session] = {}
-        # The loop and its pools run per-token ops on one vocabulary row at a time: one CPU
-        # thread each, so they never wait at a barrier for a thread the forward displaced.
-        one_thread = partial(set_cpu_threads_of_this_thread, 1)
-        self._kv_pool = concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="kvfs", initializer=one_thread)
-        self._io_pool = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="io", initializer=one_thread)
+        self.dtype: str = getattr(engine, "dtype", "")
+        self.grammar = GrammarCompiler(config.model_dir, self.vocab_size, config.grammar)
+        self.sessions = sessions
+        #: All a LIP's op handlers get of the worker (and the pools KVFS calls run on).
+        self.context = OpContext(config, self.vocab_size, tokenizer, kvfs, scheduler, events, self.grammar)
         self._admin_server: asyncio.AbstractServer | None = None
         self._ticker: asyncio.Task | None = None
+        self.guard = ConnectionGuard(config.conn)
+        self._watchdog: asyncio.Task | None = None
         self._closing = False
-        scheduler.active_sessions = self._active_sessions
 
     # ----------------------------------------------------------------------- helpers
-    async def kv(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run a KVFS call off the loop; its errors become protocol errors."""
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._kv_pool, partial(fn, *args))
-        except KVFSError as exc:
-            raise ProtocolError(exc.code, exc.message) from None
-
-    async def in_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.get_running_loop().run_in_executor(self._io_pool, partial(fn, *args))
-
-    async def blocked_on_io(self, s: Session, aw: Awaitable[Any]) -> Any:
-        """Await brokered I/O; past the threshold the session's private pages go to host memory."""
-        s.io_waits += 1
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(self.config.scheduler.io_swap_threshold_s, lambda: loop.create_task(self._swap_out(s)))
-        try:
-            return await aw
-        finally:
-            s.io_waits -= 1
-            timer.cancel()
-
-    async def _swap_out(self, s: Session) -> None:
-        if s.io_waits == 0 or s.ended or s.swapped:
-            return
-        try:
-            freed = await asyncio.wrap_future(self.scheduler.run_on_engine(partial(self.kvfs.swap_out, s.owner)))
-        except KVFSError as exc:
-            log.warning("event=swap_out_failed session=%s tenant=%s error=%s", s.session_id, s.tenant, exc.message)
-            return
-        s.swapped = True
-        s.swaps += 1
-        log.info("event=swap_out session=%s tenant=%s run=%s pages=%d", s.session_id, s.tenant, s.run_id, freed)
-
-    def _active_sessions(self) -> list[str]:
-        return [s.session_id for s in list(self.sessions.values()) if s.writers and s.io_waits == 0 and not s.ended]
+    async def kv(self, fn: Any, *args: Any) -> Any:
+        """A KVFS call off the loop (``OpContext.kv``)."""
+        return await self.context.kv(fn, *args)
 
     def scheduler_alive(self) -> bool:
         return self.scheduler.alive()
@@ -121,9 +93,13 @@ class Worker:
             "name": self.config.name,
             "model": self.config.model_dir,
             "device": self.device,
+            "dtype": self.dtype,
             "block_size": self.block_size,
             "pages_total": st.total_pages,
-            "pages_free": st.free_pages,
+            # Pages only the prefix cache holds are reclaimed before anything else: as free as free
+            # pages for routing and admission (shown apart as ``pages_prefix_cached``).
+            "pages_free": st.free_pages + st.prefix_cached_pages,
+            "pages_prefix_cached": st.prefix_cached_pages,
             "host_pages": st.host_pages,
             "disk_pages": st.disk_pages,
             "sessions": len(self.sessions),
@@ -138,13 +114,15 @@ class Worker:
             "kvfs": dataclasses.asdict(self.kvfs.stats()),
             "engine": self.engine.stats() if hasattr(self.engine, "stats") else {},
             "events": {"published": self.events.published, "dropped": self.events.dropped},
-            "grammar": {"compiled": self.grammar.compiled, "cache_hits": self.grammar.hits},
+            "grammar": self.grammar.stats(),
+            "channels": self.context.channels.stats(),
+            "connections": self.guard.stats(),
             "sessions": [
                 {
                     "session_id": s.session_id,
                     "tenant": s.tenant,
                     "run_id": s.run_id,
-                    "connected": bool(s.writers),
+                    "connected": bool(s.conns),
                     "swaps": s.swaps,
                     "usage": s.usage.to_dict(),
                 }
@@ -155,6 +133,8 @@ class Worker:
     # --------------------------------------------------------------------- lifecycle
     async def start(self) -> None:
         set_cpu_threads_of_this_thread(1)  # the event loop's thread (see __init__)
+        raise_open_file_limit(self.config.conn)
+        await self.grammar.start()  # before any session can ask for a grammar
         sessions_dir = Path(self.config.sessions_dir)
         sessions_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(sessions_dir, 0o700)
@@ -166,6 +146,7 @@ class Worker:
         )
         os.chmod(admin_path, 0o600)
         self._ticker = asyncio.get_running_loop().create_task(self._tick())
+        self._watchdog = asyncio.get_running_loop().create_task(self.guard.watch())
         log.info(
             "event=worker_ready name=%s admin_socket=%s sessions_dir=%s", self.config.name, admin_path, sessions_dir
         )
@@ -177,9 +158,12 @@ class Worker:
             self._admin_server.close()
         if self._ticker is not None:
             self._ticker.cancel()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
         for sid in list(self.sessions):
             await self.end_session(sid)
         self.scheduler.stop()
+        await self.grammar.close()
         await self.kv(self.kvfs.flush)
         Path(self.config.admin_socket).unlink(missing_ok=True)
         self.events.close()
@@ -205,22 +189,24 @@ class Worker:
                     await self.end_session(s.session_id)
                     continue
                 live.append(s)
-            # One KVFS call for all sessions: per session it cost two thread hops on the loop
-            # that also relays every pred, twice a second (~10 ms a tick with 32 sessions).
+            # One KVFS call for all sessions: one per session would cost two thread hops each on
+            # the loop that also relays every pred, twice a second (~10 ms a tick with 32 sessions).
             usage = await self.kv(self.kvfs.live_usage, [s.owner for s in live])
+            await self.kv(self.kvfs.renew_leases)  # write leases on the shared store (kvfs/lease.py)
             for s, (snap, pages) in zip(live, usage, strict=True):
                 if s.ended:  # ended while the usage was read
                     continue
                 s.usage.sample_pages(pages, now)
                 prev = last.get(s.session_id)
-                if s.writers and (prev is None or prev[0] != snap or now - prev[1] > 5.0):
-                    self.events.publish(s.run_id, "kv", snap)
+                if s.conns and (prev is None or prev[0] != snap or now - prev[1] > 5.0):
+                    self.events.publish(s.run_id, KvEvent(**snap))
                     last[s.session_id] = (snap, now)
             for sid in [k for k in last if k not in self.sessions]:
                 del last[sid]
 
     # ---------------------------------------------------------------------- sessions
-    async def create_session(self, tenant: str, run_id: str, limits: object) -> Session:
+    async def create_session(self, tenant: str, run_id: str, limits: object, tree: str | None = None) -> WorkerSession:
+        """``tree``: the run tree (root run id) whose channels the session shares; default its own."""
         if self._closing:
             raise ProtocolError(ErrorCode.BUSY, "worker is shutting down")
         parsed = SessionLimits.parse(limits)
@@ -232,39 +218,46 @@ class Worker:
         cap = parsed.page_cap(self.kvfs.page_bytes)
         if cap is not None and cap < 1:
             raise ProtocolError(ErrorCode.BAD_ARGS, "limits allow no KV page at all")
-        if st.free_pages == 0 and st.host_pages - st.host_clean_pages >= st.host_capacity_pages:
+        # Idle unpinned named files are spilled for the new run, so they count as room.
+        if (
+            st.host_pages - st.host_clean_pages >= st.host_capacity_pages
+            and await self.kv(self.kvfs.reclaimable_pages) == 0
+        ):
             raise ProtocolError(ErrorCode.NO_SPACE, "no free KV pages on this worker; retry later")
         sid = "s-" + secrets.token_hex(8)
         path = str(Path(self.config.sessions_dir) / f"{sid}.sock")
-        s = Session(sid, tenant, run_id, parsed, path, self.config.max_dists_per_session)
+        s = WorkerSession(sid, tenant, run_id, parsed, path, self.config.max_dists_per_session, tree=tree or "")
         await self.kv(self.kvfs.set_session_limit, s.owner, cap)
-        if parsed.max_stored_bytes is not None:
-            await self.kv(self.kvfs.set_tenant_stored_limit, tenant, parsed.max_stored_bytes)
-        s.server = await asyncio.start_unix_server(partial(self._serve, s), path=path, limit=protocol.MAX_FRAME_BYTES)
+        await self.kv(self.kvfs.set_tenant_quota, tenant, parsed.quota)
+        s.server = await asyncio.start_unix_server(partial(self._serve, s), path=path, limit=READ_BUFFER_BYTES)
         # The sandbox's non-root user connects through the bind mount; the token guards it.
         os.chmod(path, 0o666)  # noqa: S103
         self.sessions[sid] = s
+        self.context.channels.join(s)
         log.info(
-            "event=session_created session=%s tenant=%s run=%s max_tokens=%s max_pages=%s deadline_s=%s",
+            "event=session_created session=%s tenant=%s run=%s tree=%s max_tokens=%s max_pages=%s deadline_s=%s",
             sid,
             tenant,
             run_id,
+            s.tree,
             parsed.max_tokens,
             cap,
             parsed.deadline_s,
         )
         return s
 
-    async def end_session(self, session_id: str) -> dict[str, Any]:
+    async def end_session(self, session_id: str) -> protocol.SessionEnded:
         s = self.sessions.get(session_id)
         if s is None:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"no such session {session_id}")
         del self.sessions[session_id]
         s.ended = True
+        self.context.channels.leave(session_id)  # the tree's last session frees its channels
         if s.server is not None:
             s.server.close()
-        for writer in list(s.writers):
-            writer.close()
+        for conn in list(s.conns):
+            self.guard.forget(conn)
+            conn.writer.transport.abort()  # unsent replies are moot; a peer that reads none keeps no fd
         for task in list(s.tasks):
             task.cancel()
         self.scheduler.cancel_session(session_id)
@@ -274,10 +267,11 @@ class Worker:
         await self._publish_final_kv(s)
         try:
             await self.kv(self.kvfs.close_session, s.owner)
-        except ProtocolError as exc:
+        except KVFSError as exc:
             log.error("event=close_session_failed session=%s error=%s", session_id, exc)
         s.usage.sample_pages(0)
         s.dists.clear()
+        s.biases.clear()
         Path(s.socket_path).unlink(missing_ok=True)
         usage = s.usage.to_dict()
         log.info(
@@ -288,125 +282,163 @@ class Worker:
             s.finished,
             " ".join(f"{k}={v}" for k, v in usage.items()),
         )
-        return {"usage": usage, "result": s.result, "error": s.error}
+        return protocol.SessionEnded(usage=usage, result=s.result, error=s.error)
 
-    async def _publish_final_kv(self, s: Session) -> None:
+    async def _publish_final_kv(self, s: WorkerSession) -> None:
         """The KV the run held at its end, as one last ``kv`` event: the tick samples twice a
         second, so a run shorter than that would otherwise show no KV usage at all."""
         if not s.run_id:
             return
         try:
             ((snap, _pages),) = await self.kv(self.kvfs.live_usage, [s.owner])
-        except ProtocolError as exc:
+        except KVFSError as exc:
             log.warning("event=final_kv_unread session=%s error=%s", s.session_id, exc)
             return
         if snap["tokens"]:
-            self.events.publish(s.run_id, "kv", snap)
+            self.events.publish(s.run_id, KvEvent(**snap))
 
     # -------------------------------------------------------------------- connections
-    async def _serve(self, session: Session | None, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection: admin (``session is None``) or a LIP's session connection."""
-        authenticated = session is None
+    async def _serve(
+        self, session: WorkerSession | None, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """One connection: admin (``session is None``) or a LIP's session connection, read only
+        while its unsent replies are under the bound (``connections``)."""
+        if session is None:
+            await self._serve_admin(reader, writer)
+            return
+        if session.ended:
+            writer.transport.abort()
+            return
+        conn = self.guard.admit(session, writer)
+        if conn is None:
+            return
         inflight: set[asyncio.Task] = set()
-        preds: PredRelay | None = None
-        if session is not None:
-            if session.ended:
-                writer.close()
-                return
-            session.writers.add(writer)
-            preds = PredRelay(self, session, writer, self._send)
+        preds = PredRelay(self.context, session, writer, self._send)
+        max_unsent = self.config.conn.max_unsent_reply_bytes
         try:
             while True:
                 try:
-                    header = await reader.readexactly(protocol.HEADER_BYTES)
-                    length = protocol.frame_length(header)
-                    body = await reader.readexactly(length)
+                    if writer.transport.get_write_buffer_size() > max_unsent:
+                        await writer.drain()  # back-pressure: see connections.apply_back_pressure_limits
+                    body = await self.guard.read_frame(conn, reader)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
                 except ProtocolError as exc:
-                    self._send(writer, protocol.err_reply(None, exc))
-                    return  # a bad length prefix desynchronises the stream: close
+                    close_with(writer, exc)
+                    return  # the frame's body is not read: the stream is out of step, close
                 try:
                     req_id, op, args = protocol.parse_request(protocol.unpack_body(body))
                 except ProtocolError as exc:
-                    if not authenticated:
+                    if not conn.authenticated:
                         return
-                    self._send(writer, protocol.err_reply(None, exc))
+                    self._send(writer, protocol.err_reply(protocol.request_id_of(body), exc))
                     continue
-                if not authenticated:
+                if not conn.authenticated:
                     if op != "hello" or not self._hello_ok(session, args):
                         log.warning("event=auth_failed session=%s op=%s", session.session_id, op[:32])
-                        self._send(
-                            writer,
-                            protocol.err_reply(
-                                req_id, ProtocolError(ErrorCode.NOT_AUTHENTICATED, "hello with the session token first")
-                            ),
-                        )
+                        error = ProtocolError(ErrorCode.NOT_AUTHENTICATED, "hello with the session token first")
+                        self._send(writer, protocol.err_reply(req_id, error))
                         return
-                    authenticated = True
+                    conn.authenticated = True
                     self._send(writer, protocol.ok_reply(req_id, self._hello_reply(session)))
                     continue
-                if len(inflight) + (len(preds) if preds is not None else 0) >= protocol.MAX_IN_FLIGHT:
-                    self._send(
-                        writer, protocol.err_reply(req_id, ProtocolError(ErrorCode.BUSY, "too many requests in flight"))
-                    )
+                if len(inflight) + len(preds) >= protocol.MAX_IN_FLIGHT:
+                    error = ProtocolError(ErrorCode.BUSY, "too many requests in flight")
+                    self._send(writer, protocol.err_reply(req_id, error))
                     continue
-                if op == "pred" and preds is not None:
+                if op == protocol.Pred.OP:  # the per-token call: no Task (ops/pred.py)
                     preds.start(req_id, args)
                     continue
                 task = asyncio.get_running_loop().create_task(self._dispatch(session, writer, req_id, op, args))
                 inflight.add(task)
                 task.add_done_callback(inflight.discard)
-                if session is not None:
-                    session.tasks.add(task)
-                    task.add_done_callback(session.tasks.discard)
+                session.tasks.add(task)
+                task.add_done_callback(session.tasks.discard)
         except Exception:
-            log.exception("event=connection_error session=%s", getattr(session, "session_id", "admin"))
+            log.exception("event=connection_error session=%s", session.session_id)
         finally:
             for task in inflight:
                 task.cancel()
-            if preds is not None:
-                preds.abandon_all()
-            if session is not None:
-                session.writers.discard(writer)
+            preds.abandon_all()
+            self.guard.forget(conn)
+            if writer.transport.get_write_buffer_size() > 0:
+                writer.transport.abort()  # no reply is coming for the cancelled calls anyway
+            else:
+                writer.close()
+
+    async def _serve_admin(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The control plane's connection (never mounted into a sandbox): no hello, no budgets."""
+        inflight: set[asyncio.Task] = set()
+        try:
+            while True:
+                try:
+                    header = await reader.readexactly(protocol.HEADER_BYTES)
+                    body = await reader.readexactly(protocol.frame_length(header))
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    return
+                except ProtocolError as exc:
+                    close_with(writer, exc)
+                    return
+                try:
+                    req_id, op, args = protocol.parse_request(protocol.unpack_body(body))
+                except ProtocolError as exc:
+                    self._send(writer, protocol.err_reply(protocol.request_id_of(body), exc))
+                    continue
+                if len(inflight) >= protocol.MAX_IN_FLIGHT:
+                    error = ProtocolError(ErrorCode.BUSY, "too many requests in flight")
+                    self._send(writer, protocol.err_reply(req_id, error))
+                    continue
+                task = asyncio.get_running_loop().create_task(self._dispatch(None, writer, req_id, op, args))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+        except Exception:
+            log.exception("event=connection_error session=admin")
+        finally:
+            for task in inflight:
+                task.cancel()
             writer.close()
 
-    def _hello_ok(self, session: Session, args: dict[str, Any]) -> bool:
-        token = args.get("token")
-        return isinstance(token, str) and hmac.compare_digest(token.encode(), session.token.encode())
+    def _hello_ok(self, session: WorkerSession, args: dict[str, Any]) -> bool:
+        try:
+            token = protocol.Hello.decode(args).token
+        except ProtocolError:
+            return False
+        return hmac.compare_digest(token.encode(), session.token.encode())
 
-    def _hello_reply(self, s: Session) -> dict[str, Any]:
-        return {
-            "session_id": s.session_id,
-            "tenant": s.tenant,
-            "run_id": s.run_id,
-            "vocab_size": self.vocab_size,
-            "eos_token_ids": self.tokenizer.eos_token_ids,
-            "block_size": self.block_size,
-            "protocol_version": protocol.PROTOCOL_VERSION,
-        }
+    def _hello_reply(self, s: WorkerSession) -> protocol.HelloReply:
+        return protocol.HelloReply(
+            session_id=s.session_id,
+            tenant=s.tenant,
+            run_id=s.run_id,
+            vocab_size=self.vocab_size,
+            eos_token_ids=self.tokenizer.eos_token_ids,
+            block_size=self.block_size,
+            protocol_version=protocol.PROTOCOL_VERSION,
+            # What one connection may have in flight before EBUSY (the SDK queues beyond it).
+            max_in_flight=min(protocol.MAX_IN_FLIGHT, self.config.scheduler.max_inflight_preds_per_session),
+        )
 
     async def _dispatch(
-        self, s: Session | None, writer: asyncio.StreamWriter, req_id: int, op: str, args: dict[str, Any]
+        self, s: WorkerSession | None, writer: asyncio.StreamWriter, req_id: int, op: str, args: dict[str, Any]
     ) -> None:
         try:
             if s is None:
-                handler = admin.HANDLERS.get(op)
-                if handler is None:
+                admin_handler = ops.ADMIN_HANDLERS.get(op)
+                if admin_handler is None:
                     raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown admin op {op[:64]!r}")
-                value = await handler(self, args)
+                value = await admin_handler(self, protocol.ADMIN_OPS[op].decode(args))
             else:
-                handler = lip_ops.HANDLERS.get(op)
+                handler = ops.LIP_HANDLERS.get(op)
                 if handler is None:
                     raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op[:64]!r}")
                 if s.ended:
                     raise ProtocolError(ErrorCode.TIMEOUT, "session ended")
-                value = await handler(self, s, args)
+                value = await handler(self.context, s, protocol.LIP_OPS[op].decode(args, self.vocab_size))
             reply = protocol.ok_reply(req_id, value)
         except asyncio.CancelledError:
             return
         except Exception as exc:
-            reply = protocol.err_reply(req_id, error_reply(exc, op, getattr(s, "session_id", "admin")))
+            reply = protocol.err_reply(req_id, wire_error(exc, op, getattr(s, "session_id", "admin")))
         self._send(writer, reply)
 
     @staticmethod

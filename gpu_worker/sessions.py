@@ -2,7 +2,7 @@
 
 A session is created by the control plane (``create_session``) and owns one Unix socket under
 the sessions dir; the sandbox connects with the session token. Everything a LIP can name (KV
-handles, Dist handles, grammar states) is scoped to its session, and through the KVFS
+handles, Dist handles, grammar states, bias vectors) is scoped to its session, and through the KVFS
 ``Owner(tenant, session_id)`` to its tenant.
 """
 
@@ -13,17 +13,24 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from gpu_worker.bias_vectors import BiasStore
 from gpu_worker.dists import DistStore
 from gpu_worker.grammar import GrammarHandles
-from gpu_worker.kvfs import Owner
+from gpu_worker.kvfs import Owner, TenantQuota
 from gpu_worker.protocol import ErrorCode, ProtocolError
 from gpu_worker.usage import Usage
 
+if TYPE_CHECKING:
+    from gpu_worker.connections import Conn
+
 MAX_RESULT_BYTES = 1024 * 1024
+#: Bytes a run may send to its client (``send_to_user``, as stored in its event stream) when the
+#: control plane states no ``max_stream_bytes``: every stream is bounded.
+DEFAULT_MAX_STREAM_BYTES = 64 * 1024 * 1024
 
 
 def _bad(message: str) -> ProtocolError:
@@ -39,6 +46,29 @@ def _opt_int(limits: dict[str, Any], key: str, lo: int = 0) -> int | None:
     return value
 
 
+def _opt_share(limits: dict[str, Any], key: str) -> float | None:
+    value = limits.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
+        raise _bad(f"limits.{key} must be a fraction in [0, 1]")
+    return float(value)
+
+
+#: The keys of a tenant's KV quota, in session limits and in the admin ``kv_pin`` op.
+QUOTA_KEYS = ("max_stored_bytes", "kv_pinned_share", "kv_host_share", "max_kv_files")
+
+
+def parse_tenant_quota(limits: dict[str, Any]) -> TenantQuota:
+    """The tenant-wide KV bounds in a limits map (the plan's, the same for every run)."""
+    return TenantQuota(
+        stored_bytes=_opt_int(limits, "max_stored_bytes"),
+        pinned_device_share=_opt_share(limits, "kv_pinned_share"),
+        host_share=_opt_share(limits, "kv_host_share"),
+        max_files=_opt_int(limits, "max_kv_files"),
+    )
+
+
 @dataclass(frozen=True)
 class SessionLimits:
     """Per-run limits from the control plane; ``None`` means unlimited."""
@@ -48,9 +78,16 @@ class SessionLimits:
     deadline_s: float | None = None
     allowed_hosts: tuple[str, ...] = ()
     max_kv_bytes: int | None = None
-    #: The tenant's budget for persistent KV files (plan); applies to the whole tenant.
-    max_stored_bytes: int | None = None
+    #: The tenant's plan bounds on its named KV files, the same for each of its runs: stored
+    #: bytes, shares of the device pool (pinned files) and of host memory, a file count
+    #: (``QUOTA_KEYS`` in the map; gpu_worker/kvfs/quota.py).
+    quota: TenantQuota = field(default_factory=TenantQuota)
     weight: float = 1.0
+    #: Bytes the run may send with ``send_to_user`` in all (the plan's ``stream_bytes_per_run``).
+    max_stream_bytes: int = DEFAULT_MAX_STREAM_BYTES
+    #: Whether the run's executor serves its ``spawn`` and ``child_cancel`` (the control plane's
+    #: executor does, ``api/services/procs.py``; a session opened by hand has nobody to ask).
+    spawn: bool = False
 
     @classmethod
     def parse(cls, limits: object) -> SessionLimits:
@@ -69,14 +106,19 @@ class SessionLimits:
         weight = limits.get("weight", 1.0)
         if not isinstance(weight, int | float) or isinstance(weight, bool) or not 0 < weight <= 1000:
             raise _bad("limits.weight must be a number in (0, 1000]")
+        spawn = limits.get("spawn", False)
+        if not isinstance(spawn, bool):
+            raise _bad("limits.spawn must be a boolean")
         return cls(
             max_tokens=_opt_int(limits, "max_tokens"),
             max_pages=_opt_int(limits, "max_pages"),
             deadline_s=float(deadline) if deadline is not None else None,
             allowed_hosts=tuple(hosts),
             max_kv_bytes=_opt_int(limits, "max_kv_bytes"),
-            max_stored_bytes=_opt_int(limits, "max_stored_bytes"),
+            quota=parse_tenant_quota(limits),
             weight=float(weight),
+            max_stream_bytes=_opt_int(limits, "max_stream_bytes") or DEFAULT_MAX_STREAM_BYTES,
+            spawn=spawn,
         )
 
     def page_cap(self, page_bytes: int) -> int | None:
@@ -90,7 +132,7 @@ class SessionLimits:
 
 
 @dataclass(eq=False)
-class Session:
+class WorkerSession:
     """State of one run on this worker."""
 
     session_id: str
@@ -99,6 +141,8 @@ class Session:
     limits: SessionLimits
     socket_path: str
     max_dists: int
+    #: The run tree (its root run's id) whose channels the session shares; "" means its own run.
+    tree: str = ""
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     created: float = field(default_factory=time.monotonic)
     usage: Usage = field(default_factory=Usage)
@@ -112,14 +156,21 @@ class Session:
     reserved_tokens: int = 0
     inflight_preds: int = 0
     server: asyncio.AbstractServer | None = None
-    writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    #: Open connections to the session socket (``connections.Conn``), authenticated or not.
+    conns: set[Conn] = field(default_factory=set)
+    #: Announced bytes of this session's large frames still arriving (``connections``).
+    partial_frame_bytes: int = 0
     tasks: set[asyncio.Task] = field(default_factory=set)
+    #: Child runs this session's LIP spawned: the only ids its ``child_wait`` / ``child_cancel`` take.
+    children: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
+        self.tree = self.tree or self.run_id or self.session_id
         self.owner = Owner(self.tenant, self.session_id)
         self.weight = self.limits.weight
         self.dists = DistStore(self.max_dists)
         self.grammars = GrammarHandles()
+        self.biases = BiasStore()
         self._lock = threading.Lock()
         self.generator = torch.Generator().manual_seed(secrets.randbits(63))
         self.deadline = None if self.limits.deadline_s is None else self.created + self.limits.deadline_s
@@ -154,10 +205,45 @@ class Session:
         with self._lock:
             self.reserved_tokens = max(0, self.reserved_tokens - n)
 
-    def on_tokens(self, n: int) -> None:
-        """Called by the engine thread per committed chunk (metering)."""
+    def spend_stream_bytes(self, n: int, *, to_user: bool = True) -> None:
+        """Count ``n`` bytes sent to the client against ``max_stream_bytes``; EDQUOT past it
+        (nothing is sent then, and what was sent before stays in the stream). ``to_user``
+        false: an event the run's stream records but the LIP did not send to its user (a
+        channel message): it counts bytes, not ``streamed_events`` or the first-output time."""
+        cap = self.limits.max_stream_bytes
         with self._lock:
-            self.usage.add_tokens(n)
+            sent = self.usage.streamed_bytes
+            if sent + n > cap:
+                raise ProtocolError(
+                    ErrorCode.QUOTA,
+                    f"stream budget exceeded: this run sent {sent} bytes to its client and {n} more"
+                    f" would pass its limit of {cap} bytes (limits.max_stream_bytes, the plan's"
+                    " stream_bytes_per_run)",
+                )
+            self.usage.streamed_bytes += n
+            if not to_user:
+                return
+            self.usage.streamed_events += 1
+            if not self.usage.first_stream_at:
+                self.usage.first_stream_at = time.time()
+
+    def refund_stream_bytes(self, n: int) -> None:
+        """Give back bytes counted by ``spend_stream_bytes(to_user=False)`` for an event that
+        was not sent after all."""
+        with self._lock:
+            self.usage.streamed_bytes = max(0, self.usage.streamed_bytes - n)
+
+    def on_tokens(self, n: int, prefill: bool | None = None) -> None:
+        """Called by the engine thread per committed chunk (metering); ``prefill``: the chunk is
+        part of a multi-token call (see ``Usage.add_tokens``)."""
+        with self._lock:
+            self.usage.add_tokens(n, prefill)
+
+    def on_cached_tokens(self, n: int) -> None:
+        """Called by the engine thread when ``n`` prompt tokens were mapped from the prefix
+        cache instead of computed: metered as cached, not as prefill."""
+        with self._lock:
+            self.usage.cached_tokens += n
 
     def set_result(self, result: Any, error: object = None) -> None:
         import msgpack
@@ -169,3 +255,12 @@ class Session:
         self.result = result
         self.error = None if error is None else str(error)[:10_000]
         self.finished = True
+
+
+class SessionTable(dict[str, WorkerSession]):
+    """The worker's live sessions by id. Made before the scheduler and the worker: the scheduler
+    reads :meth:`active_ids` (whose calls a batch waits for), the worker adds and removes."""
+
+    def active_ids(self) -> list[str]:
+        """Sessions that can issue a ``pred`` now: connected, not blocked in brokered I/O, not ended."""
+        return [s.session_id for s in list(self.values()) if s.conns and s.io_waits == 0 and not s.ended]

@@ -15,12 +15,24 @@ class Usage:
     pred_calls: int = 0
     page_seconds: float = 0.0
     io_calls: int = 0
+    #: Bytes of the run's events that its LIP sent with ``send_to_user`` (as stored in Redis).
+    streamed_bytes: int = 0
+    #: Events it sent that way, and when the first went out (Unix seconds; 0: none yet).
+    streamed_events: int = 0
+    first_stream_at: float = 0.0
+    #: Prompt tokens computed before, not by this run: mapped from the tenant's prefix cache
+    #: (gpu_worker/kvfs/prefix.py) or held by stored KV files it opened (``kv_open``). Billed at
+    #: the plan's cached-token price, not as prefill.
+    cached_tokens: int = 0
+    #: Forward passes that carried at least one of the run's ``pred`` calls.
+    forwards: int = 0
     _pages: int = field(default=0, repr=False)
     _since: float = field(default_factory=time.monotonic, repr=False)
 
-    def add_tokens(self, n: int) -> None:
-        """A single-token append is a decode step; anything longer counts as prefill."""
-        if n == 1:
+    def add_tokens(self, n: int, prefill: bool | None = None) -> None:
+        """A single-token append is a decode step; anything longer counts as prefill. ``prefill``
+        says it for a chunk of a longer call (a prompt whose cached prefix left one token)."""
+        if (n == 1) if prefill is None else not prefill:
             self.decode_tokens += 1
         else:
             self.prefill_tokens += n

@@ -1,4 +1,4 @@
-"""A warm pool of pre-started gVisor containers, so a run starts in milliseconds (BENCHMARKS B8).
+"""A warm pool of pre-started gVisor containers, so a run starts in milliseconds (benchmark B8, bench/README.md).
 
 Why it is shaped like this: a container's mounts are fixed when it is created, but a run's
 session socket exists only once the worker created the session. So each slot gets a host dir
@@ -25,9 +25,9 @@ The runner reports ``connected`` (its ``hello`` succeeded: the run's first sysca
 record with that hash came through the output stream (so all stdout before it was captured):
 gVisor's teardown (~0.2 s) is not on the run's path. A runner that dies, a deadline (measured
 from the hand-off) and the output cap take the cold path's route: kill, ``docker wait``,
-inspect. The result is classified by the same :func:`sandbox.launcher.finish_result`.
+inspect. The result is classified by the same :func:`sandbox.outcome.finish_result`.
 
-Isolation is the cold path's, from the same :meth:`SandboxLauncher.container_config`: a slot
+Isolation is the cold path's, from the same :meth:`SandboxHost.container_config`: a slot
 serves only specs whose fixed limits (memory, cpus, pids, tmpfs, image) equal the pool's and
 whose deadline fits the expiry label the reaper uses. A slot is used once: afterwards its
 container is removed and its dir deleted, and a fresh slot is started in the background. Idle
@@ -48,14 +48,15 @@ import socket
 import tempfile
 import threading
 import time
-import zipfile
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sandbox import image as sandbox_image
-from sandbox.launcher import (
+from sandbox.containers import OutputWatch, SandboxHost, container_state
+from sandbox.outcome import finish_result
+from sandbox.spec import (
     LABEL_EXPIRES,
     LABEL_POOL,
     LABEL_RUN,
@@ -65,14 +66,11 @@ from sandbox.launcher import (
     REAP_GRACE_S,
     SLOT_DIR_PREFIX,
     SOCKET_IN_SANDBOX,
-    OutputWatch,
-    SandboxLauncher,
     SandboxLimits,
     SandboxResult,
     SandboxSpec,
-    container_state,
-    finish_result,
 )
+from sandbox.staging import stage_program
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +140,7 @@ class SandboxPool:
 
     def __init__(
         self,
-        launcher: SandboxLauncher,
+        launcher: SandboxHost,
         size: int = 2,
         template: SandboxLimits | None = None,
         *,
@@ -230,7 +228,7 @@ class SandboxPool:
             and float(limits.cpus) == float(self.template.cpus)
             and int(limits.pids) == int(self.template.pids)
             and int(limits.tmpfs_mb) == int(self.template.tmpfs_mb)
-            and 0 < float(spec.deadline_s) <= self.max_deadline_s
+            and 0 < float(spec.kill_after_s) <= self.max_deadline_s
         )
 
     def acquire(self, spec: SandboxSpec | None = None) -> Slot | None:
@@ -295,7 +293,7 @@ class SandboxPool:
             self._retire(slot)
 
     def _handoff(self, slot: Slot, spec: SandboxSpec, t0: float) -> SandboxResult:
-        program = _stage_into(slot.dir / "lip", spec)
+        program = stage_program(spec, slot.dir / "lip")
         slot.watch.collector.limit = max(0, int(spec.output_limit_bytes))
         job = {"program": f"{LIP_DIR}/{program}", "token": spec.session_token, "run_id": spec.run_id}
         try:
@@ -306,7 +304,7 @@ class SandboxPool:
         log.info(
             "event=sandbox_pool_handoff run=%s tenant=%s container=%s", spec.run_id, spec.tenant, slot.container.name
         )
-        deadline = handed + spec.deadline_s
+        deadline = handed + spec.kill_after_s
         events = _read_events(slot.control, deadline)
         exit_code: int | None = None
         state: dict[str, Any] = {}
@@ -321,7 +319,7 @@ class SandboxPool:
         if ended is None:  # runner died, deadline, output cap, or an unconfirmed done: the cold way
             if time.monotonic() >= deadline:
                 slot.watch.kill("deadline")
-            exit_code = SandboxLauncher._wait(slot.container, deadline, lambda: slot.watch.kill("deadline"))
+            exit_code = SandboxHost.wait_for_exit(slot.container, deadline, lambda: slot.watch.kill("deadline"))
             ended = time.monotonic()
             slot.watch.close()
             state = container_state(slot.container)
@@ -362,7 +360,7 @@ class SandboxPool:
             slot = self._retire_q.get()
             if slot is None:
                 return
-            SandboxLauncher._remove(slot.container)
+            SandboxHost.remove(slot.container)
             slot.watch.close(join_s=0)
             shutil.rmtree(slot.dir, ignore_errors=True)
 
@@ -443,7 +441,7 @@ class SandboxPool:
             conn.settimeout(None)
         except BaseException:
             if container is not None:
-                SandboxLauncher._remove(container)
+                SandboxHost.remove(container)
             shutil.rmtree(slot_dir, ignore_errors=True)
             raise
         finally:
@@ -512,19 +510,6 @@ def _await_record(watch: OutputWatch, digest: Any, until: float) -> bool:
         time.sleep(0.001)
 
 
-def _stage_into(lip: Path, spec: SandboxSpec) -> str:
-    """Copy the program and write args into the slot's ``lip/`` (read-only for the sandbox)."""
-    src = Path(spec.program_path)
-    if not src.is_file():
-        raise FileNotFoundError(f"program {src} does not exist")
-    name = "program.zip" if zipfile.is_zipfile(src) else "program.py"
-    shutil.copyfile(src, lip / name)
-    (lip / "args.json").write_text(json.dumps(spec.args if spec.args is not None else {}))
-    for f in (lip / name, lip / "args.json"):
-        f.chmod(0o444)
-    return name
-
-
 def _default_root() -> Path:
     """Next to the worker's sessions dir (``SYMPHONY_SESSIONS_DIR``, default ``var/run/sessions``),
     so session sockets can be hard-linked into slots (same filesystem)."""
@@ -557,7 +542,7 @@ def shared_pool(image: str | None = None) -> SandboxPool | None:
 
             try:
                 pool = SandboxPool(
-                    SandboxLauncher(image=image), size=size, template=SandboxLimits(image=image), root=_default_root()
+                    SandboxHost(image=image), size=size, template=SandboxLimits(image=image), root=_default_root()
                 )
                 _shared = pool.start()
                 atexit.register(pool.close)

@@ -99,11 +99,22 @@ ensure_database() {
   createdb -h "$PG_HOST" -p "$PG_PORT" -U postgres "$DB_NAME"
 }
 
+# Redis holds Celery's queues, the run event streams and the shared counters (throttles, stream
+# leases): bounded by maxmemory, and never evicting (noeviction: past maxmemory writes fail with
+# an error instead of silently dropping a queue or a counter; docs/DEPLOY.md#redis-memory).
+REDIS_MAXMEMORY="${SYMPHONY_REDIS_MAXMEMORY:-512mb}"
+
 start_redis() {
-  if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then return 0; fi
-  log "starting Redis"
+  if redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1; then
+    # Started earlier (by a previous `make up`, or by hand): give it the same bound and policy.
+    redis-cli -h 127.0.0.1 -p 6379 config set maxmemory "$REDIS_MAXMEMORY" >/dev/null
+    redis-cli -h 127.0.0.1 -p 6379 config set maxmemory-policy noeviction >/dev/null
+    return 0
+  fi
+  log "starting Redis (maxmemory $REDIS_MAXMEMORY, noeviction)"
   mkdir -p /var/lib/redis /var/log/redis
   redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no \
+    --maxmemory "$REDIS_MAXMEMORY" --maxmemory-policy noeviction \
     --dir /var/lib/redis --logfile /var/log/redis/symphony.log
   for _ in $(seq 1 20); do redis-cli ping >/dev/null 2>&1 && return 0; sleep 0.5; done
   die "Redis did not answer on 127.0.0.1:6379"

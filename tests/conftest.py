@@ -17,6 +17,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
+
+def redis_db_url(db: int) -> str:
+    """Database ``db`` of the Redis server the stack uses (``REDIS_URL``'s host and port), so a
+    test run pointed at another Redis (several checkouts testing on one machine) stays on it."""
+    from urllib.parse import urlsplit
+
+    base = urlsplit(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"))
+    return f"{base.scheme}://{base.netloc}/{db}"
+
+
 # Fixtures that several test areas share live in tests/plugins/<name>.py (one module per part of
 # the system: model, worker, sandbox, api, ...) and are loaded here, so no area imports another's
 # conftest.
@@ -25,13 +35,34 @@ pytest_plugins = sorted(
 )
 
 
+#: Flask is never imported in the test process. vLLM's kernel dispatcher inspects every
+#: attribute of every loaded module when an in-process engine starts, and Flask's ``current_app``
+#: and ``request`` proxies raise outside an app context, so every engine test after anything that
+#: imported Flask errors with a message naming neither. schemathesis's WSGI transport imports it
+#: lazily and copes without it (tests/security/test_api_fuzz.py); moto's in-process mode needs it,
+#: so S3 tests run moto's server in its own process (tests/plugins/s3.py). A ``None`` entry makes
+#: ``import flask`` raise ImportError here, and only here.
+sys.modules.setdefault("flask", None)  # type: ignore[arg-type]
+
+
 @contextlib.contextmanager
-def celery_worker(queue: str, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
-    """A real ``celery worker`` subprocess consuming ``queue``; stopped (TERM, then KILL) on exit."""
+def celery_worker(
+    queue: str, env: dict[str, str] | None = None, concurrency: int | None = None
+) -> Iterator[subprocess.Popen]:
+    """A real ``celery worker`` subprocess consuming ``queue``; stopped (TERM, then KILL) on exit.
+
+    One task at a time (``--pool solo``) unless ``concurrency`` asks for a thread pool of that
+    many. Its log goes to a file (``proc.log_path``): a pipe nobody reads blocks it once full."""
+    import tempfile
+
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "web.settings", **(env or {})}
-    cmd = [sys.executable, "-m", "celery", "-A", "web", "worker", "-Q", queue, "--pool", "solo"]
+    pool = ["--pool", "threads", "--concurrency", str(concurrency)] if concurrency else ["--pool", "solo"]
+    cmd = [sys.executable, "-m", "celery", "-A", "web", "worker", "-Q", queue, *pool]
     cmd += ["--loglevel", "WARNING", "--hostname", f"{queue}@%h", "--without-gossip", "--without-mingle"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    log_path = Path(tempfile.mkdtemp(prefix="celery-")) / "celery.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.log_path = log_path  # type: ignore[attr-defined]
     try:
         yield proc
     finally:

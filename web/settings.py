@@ -13,6 +13,8 @@ from urllib.parse import unquote, urlsplit
 
 import dj_database_url
 
+from web.inflight_limit import default_total_limit
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("SYMPHONY_VAR_DIR", BASE_DIR / "var"))
 
@@ -47,13 +49,16 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI's files, served from here: an offline deployment has no CDN
     "api",
 ]
 
 MIDDLEWARE = [
+    "api.client_address.client_address_middleware",  # REMOTE_ADDR = the client, before anything reads it
     "api.health.HealthProbeMiddleware",  # before host validation and HTTPS redirect (LB probes)
-    "api.metrics.MetricsEndpointMiddleware",  # the same for Prometheus scrapers (token-guarded)
+    "api.metrics_endpoint.MetricsEndpointMiddleware",  # the same for Prometheus scrapers (token-guarded)
     "django.middleware.security.SecurityMiddleware",
+    "web.csp.content_security_policy",  # per page kind: console, admin, Swagger UI (web/csp.py)
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -122,9 +127,15 @@ CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "redis://127.0.0
 #: counts against the same limits. Its own database, since tests clear it.
 CACHES = {
     "default": {
-        "BACKEND": "django.core.cache.backends.redis.RedisCache",
+        # Django's RedisCache with one bounded pool per process (api/cache.py says why).
+        "BACKEND": "api.cache.SharedPoolRedisCache",
         "LOCATION": os.environ.get("SYMPHONY_CACHE_URL", "redis://127.0.0.1:6379/3"),
         "KEY_PREFIX": "symphony",
+        "OPTIONS": {
+            "pool_class": "redis.BlockingConnectionPool",
+            "max_connections": int(os.environ.get("SYMPHONY_CACHE_MAX_CONNECTIONS", "16")),
+            "timeout": 2,
+        },
     }
 }
 CELERY_TASK_DEFAULT_QUEUE = os.environ.get("CELERY_DEFAULT_QUEUE", "symphony")
@@ -140,6 +151,7 @@ CELERY_BEAT_SCHEDULE = {
     "reap-orphaned-runs": {"task": "api.reap_orphaned_runs", "schedule": 30.0},
     "meter-kv-storage": {"task": "api.meter_kv_storage", "schedule": 300.0},  # billing.KV_METER_PERIOD_S
     "expire-finished-streams": {"task": "api.expire_finished_streams", "schedule": 3600.0},
+    "expire-response-kv": {"task": "api.expire_response_kv", "schedule": 300.0},
 }
 
 # --- Symphony -----------------------------------------------------------------------------
@@ -149,6 +161,25 @@ SYMPHONY_WORKER_ADMIN_SOCKET = os.environ.get(
 )
 SYMPHONY_SANDBOX_IMAGE = os.environ.get("SYMPHONY_SANDBOX_IMAGE", "")
 SYMPHONY_MAX_PROGRAM_BYTES = int(os.environ.get("SYMPHONY_MAX_PROGRAM_BYTES", str(1024 * 1024)))
+#: Bytes of any request body: a larger one is a 413 before Django reads it (web/body_limit.py),
+#: by its Content-Length or, chunked, once that much arrived. Room for a program and its fields.
+SYMPHONY_MAX_REQUEST_BYTES = int(
+    os.environ.get("SYMPHONY_MAX_REQUEST_BYTES", str(SYMPHONY_MAX_PROGRAM_BYTES + 1024 * 1024))
+)
+#: Django's own checks of the same bound (request.body, form fields), and bodies within it are
+#: parsed in memory; a program file past its limit is refused while it streams (api/uploads.py).
+DATA_UPLOAD_MAX_MEMORY_SIZE = SYMPHONY_MAX_REQUEST_BYTES
+#: Requests in flight per client address and per web process, and how long a request body may
+#: pause between chunks (web/inflight_limit.py). The total defaults to 3/4 of the fd limit.
+SYMPHONY_MAX_INFLIGHT_PER_CLIENT = int(os.environ.get("SYMPHONY_MAX_INFLIGHT_PER_CLIENT", "128"))
+SYMPHONY_MAX_INFLIGHT_TOTAL = int(os.environ.get("SYMPHONY_MAX_INFLIGHT_TOTAL") or 0) or default_total_limit()
+SYMPHONY_BODY_IDLE_TIMEOUT_S = float(os.environ.get("SYMPHONY_BODY_IDLE_TIMEOUT_S", "30"))
+FILE_UPLOAD_MAX_MEMORY_SIZE = SYMPHONY_MAX_REQUEST_BYTES
+FILE_UPLOAD_HANDLERS = [
+    "api.uploads.BoundedUploadHandler",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
 #: Bytes of each of a run's stdout/stderr kept in the database (the tail; the sandbox's own
 #: output limit, 1 MiB by default, bounds what is captured at all).
 SYMPHONY_RUN_OUTPUT_KEEP_BYTES = int(os.environ.get("SYMPHONY_RUN_OUTPUT_KEEP_BYTES", str(64 * 1024)))
@@ -156,6 +187,19 @@ SYMPHONY_RUN_OUTPUT_KEEP_BYTES = int(os.environ.get("SYMPHONY_RUN_OUTPUT_KEEP_BY
 #: console's live view of a finished run); afterwards its events endpoint sends the closing
 #: status and end from the run's row.
 SYMPHONY_RUN_EVENTS_RETENTION_S = int(os.environ.get("SYMPHONY_RUN_EVENTS_RETENTION_S", str(7 * 86400)))
+#: Event streams one tenant may hold open at once, unless its plan sets
+#: ``max_concurrent_streams`` (api/services/stream_leases.py); past it a 429 with Retry-After.
+SYMPHONY_STREAMS_PER_TENANT = int(os.environ.get("SYMPHONY_STREAMS_PER_TENANT", "32"))
+# How long an OpenAI request over its plan's concurrent-run limit waits for a slot before the
+# 429 (with Retry-After): clients that send a few requests at once are queued, not refused.
+SYMPHONY_OPENAI_QUEUE_S = float(os.environ.get("SYMPHONY_OPENAI_QUEUE_S", "10"))
+#: The built-in OpenAI program runs in this process, in a thread against the local worker's
+#: session socket, instead of a Celery hop and a gVisor sandbox per request (it is our own code;
+#: tenant input is data to it). Same run rows, quotas, events and billing
+#: (api/services/trusted_runs.py). Off ("0"): every request takes the sandbox path.
+SYMPHONY_TRUSTED_BUILTIN = env_bool("SYMPHONY_TRUSTED_BUILTIN", True)
+#: Built-in runs executing at once in one web process (past it, a run takes the Celery path).
+SYMPHONY_TRUSTED_THREADS = int(os.environ.get("SYMPHONY_TRUSTED_THREADS", "8"))
 #: Days an invitation link stays valid, and tenants one user may own (each has its own quota).
 SYMPHONY_INVITATION_DAYS = int(os.environ.get("SYMPHONY_INVITATION_DAYS", "7"))
 SYMPHONY_MAX_OWNED_TENANTS = int(os.environ.get("SYMPHONY_MAX_OWNED_TENANTS", "10"))
@@ -198,6 +242,15 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Serve LLM inference programs: tenants, API keys, programs, runs, KV files, usage.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    # /v1/* and the run events stream are plain (async) Django views, which drf-spectacular
+    # does not see: the hook adds their operations.
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "api.openapi_extra.add_plain_views",
+    ],
 }
 
 LOGGING = {
@@ -221,6 +274,9 @@ if not DEBUG:
 SYMPHONY_WORKER_NAME = os.environ.get("SYMPHONY_WORKER_NAME", "local")
 #: Bearer token for ``GET /metrics`` (Prometheus); unset: served to loopback requests only.
 SYMPHONY_METRICS_TOKEN = os.environ.get("SYMPHONY_METRICS_TOKEN", "")
+#: Addresses or CIDRs of the reverse proxies / load balancers in front of the web processes,
+#: whose X-Forwarded-For is believed (api/client_address.py); empty: the header is ignored.
+SYMPHONY_TRUSTED_PROXIES = env_list("SYMPHONY_TRUSTED_PROXIES", "")
 #: "heartbeat": runs go to the live worker with the best KV affinity (api/services/routing.py);
 #: "static": always to SYMPHONY_WORKER_NAME (one-host deployments, tests).
 SYMPHONY_ROUTING = os.environ.get("SYMPHONY_ROUTING", "heartbeat")
@@ -243,6 +299,9 @@ REST_FRAMEWORK.update(
         ],
         # Each tenant's plan.api_requests_per_minute, shared by its keys and members (api/throttling.py).
         "DEFAULT_THROTTLE_CLASSES": ["api.throttling.TenantRateThrottle"],
+        # Throttles key on REMOTE_ADDR, which api/client_address.py already resolved through the
+        # trusted proxies; None would make DRF key on the raw X-Forwarded-For a client writes.
+        "NUM_PROXIES": 0,
         "DEFAULT_PAGINATION_CLASS": "api.pagination.BoundedLimitOffsetPagination",
         "PAGE_SIZE": 50,
         "DEFAULT_THROTTLE_RATES": {

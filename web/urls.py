@@ -5,8 +5,9 @@ from django.contrib import admin
 from django.http import HttpResponse, JsonResponse
 from django.urls import include, path, re_path
 from django.views.decorators.cache import never_cache
+from django.views.defaults import bad_request as django_bad_request
 from django.views.defaults import page_not_found
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 
 @never_cache
@@ -31,13 +32,29 @@ def not_found(request, exception=None):
     return page_not_found(request, exception)
 
 
+def bad_request(request, exception=None):
+    """400 for a request Django refuses before any view runs (``SuspiciousOperation``: a form
+    with more fields than ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, a malformed multipart body). API
+    clients get the API's error shape instead of Django's HTML page, with what was wrong."""
+    message = str(exception) if exception is not None and str(exception) else "the request could not be read"
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": {"code": "invalid", "message": message, "detail": None}}, status=400)
+    if request.path.startswith("/v1/"):
+        from api.services.openai_compat import error_body
+
+        return JsonResponse(error_body(message, "invalid_request_error", "invalid_request"), status=400)
+    return django_bad_request(request, exception)
+
+
 handler404 = not_found
+handler400 = bad_request
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include("api.urls")),
     path("v1/", include("api.openai_urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="swagger-ui"),
+    # The split view serves Swagger UI's start-up script as a file: no inline script (web/csp.py).
+    path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
     re_path(r"^(?!api/|v1/|admin/?$|admin/|static/|metrics$)(?P<route>.*)$", console, name="console"),
 ]

@@ -1,27 +1,135 @@
 """Built-in LIP behind ``/v1/chat/completions`` and ``/v1/completions``.
 
 It runs like any tenant program (same sandbox, same worker session, same billing): the API
-turns an OpenAI request into ``args`` and this program into the response. ``n`` choices share
-the prompt's KV through ``kv_fork`` and decode in threads, so the worker batches them.
+turns an OpenAI request into ``args`` (api/openai_serializers.py) and this program's result
+into the response (api/services/openai_compat.py). ``n`` choices share a prompt's KV through
+``kv_fork`` and decode in threads, so the worker batches them.
 
-args: ``messages`` (chat) or ``prompt`` (completion), ``max_tokens``, ``temperature``,
-``top_p``, ``seed``, ``n``, ``stop`` (list of strings), ``json_schema`` (dict or None).
-Streams ``{"index": i, "delta": text}`` messages; returns ``{"choices": [...], "usage": ...}``.
+args: ``messages`` (chat: already ``{role, content}`` strings, tools rendered) or ``prompts``
+(completions: a list of strings or token id lists), ``max_tokens``, ``temperature``, ``top_p``,
+``top_k``, ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` (token id
+string -> offset), ``seed``, ``n``, ``stop`` (strings), ``stop_token_ids``, ``json_schema``
+(schema JSON text), ``logprobs`` (how many top alternatives; absent: none), ``echo``, ``tools``
+(``{"call_schema": JSON text, "mode": "auto" | "required", "parallel": bool}``),
+``conversation`` (``{"name": KV file name, "write": bool}``, /v1/responses: see below).
+
+Conversations (/v1/responses): the chat's KV is kept in the named tenant KV file
+``conversation.name`` (opened for writing, created when missing; with ``write`` false a private
+copy-on-write fork). The longest prefix its tokens share with this request's prompt is kept and
+only the rest is prefilled; the usage's ``cached_tokens`` says how many were reused. A file
+that is missing, busy or holds another branch of the conversation only costs recomputation.
+
+Sampling: ``logit_bias`` and the penalties are one sparse ``bias`` per step (the penalties from
+the counts of the tokens this choice generated, as OpenAI defines them); ``min_p`` is a mask of
+the top-1024 tokens whose probability is at least ``min_p`` times the most likely one's.
+
+Tool calls: a call is ``<tool_call>`` + JSON generated under the grammar of the call schema
+(the name of an offered function and arguments matching its parameters) + ``</tool_call>``.
+``required`` (or a named tool) starts with the marker; ``auto`` lets the model write text and
+switches to the grammar as soon as the text contains the marker. After a call, when parallel
+calls are allowed, the model chooses between ending and opening another call.
+
+Streams ``{"index": i, "delta": text, "logprobs": [...]}`` and ``{"index": i, "tool_call": {...}}``
+messages; returns ``{"choices": [...], "usage": ...}``, or ``{"refused": {"code", "message",
+"prompt_tokens"}}`` when a prompt does not fit what the run may process, or ``{"invalid_request":
+{"message", "param"}}`` for a request the worker refuses (a schema it cannot compile, a token id
+outside the vocabulary): the client's request is at fault, which the API answers with a 400.
 """
 
+import json
+import math
+import os
 import threading
 
 from symphony import (
+    Busy,
+    InvalidArgument,
+    KVExists,
+    KVNotFound,
+    NoSpace,
+    PermissionDenied,
+    QuotaExceeded,
     apply_chat_template,
     detokenize,
     grammar,
     kv_create,
     kv_fork,
+    kv_open,
+    kv_tokens,
+    kv_truncate,
     pred,
     send_to_user,
     tokenize,
     vocab_info,
 )
+
+CALL_OPEN = "<tool_call>"
+CALL_CLOSE = "\n</tool_call>\n"
+MAX_CALLS = 16
+MIN_P_CANDIDATES = 1024
+MAX_BIAS_ENTRIES = 4096
+#: Prompt positions one ``pred`` may return distributions for (echo with logprobs).
+MAX_ECHO_LOGPROB_TOKENS = 1024
+
+
+class Invalid(Exception):
+    def __init__(self, message, param):
+        super().__init__(message)
+        self.message, self.param = message, param
+
+
+class Vocab:
+    """Token id -> text, each asked of the worker once per run (for logprobs)."""
+
+    def __init__(self):
+        self.texts = {}
+        self.lock = threading.Lock()
+
+    def text(self, tid):
+        with self.lock:
+            if tid not in self.texts:
+                self.texts[tid] = detokenize([tid])
+            return self.texts[tid]
+
+
+class Sampler:
+    """One choice's token choice: temperature, top-p/top-k/min-p, logit bias and penalties."""
+
+    def __init__(self, args, index):
+        self.temperature = float(args.get("temperature", 1.0))
+        self.top_p = float(args.get("top_p", 1.0))
+        self.top_k = int(args.get("top_k") or 0)
+        self.min_p = float(args.get("min_p") or 0.0)
+        self.presence = float(args.get("presence_penalty") or 0.0)
+        self.frequency = float(args.get("frequency_penalty") or 0.0)
+        self.logit_bias = {int(k): float(v) for k, v in (args.get("logit_bias") or {}).items()}
+        self.seed = args.get("seed")
+        self.index = index
+        self.counts = {}
+
+    def bias(self):
+        bias = dict(self.logit_bias)
+        if self.presence or self.frequency:
+            for tok, count in self.counts.items():
+                bias[tok] = bias.get(tok, 0.0) - (count * self.frequency + self.presence)
+        if len(bias) > MAX_BIAS_ENTRIES:  # the worker's map bound: keep the strongest offsets
+            bias = dict(sorted(bias.items(), key=lambda kv: -abs(kv[1]))[:MAX_BIAS_ENTRIES])
+        return bias or None
+
+    def choose(self, dist, step, mask=None, count=True):
+        bias = self.bias()
+        if self.min_p > 0 and mask is None:
+            top = dist.topk(MIN_P_CANDIDATES)
+            floor = top.logprobs[0] + math.log(self.min_p)
+            mask = [i for i, lp in zip(top.ids, top.logprobs, strict=False) if lp >= floor]
+        if self.temperature <= 0:
+            tok = dist.argmax(mask=mask, bias=bias)
+        else:
+            seed = None if self.seed is None else int(self.seed) * 1_000_003 + self.index * 10_007 + step
+            tok = dist.sample(self.temperature, self.top_p, top_k=self.top_k, seed=seed, mask=mask, bias=bias)
+        if count:
+            self.counts[tok] = self.counts.get(tok, 0) + 1
+        return tok
 
 
 def _held_back(text, stops):
@@ -35,67 +143,319 @@ def _held_back(text, stops):
     return hold
 
 
-def _decode(index, kv, first, args, eos, compiled, out):
-    stops = args.get("stop") or []
-    temperature = float(args.get("temperature", 1.0))
-    seed = args.get("seed")
-    # The worker advances the grammar state by each token it picks (one call a token); the
-    # grammar allows EOS only once the output is complete, so EOS is where it ends.
-    mask = compiled.state().advancing() if compiled is not None else None
-    dist, ids, sent, finish = first, [], "", "length"
-    for step in range(int(args["max_tokens"])):
-        step_seed = None if seed is None else int(seed) * 1_000_003 + index * 10_007 + step
-        if temperature <= 0:
-            tok = dist.argmax(mask=mask)
+def _first(text, needles):
+    """(position, needle) of the earliest needle in ``text``, or (-1, None)."""
+    found = [(text.find(s), s) for s in needles if s in text]
+    return min(found) if found else (-1, None)
+
+
+def _token_logprob(dist, tok, k, vocab):
+    """``[token text, logprob, [[alternative text, logprob], ...]]`` of a chosen token."""
+    lp = dist.logprob([tok])[0]
+    top = []
+    if k:
+        alternatives = dist.topk(k)
+        top = [[vocab.text(i), float(p)] for i, p in zip(alternatives.ids, alternatives.logprobs, strict=False)]
+    return [vocab.text(tok), float(lp), top]
+
+
+class Choice:
+    """One choice's decode: text (stops, streaming), then tool calls when asked or chosen."""
+
+    def __init__(self, index, kv, first, args, ctx):
+        self.index, self.kv, self.dist, self.args, self.ctx = index, kv, first, args, ctx
+        self.sampler = Sampler(args, index)
+        self.max_tokens = int(args["max_tokens"])
+        self.stops = args.get("stop") or []
+        self.logprobs = args.get("logprobs")
+        self.steps = 0
+        self.sent = ""
+        self.pending = []  # logprob entries not streamed yet
+        self.entries = []
+        self.calls = []
+
+    def _pred(self, ids):
+        """``pred`` on this choice's KV; a conversation's file that meets its tenant's stored-KV
+        budget is left as it is and the turn goes on in a private copy-on-write fork."""
+        try:
+            return pred(self.kv, ids)
+        except NoSpace:
+            if not self.ctx.conversation:
+                raise
+            self.ctx.conversation = False
+            self.kv = kv_fork(self.kv)
+            return pred(self.kv, ids)
+
+    def send(self, delta):
+        message = {"index": self.index, "delta": delta}
+        if self.pending:
+            message["logprobs"], self.pending = self.pending, []
+        send_to_user(message)
+
+    def text_phase(self):
+        """Free text up to EOS, a stop, the token limit or (``auto`` tools) a call's marker.
+        Returns (text, finish, whether a call was opened)."""
+        ctx = self.ctx
+        watch = self.stops + ([CALL_OPEN] if ctx.tool_mode == "auto" else [])
+        mask = ctx.response_grammar.state().advancing() if ctx.response_grammar is not None else None
+        ids, finish, opened = [], "length", False
+        text, after, tok = "", "", None
+        while self.steps < self.max_tokens:
+            tok = self.sampler.choose(self.dist, self.steps, mask)
+            if tok in ctx.eos:
+                finish = "stop"
+                break
+            self.steps += 1
+            if self.logprobs is not None:
+                entry = _token_logprob(self.dist, tok, self.logprobs, ctx.vocab)
+                self.entries.append(entry)
+                self.pending.append(entry)
+            ids.append(tok)
+            text = detokenize(ids)
+            cut, which = _first(text, watch)
+            if cut >= 0:
+                after = text[cut + len(which) :]
+                text, finish, opened = text[:cut], "stop", which == CALL_OPEN
+            stable = text if finish == "stop" else text[: len(text) - _held_back(text, watch)]
+            if stable.endswith("\ufffd") and finish != "stop":
+                stable = stable[:-1]  # an incomplete multi-byte character: wait for the next token
+            if len(stable) > len(self.sent) and stable.startswith(self.sent):
+                self.send(stable[len(self.sent) :])
+                self.sent = stable
+            if finish == "stop" or self.steps >= self.max_tokens:
+                break  # no forward for a token nobody will read (the limit's last one)
+            self.dist = self._pred([tok])[-1]
+        if finish != "stop":
+            text = detokenize(ids)
+            cut, which = _first(text, self.stops)
+            text = text[:cut] if cut >= 0 else text
+        if (len(text) > len(self.sent) and text.startswith(self.sent)) or self.pending:
+            self.send(text[len(self.sent) :] if text.startswith(self.sent) else "")
+        if opened:  # the marker's last token (and its line break, as calls are written), then the call
+            newline = [] if "\n" in after else ctx.newline_ids
+            self.dist = self._pred([tok, *newline])[-1]
+            self.steps += len(newline)
+        return text, finish, opened
+
+    def forward(self, ids):
+        self.dist = self._pred(ids)[-1]
+        self.steps += len(ids)
+
+    def one_call(self):
+        """A call's JSON under the call grammar (the model's next tokens): the call, or None
+        when the token limit cut it short."""
+        ctx = self.ctx
+        mask = ctx.call_grammar.state().advancing()
+        ids = []
+        while self.steps < self.max_tokens:
+            tok = self.sampler.choose(self.dist, self.steps, mask, count=False)
+            if tok in ctx.grammar_end:
+                text = detokenize(ids)
+                value = json.loads(text)
+                name = value["name"]
+                prefix = '{"name":' + json.dumps(name) + ',"arguments":'
+                if text.startswith(prefix) and text.endswith("}"):
+                    arguments = text[len(prefix) : -1]
+                else:
+                    arguments = json.dumps(value["arguments"], separators=(",", ":"), ensure_ascii=False)
+                call = {"index": len(self.calls), "id": "call_" + os.urandom(12).hex(), "name": name}
+                call["arguments"] = arguments
+                return call
+            ids.append(tok)
+            self.steps += 1
+            self.dist = self._pred([tok])[-1]
+        return None
+
+    def call_phase(self):
+        """Calls until the model ends (or one call, without parallel calls). Returns the finish."""
+        ctx = self.ctx
+        while True:
+            call = self.one_call()
+            if call is None:  # cut short by max_tokens: never returned (not valid JSON yet)
+                return "tool_calls" if self.calls else "length"
+            self.calls.append(call)
+            send_to_user({"index": self.index, "tool_call": call})
+            room = self.steps + len(ctx.close_ids) + len(ctx.open_ids) + 2 < self.max_tokens
+            if not ctx.parallel or len(self.calls) >= MAX_CALLS or not room:
+                return "tool_calls"
+            self.forward(ctx.close_ids)
+            again = self.sampler.choose(self.dist, self.steps, sorted(ctx.eos | {ctx.open_ids[0]}), count=False)
+            if again != ctx.open_ids[0]:
+                return "tool_calls"
+            self.forward(ctx.open_ids)
+
+    def run(self):
+        ctx = self.ctx
+        if ctx.tool_mode == "required":
+            self.forward(ctx.open_ids)
+            text, opened = "", True
         else:
-            tok = dist.sample(temperature, float(args.get("top_p", 1.0)), seed=step_seed, mask=mask)
-        if tok in eos:
-            finish = "stop"
-            break
-        ids.append(tok)
-        text = detokenize(ids)
-        cut = min((text.find(s) for s in stops if s in text), default=-1)
-        if cut >= 0:
-            text, finish = text[:cut], "stop"
-        stable = text if finish == "stop" else text[: len(text) - _held_back(text, stops)]
-        if stable.endswith("\ufffd") and finish != "stop":
-            stable = stable[:-1]  # an incomplete multi-byte character: wait for the next token
-        if len(stable) > len(sent) and stable.startswith(sent):
-            send_to_user({"index": index, "delta": stable[len(sent) :]})
-            sent = stable
-        if finish == "stop":
-            break
-        dist = pred(kv, [tok])[-1]
-    text = detokenize(ids)
-    cut = min((text.find(s) for s in stops if s in text), default=-1)
-    text = text[:cut] if cut >= 0 else text
-    if len(text) > len(sent) and text.startswith(sent):
-        send_to_user({"index": index, "delta": text[len(sent) :]})
-    out[index] = {"index": index, "text": text, "finish_reason": finish, "completion_tokens": len(ids)}
+            text, finish, opened = self.text_phase()
+        if opened:
+            finish = self.call_phase()
+            text = text.rstrip()
+            self.sent = text
+        choice = {"index": self.index, "text": text, "finish_reason": finish, "completion_tokens": self.steps}
+        if self.calls:
+            choice["tool_calls"] = self.calls
+        if self.logprobs is not None:
+            choice["logprobs"] = self.entries
+        return choice
+
+
+class Context:
+    """What every choice of the request shares."""
+
+    def __init__(self, args):
+        info = vocab_info()
+        self.vocab_size = info.vocab_size
+        self.eos = set(info.eos_token_ids) | {int(t) for t in args.get("stop_token_ids") or []}
+        self.grammar_end = set(info.eos_token_ids)
+        self.vocab = Vocab()
+        tools = args.get("tools")
+        self.tool_mode = tools["mode"] if tools else None
+        self.parallel = bool(tools and tools.get("parallel"))
+        self.response_grammar = self.call_grammar = None
+        #: Whether the root KV is a conversation's named file (see ``Choice._pred``).
+        self.conversation = bool(args.get("conversation"))
+        for tok in list(self.eos) + [int(k) for k in args.get("logit_bias") or {}]:
+            if not 0 <= tok < self.vocab_size:
+                param = "logit_bias" if str(tok) in (args.get("logit_bias") or {}) else "stop_token_ids"
+                raise Invalid(f"token id {tok} is outside the vocabulary (size {self.vocab_size})", param)
+        if args.get("json_schema") is not None:
+            try:
+                self.response_grammar = grammar(args["json_schema"])
+            except InvalidArgument as exc:
+                raise Invalid(f"response_format: {exc.message}", "response_format") from None
+        if tools:
+            try:
+                self.call_grammar = grammar(tools["call_schema"])
+            except InvalidArgument as exc:
+                raise Invalid(f"tools: the call grammar does not compile: {exc.message}", "tools") from None
+            self.open_ids = tokenize(CALL_OPEN + "\n")
+            self.close_ids = tokenize(CALL_CLOSE)
+            self.newline_ids = tokenize("\n")
+
+
+def _prompt_logprobs(kv, prompt, k, vocab):
+    """Prefill ``prompt`` into ``kv``; the distribution after it and the prompt's own logprob
+    entries (the first token has none)."""
+    if len(prompt) > MAX_ECHO_LOGPROB_TOKENS:
+        raise Invalid(f"echo with logprobs takes prompts of at most {MAX_ECHO_LOGPROB_TOKENS} tokens", "echo")
+    dists = pred(kv, prompt, positions=list(range(len(prompt))))
+    entries = [[vocab.text(prompt[0]), None, []]]
+    for i in range(1, len(prompt)):
+        entries.append(_token_logprob(dists[i - 1], prompt[i], k, vocab))
+    for d in dists[:-1]:
+        d.release()
+    return dists[-1], entries
+
+
+#: Why a conversation's KV file cannot be used as it is: then a fresh KV is computed.
+UNUSABLE_FILE = (KVNotFound, KVExists, Busy, QuotaExceeded, NoSpace, PermissionDenied, InvalidArgument)
+
+
+def _conversation_file(conversation):
+    """The conversation's KV file (see the module docstring), or a fresh anonymous KV."""
+    name, write = conversation["name"], bool(conversation.get("write", True))
+    try:
+        return kv_open(name, "w" if write else "r")
+    except KVNotFound:
+        if write:
+            try:
+                return kv_create(name)
+            except UNUSABLE_FILE:
+                pass
+    except Busy:  # another turn of this conversation writes it now: start from a private copy
+        try:
+            return kv_open(name, "r")
+        except UNUSABLE_FILE:
+            pass
+    except UNUSABLE_FILE:
+        pass
+    return kv_create()
+
+
+def _continue(conversation, prompt):
+    """(kv, distribution after the prompt, prompt tokens reused from the conversation's file)."""
+    kv = _conversation_file(conversation)
+    held = kv_tokens(kv)
+    common, limit = 0, min(len(held), len(prompt) - 1)  # at least one token is predicted
+    while common < limit and held[common] == prompt[common]:
+        common += 1
+    if common < len(held):
+        kv_truncate(kv, common)
+    try:
+        first = pred(kv, prompt[common:])[-1]
+    except NoSpace:  # the file meets the tenant's stored-KV budget: go on in a private copy
+        kv = kv_fork(kv)
+        first = pred(kv, prompt[common:])[-1]
+    return kv, first, common
+
+
+def _refused(prompt, exc):
+    message = f"the prompt is {len(prompt)} tokens, more than this request may process ({exc})"
+    return {"refused": {"code": "context_length_exceeded", "message": message, "prompt_tokens": len(prompt)}}
 
 
 def main(args):
+    try:
+        ctx = Context(args)
+    except Invalid as exc:
+        return {"invalid_request": {"message": exc.message, "param": exc.param}}
     if "messages" in args:
-        prompt = apply_chat_template(args["messages"], add_generation_prompt=True)
+        prompts = [apply_chat_template(args["messages"], add_generation_prompt=True)]
     else:
-        prompt = tokenize(args["prompt"])
-    eos = set(vocab_info().eos_token_ids)
-    schema = args.get("json_schema")
-    compiled = grammar(schema) if schema is not None else None
+        prompts = [tokenize(p) if isinstance(p, str) else [int(t) for t in p] for p in args["prompts"]]
     n = int(args.get("n", 1))
-    root = kv_create()
-    first = pred(root, prompt)[-1]
-    kvs = [root] + [kv_fork(root) for _ in range(n - 1)]
-    choices = [None] * n
+    echo = bool(args.get("echo"))
+    jobs, prompt_tokens, cached_tokens = [], 0, 0
+    for p_index, prompt in enumerate(prompts):
+        if not prompt:
+            return {"invalid_request": {"message": "a prompt tokenizes to no tokens", "param": "prompt"}}
+        if any(not 0 <= t < ctx.vocab_size for t in prompt):
+            return {"invalid_request": {"message": "a prompt token id is outside the vocabulary", "param": "prompt"}}
+        root = None if args.get("conversation") else kv_create()
+        prompt_entries = None
+        try:
+            if root is None:
+                root, first, reused = _continue(args["conversation"], prompt)
+                cached_tokens += reused
+            elif echo and args.get("logprobs") is not None:
+                first, prompt_entries = _prompt_logprobs(root, prompt, int(args["logprobs"]), ctx.vocab)
+            else:
+                first = pred(root, prompt)[-1]
+        except Invalid as exc:
+            return {"invalid_request": {"message": exc.message, "param": exc.param}}
+        except (QuotaExceeded, NoSpace) as exc:
+            return _refused(prompt, exc)
+        prompt_tokens += len(prompt)
+        echoed = detokenize(prompt) if echo else ""
+        kvs = [root] + [kv_fork(root) for _ in range(n - 1)]
+        for j in range(n):
+            jobs.append((p_index * n + j, kvs[j], first, echoed, prompt_entries))
+
+    choices = [None] * len(jobs)
     errors = []
 
-    def decode(i):
+    def decode(job):
+        index, kv, first, echoed, prompt_entries = job
         try:
-            _decode(i, kvs[i], first, args, eos, compiled, choices)
+            if echoed:
+                message = {"index": index, "delta": echoed}
+                if prompt_entries is not None:
+                    message["logprobs"] = prompt_entries
+                send_to_user(message)
+            choice = Choice(index, kv, first, args, ctx).run()
+            if echoed:
+                choice["text"] = echoed + choice["text"]
+                if prompt_entries is not None:
+                    choice["logprobs"] = prompt_entries + choice["logprobs"]
+            choices[index] = choice
         except Exception as exc:  # re-raised below so the run fails with the real cause
             errors.append(exc)
 
-    threads = [threading.Thread(target=decode, args=(i,)) for i in range(n)]
+    threads = [threading.Thread(target=decode, args=(job,)) for job in jobs]
     for t in threads:
         t.start()
     for t in threads:
@@ -103,4 +463,7 @@ def main(args):
     if errors:
         raise errors[0]
     completion = sum(c.pop("completion_tokens") for c in choices)
-    return {"choices": choices, "usage": {"prompt_tokens": len(prompt), "completion_tokens": completion}}
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion}
+    if args.get("conversation"):
+        usage["cached_tokens"] = cached_tokens
+    return {"choices": choices, "usage": usage}

@@ -59,6 +59,23 @@ class EmailChange:
     new_email: str
 
 
+def login_name(identifier: str) -> str:
+    """The username to authenticate a sign-in typed as ``identifier``: a username as it is
+    (``admin``, made by ``make up``), else as console sign-ups store it (their email,
+    lowercased), else the username of the one account whose email address it is
+    (``admin@localhost``). Unknown input comes back lowercased, and authentication fails."""
+    typed = identifier.strip()
+    users = get_user_model().objects
+    for candidate in dict.fromkeys((typed, typed.lower())):
+        if users.filter(username=candidate).exists():
+            return candidate
+    if "@" in typed:
+        owners = list(users.filter(email__iexact=typed).values_list("username", flat=True)[:2])
+        if len(owners) == 1:
+            return owners[0]
+    return typed.lower()
+
+
 def reset_password(uid: str, token: str, new_password: str):
     """Set a new password through a reset link; returns the user.
 

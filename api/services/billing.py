@@ -8,7 +8,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
-from api.models import Tenant, UsageRecord
+from api.models import Plan, Tenant, UsageRecord
 
 SUMMED = UsageRecord.METERED
 #: Runs among usage rows, including runs deleted since (their rows keep ``from_run``).
@@ -74,16 +74,23 @@ def usage_by_group(tenant: Tenant, group_by: str, start: date | None = None, end
     return sorted(rows, key=lambda r: (-(r["decode_tokens"] or 0), -(r["prefill_tokens"] or 0), str(r["name"])))
 
 
-#: Prices in USD per unit. Tokens are priced per million, page-seconds per thousand.
+#: Prices in USD per unit. Tokens are priced per million, page-seconds per thousand; ``None``:
+#: the tenant's plan sets the price (:func:`unit_prices`).
 PRICE_SHEET = {
     "prefill_tokens": ("Prefill tokens", Decimal("0.10") / 1_000_000),
+    "cached_tokens": ("Cached prompt tokens (prefix cache, stored KV files)", None),
     "decode_tokens": ("Decode tokens", Decimal("0.40") / 1_000_000),
     "pred_calls": ("Forward calls", Decimal("0.000001")),
     "page_seconds": ("KV page-seconds", Decimal("0.02") / 1000),
     "io_calls": ("Brokered I/O calls", Decimal("0.00001")),
     "sandbox_seconds": ("Sandbox seconds", Decimal("0.00002")),
     "kv_gib_hours": ("Stored KV GiB-hours", Decimal("0.0002")),
+    "streamed_bytes": ("Bytes streamed to clients (send_to_user)", None),
 }
+#: Per GiB streamed when the tenant's plan has no row (the model field's default).
+FALLBACK_STREAMED_GIB_PRICE = Decimal("0.10")
+#: Of a prefill token's price, what a cached prompt token costs without a plan row.
+FALLBACK_CACHED_TOKEN_PRICE_RATIO = Decimal("0.1")
 #: The storage meter bills this many seconds of stored KV bytes per run (Celery beat period).
 KV_METER_PERIOD_S = 300
 CENT = Decimal("0.01")
@@ -96,6 +103,19 @@ def _month_range(month: str) -> tuple[date, date]:
     return start, end
 
 
+def unit_prices(tenant: Tenant) -> dict[str, Decimal]:
+    """USD per unit of each metered quantity for ``tenant``: PRICE_SHEET's, its plan's
+    ``streamed_gib_price`` per byte streamed and its ``cached_token_price_ratio`` of a prefill
+    token per cached prompt token."""
+    plan = Plan.objects.filter(name=tenant.plan).first()
+    per_gib = plan.streamed_gib_price if plan is not None else FALLBACK_STREAMED_GIB_PRICE
+    ratio = plan.cached_token_price_ratio if plan is not None else FALLBACK_CACHED_TOKEN_PRICE_RATIO
+    prefill = PRICE_SHEET["prefill_tokens"][1]
+    assert prefill is not None
+    plan_set = {"streamed_bytes": Decimal(per_gib) / (1 << 30), "cached_tokens": prefill * Decimal(ratio)}
+    return {field: price if price is not None else plan_set[field] for field, (_, price) in PRICE_SHEET.items()}
+
+
 def invoice(tenant: Tenant, month: str) -> dict:
     """Invoice for ``YYYY-MM``: one line per metered quantity from PRICE_SHEET, totals in USD
     rounded half-up to cents per line. Raises ValueError for a malformed month."""
@@ -104,7 +124,9 @@ def invoice(tenant: Tenant, month: str) -> dict:
         runs=RUNS, **{f: Sum(f) for f in SUMMED}
     )
     lines = []
-    for field, (label, unit_price) in PRICE_SHEET.items():
+    prices = unit_prices(tenant)
+    for field, (label, _) in PRICE_SHEET.items():
+        unit_price = prices[field]
         quantity = Decimal(str(sums[field] or 0))
         amount = (quantity * unit_price).quantize(CENT, rounding=ROUND_HALF_UP)
         lines.append(
@@ -163,3 +185,20 @@ def meter_kv_storage(now: float | None = None) -> int:
     for row in stored:
         UsageRecord.objects.create(tenant_id=row["tenant_id"], kv_gib_hours=row["total"] / (1 << 30) * hours)
     return len(stored)
+
+
+#: A run's cost is shown to the micro-dollar: most runs cost far less than the invoice's cent.
+MICRO = Decimal("0.000001")
+
+
+def usage_cost(tenant: Tenant, record: UsageRecord) -> dict:
+    """What one usage row costs at the tenant's prices: ``{currency, total, lines: {field:
+    amount}}``, amounts as decimal strings to the micro-dollar (the invoice sums quantities over
+    a month and rounds each line to cents, so it can differ from the sum of runs' costs)."""
+    prices = unit_prices(tenant)
+    lines = {
+        name: (Decimal(str(getattr(record, name) or 0)) * prices[name]).quantize(MICRO, rounding=ROUND_HALF_UP)
+        for name in PRICE_SHEET
+    }
+    total = sum(lines.values(), Decimal("0"))
+    return {"currency": "USD", "total": str(total), "lines": {k: str(v) for k, v in lines.items() if v}}

@@ -22,6 +22,8 @@ from typing import Generic, TypeVar
 import redis
 from django.conf import settings
 
+from api import redis_client
+
 log = logging.getLogger(__name__)
 
 #: How long the flag outlives the cancel (a run is executing by then, or never will).
@@ -37,7 +39,7 @@ def _key(run_id: str) -> str:
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
+    return redis_client.shared(settings.REDIS_URL)
 
 
 def request_stop(run_id: str) -> bool:
@@ -83,7 +85,11 @@ class CancelWatch(Generic[T]):
         return value  # type: ignore[return-value]
 
     def _watch(self) -> None:
-        client = _redis()  # one connection for every poll of this run, not one per poll
+        # The process's shared client (api/redis_client.py): each poll borrows a pooled connection.
+        # It is never closed here: closing it disconnects every pooled connection, including
+        # those other threads are using at that moment (several runs per process: a Celery
+        # thread pool, a run tree's executors, the web process's in-process runs), whose commands then fail with EBADF.
+        client = _redis()
         while not self._stop.wait(POLL_S):
             try:
                 if not stop_requested(self.run_id, client):
@@ -98,7 +104,6 @@ class CancelWatch(Generic[T]):
             except Exception as exc:  # the executor's own call reports it
                 log.warning("cancel_end_session_failed run=%s error=%s", self.run_id, exc)
             break
-        client.close()
 
     def __enter__(self) -> CancelWatch[T]:
         self._thread.start()

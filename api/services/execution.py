@@ -6,30 +6,28 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import redis
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from api.models import Run
-from api.services import kvfiles
+from api.services import failover, kvfiles
 from api.services.cancellation import CancelWatch
 from api.services.executor_liveness import ExecutorHeartbeat, executor_alive
-from api.services.quotas import session_limits
+from api.services.procs import ProcessBroker
+from api.services.quotas import SANDBOX_RESOURCES, plan_limits, session_limits
 from api.services.runs import RunOutcome, finish_run, start_run
 
 log = logging.getLogger(__name__)
 
 #: Launcher status -> run status. ``killed`` (OOM, pids) is a failure of the program.
 SANDBOX_STATUS = {"succeeded": "succeeded", "failed": "failed", "timed_out": "timed_out", "killed": "failed"}
-#: Sandbox resources a run may ask for in its limits, with their defaults and upper bounds.
-SANDBOX_RESOURCES = {
-    "memory_mb": (512, 4096),
-    "pids": (128, 1024),
-    "output_limit_bytes": (1 << 20, 16 << 20),
-}
 
 
 def _handle_redelivery(run_id: str) -> str:
@@ -51,13 +49,16 @@ def _handle_redelivery(run_id: str) -> str:
     return "skipped"
 
 
-def _resource(limits: dict, key: str) -> int:
+def _resource(limits: dict, key: str, plan_cap: int | None = None) -> int:
+    """The run's own value, else the default; never past the sandbox's cap or ``plan_cap``
+    (validated at creation, so this only bites when the plan was lowered since)."""
     default, cap = SANDBOX_RESOURCES[key]
+    cap = min(cap, plan_cap) if plan_cap is not None else cap
     return max(1, min(int(limits.get(key) or default), cap))
 
 
 def _sandbox_spec(run: Run, program_path: Path, session, worker_limits: dict):
-    from sandbox.launcher import SandboxSpec
+    from sandbox.spec import SandboxSpec
 
     return SandboxSpec(
         program_path=str(program_path),
@@ -67,21 +68,35 @@ def _sandbox_spec(run: Run, program_path: Path, session, worker_limits: dict):
         run_id=str(run.pk),
         tenant=run.tenant.slug,
         # The worker ends the session at the same deadline; the container gets a little
-        # longer so a LIP can report the worker's ETIMEDOUT as its own error.
-        deadline_s=worker_limits["deadline_s"] + 5,
-        memory_mb=_resource(run.limits, "memory_mb"),
+        # longer so a LIP can report the worker's ETIMEDOUT as its own error (the kill's
+        # message still names the deadline the user set).
+        deadline_s=worker_limits["deadline_s"],
+        grace_s=5,
+        memory_mb=_resource(run.limits, "memory_mb", plan_limits(run.tenant).max_memory_mb),
         pids=_resource(run.limits, "pids"),
         output_limit_bytes=_resource(run.limits, "output_limit_bytes"),
         image=settings.SYMPHONY_SANDBOX_IMAGE or None,
+        entry=run.entry,
     )
 
 
+class _NotStarted(Exception):
+    """The worker refused the admin connection before the run's session existed."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
 def _end_session(watch: CancelWatch) -> tuple[dict, str]:
-    """The worker's usage for the session, or ``({}, why)`` when the worker is gone."""
+    """The worker's usage for the session, or ``({}, why)`` when the worker is gone (then the
+    runs queued on it are re-routed now, not at its heartbeat's expiry)."""
     try:
         return dict(watch.end_session().usage), ""
     except Exception as exc:
         name = settings.SYMPHONY_WORKER_NAME
+        if failover.is_unreachable(exc):
+            failover.worker_lost(name, exc)
         return {}, f"gpu_worker {name!r} became unreachable during the run ({type(exc).__name__}: {exc})"
 
 
@@ -118,36 +133,77 @@ def _record_outcome(run_id: str, outcome: RunOutcome) -> str:
             attempt += 1
 
 
-def execute_run(run_id: str) -> str:
-    run = start_run(run_id, settings.SYMPHONY_WORKER_NAME)
+def execute_run(run_id: str, target: str | None = None, attempt: int = 0, launch: Launch | None = None) -> str:
+    """``target``: the worker the task was sent to (None: any, for tasks sent before re-routing
+    existed); ``attempt``: how many times the run was re-routed (api/services/failover.py);
+    ``launch``: how the program runs (default: the sandbox)."""
+    run = start_run(run_id, settings.SYMPHONY_WORKER_NAME, target)
     if run is None:
         return _handle_redelivery(run_id)
     with ExecutorHeartbeat(run_id):
-        return _execute(run)
+        try:
+            return _execute(run, launch or launch_sandbox)
+        except _NotStarted as lost:
+            return failover.reroute_unstarted(run_id, settings.SYMPHONY_WORKER_NAME, lost.cause, attempt)
 
 
-def _execute(run: Run) -> str:
+def _create_session(client, tenant: str, run_id: str, worker_limits: dict, tree: str):
+    """``create_session``; a worker that is not there at all raises :class:`_NotStarted`.
+    ``tree``: the root run of the run's tree, whose channels it shares (gpu_worker/channels.py)."""
+    try:
+        return client.create_session(tenant, run_id, worker_limits, tree=tree)
+    except Exception as exc:
+        if failover.is_unreachable(exc):
+            raise _NotStarted(exc) from exc
+        raise
+
+
+def _tree_root(run: Run) -> str:
+    """The id of the root of ``run``'s run tree (itself when nothing spawned it): a few
+    queries at most, the plan bounds the tree's depth."""
+    root = run
+    while root.parent_id is not None:
+        root = Run.objects.only("pk", "parent_id").get(pk=root.parent_id)
+    return str(root.pk)
+
+
+#: How a run's program is executed once its worker session exists: ``(run, session access,
+#: worker limits) -> SandboxResult``. The default is the gVisor sandbox; the built-in OpenAI
+#: program has a trusted in-process launcher (api/services/trusted_runs.py).
+Launch = Callable[[Run, Any, dict], Any]
+
+
+def launch_sandbox(run: Run, session: Any, worker_limits: dict) -> Any:
+    """Run the program in a gVisor sandbox (a warm slot when one fits, else a fresh container)."""
+    import sandbox
+
+    version = run.program_version
+    with tempfile.TemporaryDirectory(prefix="symphony-run-") as tmp:
+        program_path = Path(tmp) / ("program.zip" if version.kind == "zip" else "program.py")
+        program_path.write_bytes(bytes(version.content))
+        return sandbox.run(_sandbox_spec(run, program_path, session, worker_limits))
+
+
+def _execute(run: Run, launch: Launch = launch_sandbox) -> str:
     tenant = run.tenant.slug
     try:
         from gpu_worker.admin_client import AdminClient
-        from sandbox.launcher import SandboxLauncher
-        from sandbox.pool import shared_pool
 
         client = AdminClient(settings.SYMPHONY_WORKER_ADMIN_SOCKET, timeout=30)
-        worker_limits = session_limits(run)
-        session = client.create_session(tenant, str(run.pk), worker_limits)
-        version = run.program_version
+        # A sandboxed program may spawn: this executor serves its spawns (ProcessBroker below).
+        # The built-in program run in-process never does, and pays for no broker.
+        spawns = launch is launch_sandbox
+        worker_limits = {**session_limits(run), "spawn": True} if spawns else session_limits(run)
+        # The runs of one tree (a root and what it spawned) share channels on the worker.
+        session = _create_session(client, tenant, str(run.pk), worker_limits, tree=_tree_root(run))
         # Ends the session early if the run is cancelled meanwhile (api/services/cancellation.py).
         watch = CancelWatch(str(run.pk), lambda: client.end_session(session.session_id))
-        with watch, tempfile.TemporaryDirectory(prefix="symphony-run-") as tmp:
-            program_path = Path(tmp) / ("program.zip" if version.kind == "zip" else "program.py")
-            program_path.write_bytes(bytes(version.content))
+        # Serves the LIP's spawns and runs its children here; cancels those still live when the
+        # run ends, before its outcome is recorded (api/services/procs.py).
+        broker = ProcessBroker(str(run.pk), worker_limits["deadline_s"], execute_run) if spawns else nullcontext()
+        with watch, broker:
             try:
-                spec = _sandbox_spec(run, program_path, session, worker_limits)
-                # Warm pool (SYMPHONY_SANDBOX_POOL_SIZE > 0) when it has a slot with these limits;
-                # otherwise, or when it declines the run, the cold path as before.
-                pool = shared_pool(settings.SYMPHONY_SANDBOX_IMAGE or None)
-                result = (pool.run(spec) if pool is not None else None) or SandboxLauncher().run(spec)
+                result = launch(run, session, worker_limits)
             finally:
                 usage, worker_error = _end_session(watch)
         outcome = _outcome(result, usage, worker_error)
@@ -156,6 +212,8 @@ def _execute(run: Run) -> str:
             outcome = replace(
                 outcome, status="cancelled", error=f"cancelled while running; the program was stopped{said}"
             )
+    except _NotStarted:
+        raise
     except Exception as exc:
         log.exception("run_failed run=%s tenant=%s", run.pk, tenant)
         outcome = RunOutcome(status="failed", error=f"{type(exc).__name__}: {exc}")

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.db import transaction
+from django.db.models import QuerySet
 from django.utils import timezone
 
-from api.models import ApiKey, Tenant
+from api.models import ApiKey, AuditLog, Membership, Tenant
 
 
 @dataclass(frozen=True)
@@ -87,3 +89,45 @@ def revoke_key(key: ApiKey) -> None:
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
+
+
+def manageable_keys(user, tenant: Tenant) -> QuerySet[ApiKey]:
+    """The tenant's keys ``user`` may list and revoke: every key for an owner, the keys they
+    created themselves for a member. A member holding the secret of a key they made can already
+    do what it does; revoking or seeing an owner's keys would let any member cut off the
+    owner's integrations (or learn what they are)."""
+    keys = ApiKey.objects.filter(tenant=tenant)
+    role = Membership.objects.filter(user=user, tenant=tenant).values_list("role", flat=True).first()
+    return keys if role == "owner" else keys.filter(created_by=user)
+
+
+def _audit(actor, key: ApiKey, action: str, **detail) -> None:
+    target = f"{key.name} (sk_{key.prefix})"[:200]
+    AuditLog.objects.create(actor=actor, tenant_id=key.tenant_id, action=action, target=target, detail=detail)
+
+
+@transaction.atomic
+def create_key(actor, tenant: Tenant, name: str, scopes: list[str], expires_at: datetime | None = None) -> IssuedKey:
+    """A console user mints a key for ``tenant``: an ``api_key.create`` audit row names who,
+    with which scopes and until when, since the secret leaves the service with them."""
+    issued = issue_key(tenant, name, scopes, actor, expires_at)
+    _audit(
+        actor,
+        issued.key,
+        "api_key.create",
+        scopes=list(scopes),
+        expires_at=expires_at.isoformat() if expires_at else None,
+    )
+    return issued
+
+
+@transaction.atomic
+def revoke_by(actor, key: ApiKey) -> None:
+    """A console user revokes ``key`` (one of :func:`manageable_keys`); audited once, when it
+    actually ends the key."""
+    key = ApiKey.objects.select_for_update().get(pk=key.pk)
+    if key.revoked_at is not None:
+        return
+    revoke_key(key)
+    creator = key.created_by.email if key.created_by_id else None
+    _audit(actor, key, "api_key.revoke", created_by=creator)

@@ -1,6 +1,8 @@
 """KV file mirror and operations. The gpu_worker owns KV files; the control plane mirrors its
 ``kv_list`` per tenant so the console can list them, and forwards delete/pin/evict to the worker
-over the admin socket (evictions by staff are audited)."""
+over the admin socket (evictions by staff are audited). How many files a tenant has is bounded by
+its plan (``max_kv_files``, enforced by the worker), and the mirror is refreshed with a few bulk
+statements whatever that count: one ``update_or_create`` per file took 17 s for 5,000 files."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ import logging
 
 from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
 from api.models import AuditLog, KVFile, Tenant
+from api.services.quotas import QuotaExceeded, kv_quota, plan_limits
 
 log = logging.getLogger(__name__)
 
@@ -25,34 +29,58 @@ def _client():
 
 
 def _call(op: str, *args):
+    from gpu_worker.protocol import ErrorCode, ProtocolError
+
     try:
         return getattr(_client(), op)(*args)
+    except ProtocolError as exc:
+        if exc.code == ErrorCode.QUOTA:  # the tenant's plan share: its request, not the worker
+            raise QuotaExceeded(exc.message) from exc
+        log.warning("worker_call_failed op=%s error=%s", op, exc)
+        raise WorkerUnavailable(f"gpu_worker {op} failed: {exc}") from exc
     except Exception as exc:
         log.warning("worker_call_failed op=%s error=%s", op, exc)
         raise WorkerUnavailable(f"gpu_worker {op} failed: {type(exc).__name__}: {exc}") from exc
 
 
+#: The mirrored fields of a ``kv_list`` row.
+MIRRORED = ("tokens", "bytes", "residency", "pinned", "last_used")
+
+
+def _mirrored(entry: dict) -> tuple:
+    return (
+        entry.get("tokens", 0),
+        entry.get("bytes", 0),
+        entry.get("residency", ""),
+        bool(entry.get("pinned", False)),
+        entry.get("last_used"),
+    )
+
+
 @transaction.atomic
 def sync(tenant: Tenant) -> None:
-    """Replace the tenant's mirror rows for this worker with the worker's current kv_list."""
+    """Replace the tenant's mirror rows for this worker with the worker's current kv_list: new
+    and changed rows in one upsert, vanished ones in one delete, ``synced_at`` in one update."""
     worker = settings.SYMPHONY_WORKER_NAME
-    entries = [e for e in _call("kv_list", tenant.slug) if e.get("tenant") == tenant.slug]
-    names = set()
-    for entry in entries:
-        names.add(entry["name"])
-        KVFile.objects.update_or_create(
-            tenant=tenant,
-            worker=worker,
-            name=entry["name"],
-            defaults={
-                "tokens": entry.get("tokens", 0),
-                "bytes": entry.get("bytes", 0),
-                "residency": entry.get("residency", ""),
-                "pinned": bool(entry.get("pinned", False)),
-                "last_used": entry.get("last_used"),
-            },
-        )
-    KVFile.objects.filter(tenant=tenant, worker=worker).exclude(name__in=names).delete()
+    entries = {e["name"]: _mirrored(e) for e in _call("kv_list", tenant.slug) if e.get("tenant") == tenant.slug}
+    rows = KVFile.objects.filter(tenant=tenant, worker=worker)
+    have = {row[0]: (row[1], tuple(row[2:])) for row in rows.values_list("name", "pk", *MIRRORED)}
+    changed = [
+        KVFile(tenant=tenant, worker=worker, name=name, **dict(zip(MIRRORED, values, strict=True)))
+        for name, values in entries.items()
+        if name not in have or have[name][1] != values
+    ]
+    KVFile.objects.bulk_create(
+        changed,
+        batch_size=1000,
+        update_conflicts=True,
+        unique_fields=["tenant", "worker", "name"],
+        update_fields=[*MIRRORED, "synced_at"],
+    )
+    gone = [pk for name, (pk, _) in have.items() if name not in entries]
+    if gone:
+        KVFile.objects.filter(pk__in=gone).delete()
+    rows.update(synced_at=timezone.now())  # every row was confirmed now, changed or not
 
 
 def delete(kv: KVFile) -> None:
@@ -70,7 +98,10 @@ def delete_all(tenant: Tenant) -> int:
 
 
 def pin(kv: KVFile, pinned: bool) -> KVFile:
-    _call("kv_pin", kv.tenant.slug, kv.name, pinned)
+    """Pin or unpin on the worker, which checks the pin against the tenant's plan share
+    (sent along: the worker may not have run anything of this tenant yet); past it
+    :class:`QuotaExceeded`."""
+    _call("kv_pin", kv.tenant.slug, kv.name, pinned, kv_quota(plan_limits(kv.tenant)))
     kv.pinned = pinned
     kv.save(update_fields=["pinned", "synced_at"])
     return kv

@@ -29,8 +29,10 @@ from django.utils.encoding import force_bytes
 from django.utils.http import urlsafe_base64_encode
 from kombu.exceptions import OperationalError
 
+from api import dispatch
 from api.models import Invitation, Membership, QuotaNotice
 from api.services.keys import secret_digests
+from api.services.quotas import next_period_start
 
 log = logging.getLogger(__name__)
 
@@ -103,8 +105,6 @@ def request_password_reset(email: str) -> None:
     """Queue a reset mail for ``email``, at most one per address per ``RESET_MAIL_INTERVAL_S``.
 
     Answers the same whether or not an account uses the address: the task finds out."""
-    from api.tasks import send_password_reset_mail
-
     interval_key = f"mail:reset:{_address_hash(email)}"
     try:
         first = cache.add(interval_key, 1, timeout=RESET_MAIL_INTERVAL_S)
@@ -114,7 +114,7 @@ def request_password_reset(email: str) -> None:
     if not first:
         return
     try:
-        _enqueue(send_password_reset_mail, email.strip().lower())
+        _enqueue(dispatch.task(dispatch.SEND_PASSWORD_RESET_MAIL), email.strip().lower())
     except MailUnavailable:
         cache.delete(interval_key)  # nothing went out: a retry may ask again
         raise
@@ -144,9 +144,7 @@ def send_password_reset(email: str) -> int:
 def queue_password_changed(user) -> None:
     """Tell the account's owner their password changed (a reset or a change they did not make
     is then noticed). Best effort: the change itself has happened."""
-    from api.tasks import send_password_changed_mail
-
-    _enqueue_best_effort(send_password_changed_mail, user.pk)
+    _enqueue_best_effort(dispatch.task(dispatch.SEND_PASSWORD_CHANGED_MAIL), user.pk)
 
 
 def send_password_changed(user_id: int) -> bool:
@@ -159,9 +157,7 @@ def send_password_changed(user_id: int) -> bool:
 def queue_invitation(invitation: Invitation, token: str) -> bool:
     """Queue the invitation mail; False when it could not be queued (the owner still has the
     link on screen to pass on)."""
-    from api.tasks import send_invitation_mail
-
-    return _enqueue_best_effort(send_invitation_mail, invitation.pk, token)
+    return _enqueue_best_effort(dispatch.task(dispatch.SEND_INVITATION_MAIL), invitation.pk, token)
 
 
 def send_invitation(invitation_id: int, token: str) -> bool:
@@ -190,9 +186,7 @@ def send_invitation(invitation_id: int, token: str) -> bool:
 
 def queue_email_change(new_email: str, token: str) -> None:
     """Queue the link that confirms a new address (raises MailUnavailable: nothing changes then)."""
-    from api.tasks import send_email_change_mail
-
-    _enqueue(send_email_change_mail, new_email, token)
+    _enqueue(dispatch.task(dispatch.SEND_EMAIL_CHANGE_MAIL), new_email, token)
 
 
 def send_email_change(new_email: str, token: str) -> bool:
@@ -201,9 +195,7 @@ def send_email_change(new_email: str, token: str) -> bool:
 
 def queue_email_changed_notice(old_email: str, new_email: str) -> None:
     """Tell the old address it no longer signs in (best effort: the change has happened)."""
-    from api.tasks import send_email_changed_mail
-
-    _enqueue_best_effort(send_email_changed_mail, old_email, new_email)
+    _enqueue_best_effort(dispatch.task(dispatch.SEND_EMAIL_CHANGED_MAIL), old_email, new_email)
 
 
 def send_email_changed(old_email: str, new_email: str) -> bool:
@@ -216,15 +208,11 @@ def send_email_changed(old_email: str, new_email: str) -> bool:
 def queue_quota_notice(notice) -> None:
     """Queue the owners' mail for a quota notice (best effort: the notice row and audit entry
     stay either way)."""
-    from api.tasks import send_quota_notice_mail
-
-    _enqueue_best_effort(send_quota_notice_mail, notice.pk)
+    _enqueue_best_effort(dispatch.task(dispatch.SEND_QUOTA_NOTICE_MAIL), notice.pk)
 
 
 def send_quota_notice(notice_id: int) -> int:
     """Mail the notice to each owner of its tenant; how many were mailed."""
-    from api.services.quota_alerts import next_period_start  # it queues through this module
-
     notice = QuotaNotice.objects.select_related("tenant").filter(pk=notice_id).first()
     if notice is None or notice.tenant.closed_at is not None:
         return 0

@@ -1,7 +1,8 @@
 """Who belongs to a tenant: members and their roles, invitations, and new tenants.
 
-Roles: an ``owner`` manages the team (invites, role changes, removals); a ``member`` uses
-everything else (programs, runs, KV files, API keys, usage). A tenant always keeps at least one
+Roles: an ``owner`` manages the team (invites, role changes, removals) and every API key; a
+``member`` uses everything else (programs, runs, KV files, usage) and manages the API keys they
+created (api/services/keys.py). A tenant always keeps at least one
 owner, and every change here leaves an AuditLog row, because membership decides who can spend
 the tenant's quota and read its programs.
 

@@ -82,9 +82,9 @@ class ServiceCollector:
                 if _is_number(health.get(key)):
                     family.add_metric([w.name], float(health[key]))
             metrics = health.get("metrics") or {}
-            for key, family in counters.items():
+            for key, counter in counters.items():
                 if _is_number(metrics.get(key)):
-                    family.add_metric([w.name], float(metrics[key]))
+                    counter.add_metric([w.name], float(metrics[key]))
             for key, _, _, scale in SCHEDULER_GAUGES:
                 if _is_number(metrics.get(key)):
                     sched[key].add_metric([w.name], float(metrics[key]) * scale)

@@ -13,12 +13,14 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
+from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 
 from api.models import ApiKey, Program, Run, Tenant
-from api.services import programs
+from api.services import programs, trusted_runs
 from api.services.quotas import plan_limits
 from api.services.runs import RunConflict, cancel_run, create_run
 
@@ -67,7 +69,10 @@ def start(tenant: Tenant, api_key: ApiKey | None, request: CompletionRequest) ->
     program = builtin_program(tenant)
     # The worker meters the real count; the estimate only must not ask for more than the plan.
     limits = {"max_tokens": min(request.run_max_tokens, plan_limits(tenant).max_tokens_per_run)}
-    run, _ = create_run(tenant, program, None, request.args, limits, api_key=api_key)
+    # The built-in program is ours: executed in this process when a local worker is reachable
+    # (api/services/trusted_runs.py), with the same run row, quotas, events and billing.
+    send = trusted_runs.submit if trusted_runs.available() else None
+    run, _ = create_run(tenant, program, None, request.args, limits, api_key=api_key, send=send)
     return run
 
 
@@ -92,14 +97,73 @@ def response_id(request: CompletionRequest, run: Run) -> str:
     return f"{'chatcmpl' if request.chat else 'cmpl'}-{run.pk.hex}"
 
 
+def refusal(request: CompletionRequest, run: Run) -> dict | None:
+    """OpenAI's error body when the built-in LIP refused the request (its prompt does not fit
+    the run's token budget or the model's context; a schema the worker cannot compile or that
+    is over its grammar budget; a token id outside the vocabulary), else ``None``."""
+    result: dict[str, Any] = run.result if isinstance(run.result, dict) else {}
+    invalid = result.get("invalid_request")
+    if run.status == "succeeded" and isinstance(invalid, str):
+        return error_body(invalid[:2000], "invalid_request_error", param="response_format")
+    if run.status == "succeeded" and isinstance(invalid, dict):
+        return error_body(str(invalid.get("message"))[:2000], "invalid_request_error", param=str(invalid.get("param")))
+    refused = result.get("refused")
+    if not isinstance(refused, dict):
+        return None
+    param = "messages" if request.chat else "prompt"
+    return error_body(str(refused.get("message")), "invalid_request_error", str(refused.get("code")), param=param)
+
+
+def _token_entry(token: str, logprob: float | None) -> dict:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8", "replace"))}
+
+
+def logprobs_body(request: CompletionRequest, entries: list | None, offset: int = 0) -> dict | None:
+    """The LIP's ``[token, logprob, [[alternative, logprob], ...]]`` entries in OpenAI's shape:
+    chat's ``{"content": [...]}`` or completions' parallel lists (``text_offset`` counted from
+    ``offset`` characters into the choice's text)."""
+    if entries is None:
+        return None
+    if request.chat:
+        content = []
+        for token, logprob, top in entries:
+            entry = _token_entry(token, logprob)
+            entry["top_logprobs"] = [_token_entry(t, lp) for t, lp in top]
+            content.append(entry)
+        return {"content": content}
+    tokens, offsets, position = [], [], offset
+    for token, _, _ in entries:
+        tokens.append(token)
+        offsets.append(position)
+        position += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [e[1] for e in entries],
+        "top_logprobs": [None if e[1] is None else dict(e[2]) for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def tool_call_body(call: dict, streamed: bool = False) -> dict:
+    """One call of the LIP's result (``index``, ``id``, ``name``, ``arguments``) as OpenAI's
+    ``tool_calls`` entry (with its ``index`` when streamed)."""
+    body = {"id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}
+    return {"index": call["index"], **body} if streamed else body
+
+
 def completion_body(request: CompletionRequest, run: Run) -> dict:
     """The non-streaming response for a run that succeeded."""
-    result = run.result or {}
+    result: dict[str, Any] = run.result or {}
     choices = []
     for choice in result.get("choices", []):
-        entry: dict = {"index": choice["index"], "finish_reason": choice["finish_reason"], "logprobs": None}
+        logprobs = logprobs_body(request, choice.get("logprobs"))
+        entry: dict = {"index": choice["index"], "finish_reason": choice["finish_reason"], "logprobs": logprobs}
         if request.chat:
-            entry["message"] = {"role": "assistant", "content": choice["text"]}
+            calls = choice.get("tool_calls") or []
+            message: dict = {"role": "assistant", "content": choice["text"] if choice["text"] or not calls else None}
+            if calls:
+                message["tool_calls"] = [tool_call_body(c) for c in calls]
+            entry["message"] = message
         else:
             entry["text"] = choice["text"]
         choices.append(entry)
@@ -113,13 +177,32 @@ def completion_body(request: CompletionRequest, run: Run) -> dict:
     }
 
 
-def chunk_body(request: CompletionRequest, run: Run, index: int, text: str | None, finish: str | None) -> dict:
-    """One streaming chunk: a text delta of choice ``index``, or its finish reason."""
+def chunk_body(
+    request: CompletionRequest,
+    run: Run,
+    index: int,
+    text: str | None,
+    finish: str | None,
+    logprobs: list | None = None,
+    tool_call: dict | None = None,
+) -> dict:
+    """One streaming chunk: a text delta of choice ``index`` (with its tokens' logprobs when
+    asked), one of its tool calls (whole: OpenAI clients accumulate a call's deltas by its
+    ``index``), or its finish reason."""
     if request.chat:
-        delta = {"role": "assistant", "content": text} if text is not None else {}
-        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+        delta: dict = {}
+        if tool_call is not None:
+            delta = {"role": "assistant", "content": None, "tool_calls": [tool_call_body(tool_call, streamed=True)]}
+        elif text is not None:
+            delta = {"role": "assistant", "content": text}
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": logprobs_body(request, logprobs)}
     else:
-        choice = {"index": index, "text": text or "", "finish_reason": finish, "logprobs": None}
+        choice = {
+            "index": index,
+            "text": text or "",
+            "finish_reason": finish,
+            "logprobs": logprobs_body(request, logprobs),
+        }
     return {
         "id": response_id(request, run),
         "object": _object(request, chunk=True),
@@ -130,10 +213,22 @@ def chunk_body(request: CompletionRequest, run: Run, index: int, text: str | Non
 
 
 def usage_body(run: Run) -> dict:
-    """OpenAI's ``usage`` object from the built-in LIP's result."""
-    usage = (run.result or {}).get("usage", {}) if isinstance(run.result, dict) else {}
+    """OpenAI's ``usage`` object from the built-in LIP's result, with the prompt tokens the
+    worker served from the tenant's prefix cache as ``prompt_tokens_details.cached_tokens``
+    (the run's metered ``cached_tokens``; pass the run with ``select_related("usage")`` from
+    async code)."""
+    usage: dict[str, Any] = run.result.get("usage", {}) if isinstance(run.result, dict) else {}
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    try:
+        cached = int(run.usage.cached_tokens) if run.usage is not None else 0
+    except ObjectDoesNotExist:  # still running, or ended without a usage row
+        cached = 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": min(cached, prompt)},
+    }
 
 
 def usage_chunk(request: CompletionRequest, run: Run) -> dict:
@@ -149,6 +244,7 @@ def usage_chunk(request: CompletionRequest, run: Run) -> dict:
     }
 
 
-def error_body(message: str, type_: str, code: str | None = None) -> dict:
-    """OpenAI's error envelope (the ``openai`` client raises typed errors from it)."""
-    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict:
+    """OpenAI's error envelope (the ``openai`` client raises typed errors from it); ``param``
+    names the request field at fault."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}

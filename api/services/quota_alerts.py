@@ -11,7 +11,6 @@ Plans without a monthly token quota never alert.
 from __future__ import annotations
 
 import logging
-from datetime import date
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -28,11 +27,6 @@ TOKENS = "tokens_per_month"
 
 def thresholds() -> list[int]:
     return sorted({int(p) for p in settings.SYMPHONY_QUOTA_ALERT_PERCENTS})
-
-
-def next_period_start(today: date) -> date:
-    """The first day of the next month: when the monthly quota starts afresh."""
-    return date(today.year + today.month // 12, today.month % 12 + 1, 1)
 
 
 def check_tokens(tenant: Tenant) -> QuotaNotice | None:

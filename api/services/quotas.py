@@ -1,10 +1,13 @@
 """Plan limits per tenant: the checks applied before a run is accepted, and the session limits
-the worker enforces while it runs (tokens, device pages, deadline, tool hosts)."""
+the worker enforces while it runs (tokens, device pages, deadline, tool hosts, the tenant's
+shares of the KV tiers)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from datetime import date
 
+from django.conf import settings
 from django.db.models import Sum
 from django.utils import timezone
 
@@ -25,11 +28,37 @@ class PlanLimits:
     scheduling_weight: float = 1.0
     #: Control-plane requests per minute of the whole tenant (api/throttling.py).
     api_requests_per_minute: int | None = 600
+    #: Fractions of a worker's device pool (pinned KV files) and host tier (spilled ones) the
+    #: tenant may hold, and how many named KV files it may have (gpu_worker/kvfs/quota.py).
+    kv_pinned_device_share: float | None = 0.1
+    kv_host_share: float | None = 0.1
+    max_kv_files: int | None = 100
+    #: Event streams (run events, waiting ``/v1`` requests) the tenant may hold open at once
+    #: (api/services/stream_leases.py): the plan's, else ``SYMPHONY_STREAMS_PER_TENANT``.
+    max_concurrent_streams: int = 0
+    #: Bytes one run may send with ``send_to_user`` (``None``: the worker's default, 64 MiB).
+    stream_bytes_per_run: int | None = 16 * 1024 * 1024
+    #: Sandbox memory (MiB) one run may ask for (``limits.memory_mb``).
+    max_memory_mb: int = 1024
+    #: Entries the tenant's owners may put on its tool-host allowlist.
+    max_tool_hosts: int = 8
+    #: Runs one run may spawn, and levels a run tree may have below its root (api/services/procs.py).
+    max_children_per_run: int = 8
+    max_spawn_depth: int = 2
 
 
 #: Used when a tenant names a plan that has no row (e.g. deleted by an operator): the most
 #: restrictive sensible defaults rather than unlimited.
 FALLBACK = PlanLimits(2, 4096, 120, 1_000_000, 256, 1 << 30)
+#: Sandbox resources a run may ask for in its limits, with their defaults and upper bounds (a
+#: run asking for more is refused when it is created: api/serializers.py, and
+#: when spawned: api/services/procs.py; ``memory_mb`` is
+#: further capped by the plan's ``max_memory_mb``).
+SANDBOX_RESOURCES = {
+    "memory_mb": (512, 4096),
+    "pids": (128, 1024),
+    "output_limit_bytes": (1 << 20, 16 << 20),
+}
 #: A run that states no deadline gets this many seconds (capped by the plan).
 DEFAULT_RUN_SECONDS = 60
 
@@ -38,10 +67,16 @@ class QuotaExceeded(Exception):
     """The run would exceed the tenant's plan; the message says which limit."""
 
 
+class ConcurrencyLimitReached(QuotaExceeded):
+    """The tenant already runs as many runs as its plan allows: unlike the other limits, this
+    one passes by itself when a run ends, so a caller may wait a little and try again."""
+
+
 def plan_limits(tenant: Tenant) -> PlanLimits:
     plan = Plan.objects.filter(name=tenant.plan).first()
+    streams = settings.SYMPHONY_STREAMS_PER_TENANT
     if plan is None:
-        return FALLBACK
+        return replace(FALLBACK, max_concurrent_streams=streams)
     return PlanLimits(
         plan.max_concurrent_runs,
         plan.max_tokens_per_run,
@@ -51,7 +86,32 @@ def plan_limits(tenant: Tenant) -> PlanLimits:
         plan.kv_bytes_stored,
         plan.scheduling_weight,
         plan.api_requests_per_minute,
+        plan.kv_pinned_device_share,
+        plan.kv_host_share,
+        plan.max_kv_files,
+        plan.max_concurrent_streams or streams,
+        plan.stream_bytes_per_run,
+        plan.max_memory_mb,
+        plan.max_tool_hosts,
+        plan.max_children_per_run,
+        plan.max_spawn_depth,
     )
+
+
+def kv_quota(plan: PlanLimits) -> dict:
+    """The tenant's bounds on its named KV files as the worker takes them (session limits and
+    the admin ``kv_pin``: ``gpu_worker.sessions.QUOTA_KEYS``); ``None`` = unlimited."""
+    return {
+        "max_stored_bytes": plan.kv_bytes_stored,
+        "kv_pinned_share": plan.kv_pinned_device_share,
+        "kv_host_share": plan.kv_host_share,
+        "max_kv_files": plan.max_kv_files,
+    }
+
+
+def next_period_start(today: date) -> date:
+    """The first day of the next month: when the monthly quota starts afresh."""
+    return date(today.year + today.month // 12, today.month % 12 + 1, 1)
 
 
 def tokens_this_month(tenant: Tenant) -> int:
@@ -67,6 +127,7 @@ def current_use(tenant: Tenant) -> dict:
         "active_runs": Run.objects.filter(tenant=tenant, status__in=["queued", "running"]).count(),
         "tokens_this_month": tokens_this_month(tenant),
         "kv_bytes_stored": int(KVFile.objects.filter(tenant=tenant).aggregate(b=Sum("bytes"))["b"] or 0),
+        "kv_files": KVFile.objects.filter(tenant=tenant).count(),
     }
 
 
@@ -76,6 +137,8 @@ def quota_view(tenant: Tenant) -> dict:
         "limits": asdict(plan_limits(tenant)),
         "use": current_use(tenant),
         "allowed_tool_hosts": list(tenant.allowed_tool_hosts),
+        # Not a plan limit but one the console checks before uploading (api/services/programs.py).
+        "max_program_bytes": settings.SYMPHONY_MAX_PROGRAM_BYTES,
     }
 
 
@@ -84,7 +147,7 @@ def check_can_start(tenant: Tenant, limits: dict) -> None:
     plan = plan_limits(tenant)
     use = current_use(tenant)
     if use["active_runs"] >= plan.max_concurrent_runs:
-        raise QuotaExceeded(f"plan {tenant.plan} allows {plan.max_concurrent_runs} concurrent runs")
+        raise ConcurrencyLimitReached(f"plan {tenant.plan} allows {plan.max_concurrent_runs} concurrent runs")
     if int(limits.get("max_tokens", 0)) > plan.max_tokens_per_run:
         raise QuotaExceeded(f"max_tokens above plan limit {plan.max_tokens_per_run}")
     if float(limits.get("deadline_s", 0)) > plan.max_run_seconds:
@@ -105,9 +168,8 @@ def session_limits(run: Run) -> dict:
         max_tokens = max(0, min(max_tokens, plan.tokens_per_month - tokens_this_month(tenant)))
     deadline = min(float(requested.get("deadline_s") or DEFAULT_RUN_SECONDS), float(plan.max_run_seconds))
     # A run may narrow the tenant's tool allowlist, never widen it.
-    hosts = [
-        h for h in tenant.allowed_tool_hosts if "allowed_hosts" not in requested or h in requested["allowed_hosts"]
-    ]
+    narrowed = {str(h).strip().lower() for h in requested.get("allowed_hosts") or ()}
+    hosts = [h for h in tenant.allowed_tool_hosts if "allowed_hosts" not in requested or h.lower() in narrowed]
     out: dict = {
         "max_tokens": max_tokens,
         "deadline_s": deadline,
@@ -119,6 +181,8 @@ def session_limits(run: Run) -> dict:
         out["max_pages"] = min(int(p) for p in pages)
     if requested.get("max_kv_bytes") is not None:
         out["max_kv_bytes"] = int(requested["max_kv_bytes"])
-    if plan.kv_bytes_stored is not None:
-        out["max_stored_bytes"] = plan.kv_bytes_stored
+    # Every key, ``None`` included: a plan changed to unlimited lifts the worker's bound too.
+    out.update(kv_quota(plan))
+    if plan.stream_bytes_per_run is not None:
+        out["max_stream_bytes"] = plan.stream_bytes_per_run
     return out

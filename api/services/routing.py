@@ -1,14 +1,18 @@
 """Which worker runs a run: live workers from their Redis heartbeats, preferring the one that
 already holds the tenant's KV files (KV affinity), then the one with the most free pages.
 
-Each gpu_worker writes ``symphony:worker:<name>`` every couple of seconds with a short TTL, and
-one Celery queue ``worker.<name>`` is consumed next to it. A worker whose key expired is dead
-for routing; its running runs are failed by :func:`api.services.runs.reap_orphaned_runs`.
+Each gpu_worker writes ``symphony:worker:<name>`` every couple of seconds with a short TTL
+(``gpu_worker/contracts.py``, the heartbeat contract), and one Celery queue ``worker.<name>`` is
+consumed next to it. A worker whose key expired is dead for routing; its running runs are
+failed by :func:`api.services.runs.reap_orphaned_runs`.
+
+An executor that finds its worker's admin socket refused does not wait for the heartbeat to
+expire: :func:`mark_unavailable` deletes the heartbeat and sets ``symphony:worker-down:<name>``
+for as long as a heartbeat lives, so routing skips the dead worker within the second.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -16,8 +20,9 @@ from dataclasses import dataclass, field
 import redis
 from django.conf import settings
 
+from api import redis_client
 from api.models import KVFile, Tenant
-from gpu_worker.events import HEARTBEAT_PREFIX
+from gpu_worker import contracts
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +30,10 @@ log = logging.getLogger(__name__)
 #: saves a reload, a host-resident one a disk read; disk files can be read by any worker
 #: sharing the store, so they count little.
 RESIDENCY_WEIGHT = {"device": 4, "host": 2, "disk": 1}
+#: ``<prefix><name>`` marks a worker an executor found unreachable; it outlives any heartbeat
+#: the worker wrote before it died, so a stale heartbeat cannot route runs back to it.
+UNAVAILABLE_PREFIX = "symphony:worker-down:"
+UNAVAILABLE_TTL_S = contracts.HEARTBEAT_TTL_S
 
 
 @dataclass(frozen=True)
@@ -41,9 +50,13 @@ class WorkerInfo:
 def live_workers() -> list[WorkerInfo]:
     """Workers with an unexpired heartbeat; empty when Redis cannot be read."""
     try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2)
-        keys = list(client.scan_iter(match=HEARTBEAT_PREFIX + "*", count=100))
+        client = redis_client.shared(settings.REDIS_URL)
+        keys = list(client.scan_iter(match=contracts.HEARTBEAT_PREFIX + "*", count=100))
         values = client.mget(keys) if keys else []
+        down = {
+            key.decode()[len(UNAVAILABLE_PREFIX) :] if isinstance(key, bytes) else key[len(UNAVAILABLE_PREFIX) :]
+            for key in client.scan_iter(match=UNAVAILABLE_PREFIX + "*", count=100)
+        }
     except redis.RedisError as exc:
         log.warning("worker_heartbeats_unreadable error=%s", exc)
         return []
@@ -51,17 +64,10 @@ def live_workers() -> list[WorkerInfo]:
     for value in values:
         if value is None:
             continue  # expired between SCAN and MGET
-        info = json.loads(value)
-        workers.append(
-            WorkerInfo(
-                name=str(info["name"]),
-                pages_free=int(info.get("pages_free", 0)),
-                pages_total=int(info.get("pages_total", 0)),
-                sessions=int(info.get("sessions", 0)),
-                ok=bool(info.get("ok", False)),
-                health=info,
-            )
-        )
+        beat = contracts.decode_heartbeat(value)
+        if beat.name in down:
+            continue
+        workers.append(WorkerInfo(beat.name, beat.pages_free, beat.pages_total, beat.sessions, beat.ok, beat.health))
     return workers
 
 
@@ -73,12 +79,31 @@ def kv_affinity(tenant: Tenant) -> Counter:
     return score
 
 
-def choose_worker(tenant: Tenant) -> str:
+def mark_unavailable(name: str, reason: str) -> bool:
+    """Take ``name`` out of routing now (its admin socket refused a connection): its heartbeat
+    is deleted and a marker keeps it out until a heartbeat would have expired anyway. A worker
+    that is in fact alive announces itself again once the marker is gone. False when Redis
+    cannot be written (routing then learns of the death at heartbeat expiry, as before)."""
+    try:
+        client = redis_client.shared(settings.REDIS_URL)
+        pipe = client.pipeline()
+        pipe.set(UNAVAILABLE_PREFIX + name, reason[:500], ex=UNAVAILABLE_TTL_S)
+        pipe.delete(contracts.heartbeat_key(name))
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("worker_mark_unavailable_failed worker=%s error=%s", name, exc)
+        return False
+    log.warning("worker_marked_unavailable worker=%s reason=%s", name, reason)
+    return True
+
+
+def choose_worker(tenant: Tenant, exclude: frozenset[str] | set[str] = frozenset()) -> str:
     """The worker name for a new run of ``tenant``; the configured local worker when no worker
-    has announced itself (the run then waits in that worker's queue until it starts)."""
+    has announced itself (the run then waits in that worker's queue until it starts).
+    ``exclude``: workers a re-routed run already found unreachable."""
     if settings.SYMPHONY_ROUTING == "static":
         return settings.SYMPHONY_WORKER_NAME
-    live = [w for w in live_workers() if w.ok]
+    live = [w for w in live_workers() if w.ok and w.name not in exclude]
     if not live:
         return settings.SYMPHONY_WORKER_NAME
     affinity = kv_affinity(tenant)

@@ -3,10 +3,14 @@ result, usage record and stream events written together, never lost on failure).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import math
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 import redis
 from django.conf import settings
@@ -14,20 +18,46 @@ from django.db import IntegrityError, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
+from api import dispatch, redis_client
 from api.models import ApiKey, Program, Run, Tenant, UsageRecord
-from api.services import cancellation, quota_alerts, routing
+from api.services import cancellation, quota_alerts, routing, tool_hosts
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import check_can_start
 from api.validators import make_storable
+from gpu_worker import contracts
+from gpu_worker.contracts import EndEvent, RunEvent, StatusEvent
 
 log = logging.getLogger(__name__)
 
 USAGE_FIELDS = UsageRecord.METERED
+#: Counters kept with a run's usage that are not billed (shown by ``GET /runs/<id>``).
+USAGE_DETAILS = ("streamed_events", "forwards")
 
 
 class RunConflict(Exception):
     """The requested state change is not allowed from the run's current state."""
+
+
+class IdempotencyMismatch(Exception):
+    """An ``Idempotency-Key`` reused with a request body other than the one it was first sent
+    with: answering the first run would silently drop the new arguments."""
+
+
+def _request_digest(program: Program, version: int | None, args: dict, limits: dict) -> str:
+    """SHA-256 of the run request as the caller sent it (before ``default_args`` are merged)."""
+    body = {"program": program.pk, "version": version, "args": args, "limits": limits}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _replay(run: Run, key: str, digest: str) -> tuple[Run, bool]:
+    """The earlier run of ``key``, provided it was created from the same request."""
+    if run.idempotency_digest and run.idempotency_digest != digest:
+        raise IdempotencyMismatch(
+            f"Idempotency-Key {key!r} was first used for run {run.pk} with a different request body;"
+            " send the same body to get that run again, or use a new key"
+        )
+    return run, False
 
 
 @dataclass(frozen=True)
@@ -54,33 +84,32 @@ def output_tail(text: str, keep_bytes: int) -> tuple[str, bool]:
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL)
+    return redis_client.shared(settings.REDIS_URL)
 
 
-#: Entries a run's event stream keeps (approximately; the oldest are trimmed), as the worker's.
-STREAM_MAXLEN = 10_000
-
-
-def publish_event(run_id: str, type_: str, data: dict) -> None:
-    """XADD one event to the run's live stream (same shape the worker writes)."""
-    _redis().xadd(f"run:{run_id}", {"type": type_, "data": json.dumps(data)}, maxlen=STREAM_MAXLEN, approximate=True)
+def publish_event(run_id: str, event: RunEvent) -> None:
+    """XADD one event to the run's live stream (``gpu_worker/contracts.py``, as the worker's)."""
+    key = contracts.run_stream_key(run_id)
+    _redis().xadd(key, contracts.entry(event), maxlen=contracts.STREAM_MAXLEN, approximate=True)
 
 
 def publish_end(run: Run) -> None:
     """The run's closing ``status`` and ``end`` events, and its stream set to expire
     ``SYMPHONY_RUN_EVENTS_RETENTION_S`` later: without that every run's events (up to 10,000
     entries) would stay in Redis for good. The run's row keeps its result and output tails;
-    the event view answers a finished run whose stream is gone from that row (api/events.py)."""
-    key = f"run:{run.pk}"
+    the event view answers a finished run whose stream is gone from that row (api/run_events_view.py)."""
+    key = contracts.run_stream_key(run.pk)
     pipe = _redis().pipeline(transaction=True)
-    closing = {
-        "status": {"status": run.status, "error": run.error},
-        "end": {"status": run.status, "result": run.result},
-    }
-    for type_, data in closing.items():
-        pipe.xadd(key, {"type": type_, "data": json.dumps(data)}, maxlen=STREAM_MAXLEN, approximate=True)
+    for event in closing_events(run):
+        pipe.xadd(key, contracts.entry(event), maxlen=contracts.STREAM_MAXLEN, approximate=True)
     pipe.expire(key, settings.SYMPHONY_RUN_EVENTS_RETENTION_S)
     pipe.execute()
+
+
+def closing_events(run: Run) -> tuple[StatusEvent, EndEvent]:
+    """A finished run's last two events, from its row: what :func:`publish_end` writes and what
+    the event view answers when the stream has expired."""
+    return StatusEvent(run.status, run.error), EndEvent(run.status, run.result)
 
 
 #: Stream keys looked at per SCAN step of :func:`expire_finished_streams`.
@@ -95,7 +124,7 @@ def expire_finished_streams() -> int:
     client = _redis()
     expired = 0
     batch: list[bytes] = []
-    for key in client.scan_iter(match="run:*", count=SWEEP_BATCH, _type="stream"):
+    for key in client.scan_iter(match=contracts.RUN_STREAM_PREFIX + "*", count=SWEEP_BATCH, _type="stream"):
         batch.append(key)
         if len(batch) >= SWEEP_BATCH:
             expired += _expire_if_finished(client, batch)
@@ -109,7 +138,7 @@ def expire_finished_streams() -> int:
 
 def _run_id_of(key: bytes) -> uuid.UUID | None:
     try:
-        return uuid.UUID(key.decode().removeprefix("run:"))
+        return uuid.UUID(contracts.run_id_of(key))
     except ValueError:
         return None  # a key under run: that is not a run's stream
 
@@ -143,47 +172,97 @@ def create_run(
     limits: dict,
     idempotency_key: str | None = None,
     api_key: ApiKey | None = None,
+    send: Callable[[Run], object] | None = None,
 ) -> tuple[Run, bool]:
     """Create a queued run (or return the earlier one with the same Idempotency-Key).
 
-    Returns (run, created). The Celery task is enqueued only after the row is committed.
+    Returns (run, created). The plan check and the insert happen under a lock on the tenant's
+    row: counted apart, simultaneous requests each saw the same free slots and all started
+    (24 at once made 9 runs against a limit of 2). The lock serialises one tenant's creations
+    only; other tenants' requests never wait on it. The Celery task is enqueued only after the
+    row is committed. Raises ``IdempotencyMismatch`` when the key's run was created from other
+    program, version, args or limits. ``send``: what sends the committed run to execution
+    (default: its worker's Celery queue; the built-in OpenAI program's runs may be executed in
+    process, api/services/trusted_runs.py).
     """
+    digest = _request_digest(program, version, args, limits) if idempotency_key else ""
     if idempotency_key:
         existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
         if existing is not None:
-            return existing, False
-    if _tenant_closed(tenant.pk):
-        raise RunConflict("this tenant is closed")
+            return _replay(existing, idempotency_key, digest)
+    tool_hosts.check_run_hosts(tenant, limits)
     versions = program.versions.order_by("-number")
     pv = versions.filter(number=version).first() if version else versions.first()
     if pv is None:
         raise RunConflict(f"program {program.pk} has no version {version or '(any)'}")
-    check_can_start(tenant, limits)
     try:
         with transaction.atomic():
+            locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+            if locked.closed_at is not None:  # read under the lock: a close may have just committed
+                raise RunConflict("this tenant is closed")
+            if idempotency_key:
+                # The same key sent twice at once: the second waited on the lock for the first.
+                existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
+                if existing is not None:
+                    return _replay(existing, idempotency_key, digest)
+            check_can_start(locked, limits)
             run = Run.objects.create(
                 tenant=tenant,
                 program_version=pv,
                 args={**program.default_args, **args},
                 limits=limits,
                 idempotency_key=idempotency_key or None,
+                idempotency_digest=digest,
                 api_key=api_key,
             )
     except IntegrityError:
-        return Run.objects.get(tenant=tenant, idempotency_key=idempotency_key), False
-    transaction.on_commit(lambda: _enqueue(run))
+        if not idempotency_key:
+            raise
+        return _replay(Run.objects.get(tenant=tenant, idempotency_key=idempotency_key), idempotency_key, digest)
+    dispatch_run = send or enqueue
+    transaction.on_commit(lambda: dispatch_run(run))
     log.info("run_created run=%s tenant=%s program=%s version=%s", run.pk, tenant.slug, program.pk, pv.number)
     return run, True
 
 
-def _enqueue(run: Run, worker: str | None = None) -> None:
-    """Send the run to a worker's queue (chosen by heartbeat and KV affinity unless given)."""
-    from api.tasks import run_lip
-
-    worker = worker or routing.choose_worker(run.tenant)
+def _enqueue(
+    run: Run,
+    worker: str | None = None,
+    *,
+    attempt: int = 0,
+    exclude: frozenset[str] = frozenset(),
+    countdown: float = 0,
+) -> str:
+    """Send the run to a worker's queue (chosen by heartbeat and KV affinity unless given);
+    returns the worker. The task names its target, so a task left in another worker's queue
+    after the run was re-routed (api/services/failover.py) is dropped by its executor.
+    ``attempt`` counts re-routes of a run no worker has started yet."""
+    worker = worker or routing.choose_worker(run.tenant, exclude=exclude)
     Run.objects.filter(pk=run.pk, status="queued").update(worker=worker)
-    run_lip.apply_async(args=[str(run.pk)], queue=f"worker.{worker}")
-    log.info("run_enqueued run=%s tenant=%s worker=%s", run.pk, run.tenant.slug, worker)
+    dispatch.task(dispatch.RUN_LIP).apply_async(
+        args=[str(run.pk)], kwargs={"worker": worker, "attempt": attempt}, queue=f"worker.{worker}", countdown=countdown
+    )
+    log.info("run_enqueued run=%s tenant=%s worker=%s attempt=%d", run.pk, run.tenant.slug, worker, attempt)
+    return worker
+
+
+def enqueue(run: Run) -> str:
+    """Send a new run to the Celery queue of the worker routing chooses; returns the worker."""
+    return _enqueue(run)
+
+
+def return_to_queue(run_id: str, worker: str) -> Run | None:
+    """Undo :func:`start_run` for a run nothing of which has started on ``worker`` (its admin
+    socket refused the session): ``running -> queued`` under the row lock. None when the run is
+    not running on that worker any more (cancelled meanwhile, or reaped)."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().select_related("tenant").filter(pk=run_id).first()
+        if run is None or run.status != "running" or run.worker != worker:
+            return None
+        run.status, run.started_at = "queued", None
+        run.save(update_fields=["status", "started_at"])
+    publish_event(str(run.pk), StatusEvent("queued", reason=f"worker {worker!r} unreachable; re-routed"))
+    return run
 
 
 #: A run whose worker has not heartbeated is reaped only after this long (worker restarts and
@@ -225,11 +304,16 @@ def reap_orphaned_runs() -> dict[str, int]:
     return {"failed": failed, "rerouted": rerouted}
 
 
-def start_run(run_id: str, worker: str) -> Run | None:
-    """Move queued -> running exactly once (row lock); None when the run must not start."""
+def start_run(run_id: str, worker: str, target: str | None = None) -> Run | None:
+    """Move queued -> running exactly once (row lock); None when the run must not start.
+    ``target``: the worker the task was sent to; a run re-routed elsewhere since is not started
+    from this stale task (its new task is in the other worker's queue)."""
     with transaction.atomic():
         run = Run.objects.select_for_update().filter(pk=run_id).first()
         if run is None or run.status != "queued":
+            return None
+        if target is not None and run.worker and run.worker != target:
+            log.info("stale_task_dropped run=%s sent_to=%s now_on=%s", run_id, target, run.worker)
             return None
         if _tenant_closed(run.tenant_id):
             # Created in the moment its tenant closed (api/services/tenant_closure.py).
@@ -245,7 +329,7 @@ def start_run(run_id: str, worker: str) -> Run | None:
     if closed:
         publish_end(run)
         return None
-    publish_event(str(run.pk), "status", {"status": "running"})
+    publish_event(str(run.pk), StatusEvent("running"))
     return run
 
 
@@ -279,14 +363,14 @@ def _delete_event_streams(run_ids: list[str]) -> None:
     try:
         client = _redis()
         for start in range(0, len(run_ids), 500):
-            client.delete(*(f"run:{run_id}" for run_id in run_ids[start : start + 500]))
+            client.delete(*(contracts.run_stream_key(run_id) for run_id in run_ids[start : start + 500]))
     except redis.RedisError as exc:
         log.warning("run_streams_left count=%d error=%s (they expire with their retention)", len(run_ids), exc)
 
 
 def cancel_run(run: Run) -> Run:
-    """Cancel a queued or running run (a running one's program is stopped by its executor);
-    terminal runs raise RunConflict."""
+    """Cancel a queued or running run (a running one's program is stopped by its executor) and
+    its live descendants; terminal runs raise RunConflict."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status in Run.TERMINAL:
@@ -297,6 +381,12 @@ def cancel_run(run: Run) -> Run:
     # A running run's executor sees this and stops the program (api/services/cancellation.py).
     cancellation.request_stop(str(locked.pk))
     publish_end(locked)
+    # Its spawned runs end with it (api/services/procs.py), each cascading to its own.
+    for child in Run.objects.filter(parent_id=locked.pk).exclude(status__in=Run.TERMINAL):
+        try:
+            cancel_run(child)
+        except RunConflict:
+            pass  # it ended meanwhile
     return locked
 
 
@@ -319,10 +409,19 @@ def finish_run(run_id: str, outcome: RunOutcome) -> Run:
         run.stderr, cut_err = output_tail(make_storable(outcome.stderr), keep)
         run.output_truncated = cut_out or cut_err
         run.finished_at = run.finished_at or timezone.now()
+        run.first_output_at = _first_output_at(outcome.usage)
         run.save()
-        usage = {k: outcome.usage.get(k, 0) or 0 for k in USAGE_FIELDS}
+        usage = {k: outcome.usage.get(k, 0) or 0 for k in USAGE_FIELDS + USAGE_DETAILS}
         UsageRecord.objects.update_or_create(run=run, defaults={"tenant": run.tenant, **usage})
     publish_end(run)
     quota_alerts.after_usage(run.tenant)
     log.info("run_finished run=%s tenant=%s status=%s", run.pk, run.tenant.slug, run.status)
     return run
+
+
+def _first_output_at(usage: dict) -> datetime | None:
+    """The worker's Unix time of the run's first ``send_to_user`` (0 or absent: none)."""
+    at = usage.get("first_stream_at")
+    if not isinstance(at, int | float) or isinstance(at, bool) or not math.isfinite(at) or at <= 0:
+        return None
+    return datetime.fromtimestamp(at, tz=UTC)

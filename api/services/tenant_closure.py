@@ -30,7 +30,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, Tenant
+from api import dispatch
+from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, Run, StoredResponse, Tenant
 from api.services import kvfiles, routing
 from api.services.members import OWNER, NotAllowed
 from api.services.quotas import plan_limits
@@ -139,11 +140,9 @@ def kv_workers(tenant: Tenant) -> set[str]:
 
 def schedule_purge(tenant: Tenant) -> None:
     """Enqueue the data purge and one KV purge per worker host."""
-    from api.tasks import purge_tenant, purge_tenant_kv
-
     for worker in sorted(kv_workers(tenant)):
-        purge_tenant_kv.apply_async(args=[tenant.pk], queue=f"worker.{worker}")
-    purge_tenant.delay(tenant.pk)
+        dispatch.task(dispatch.PURGE_TENANT_KV).apply_async(args=[tenant.pk], queue=f"worker.{worker}")
+    dispatch.task(dispatch.PURGE_TENANT).delay(tenant.pk)
 
 
 def purge_kv_files(tenant_id: int) -> int:
@@ -164,6 +163,7 @@ def purge(tenant_id: int) -> PurgeReport:
     if pending:
         raise PurgePending(f"{pending} run(s) of tenant {tenant.slug} are still finishing")
     with transaction.atomic():
+        StoredResponse.objects.filter(tenant=tenant).delete()  # /v1/responses turns: user content
         runs = delete_runs(Run.objects.filter(tenant=tenant))
         programs = Program.objects.filter(tenant=tenant).delete()[1].get("api.Program", 0)
         keys = ApiKey.objects.filter(tenant=tenant).delete()[1].get("api.ApiKey", 0)

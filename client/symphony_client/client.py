@@ -8,16 +8,45 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
+from symphony_client.types import TERMINAL_STATUSES, Program, ProgramVersion, Pushed, Run, RunLogs
+
+
+def describe_detail(detail: object, prefix: str = "") -> list[str]:
+    """The error envelope's ``detail`` as ``field: message`` lines (nested fields dotted), so a
+    400 says which field was wrong instead of the envelope's generic "request failed"."""
+    if isinstance(detail, dict):
+        return [line for key, value in detail.items() for line in describe_detail(value, f"{prefix}{key}.")]
+    if isinstance(detail, list) and all(isinstance(item, str) for item in detail):
+        return [f"{prefix.rstrip('.')}: {' '.join(detail)}" if prefix else " ".join(detail)]
+    if isinstance(detail, list):
+        return [line for i, item in enumerate(detail) for line in describe_detail(item, f"{prefix}{i}.")]
+    if detail is None:
+        return []
+    return [f"{prefix.rstrip('.')}: {detail}" if prefix else str(detail)]
+
 
 class ApiError(Exception):
-    """A non-2xx answer; carries the API's error code and message."""
+    """A non-2xx answer; carries the API's error code, message and ``detail`` (per-field
+    messages for a 400 ``invalid``), which the string form spells out."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status, self.code, self.message = status, code, message
+    def __init__(self, status: int, code: str, message: str, detail: object = None) -> None:
+        super().__init__(f"{status} {code}: {_spelled_out(message, detail)}")
+        self.status, self.code, self.message, self.detail = status, code, message, detail
+
+
+def _spelled_out(message: str, detail: object) -> str:
+    """The message with the fields ``detail`` names; the fields alone in place of the
+    envelope's generic "request failed"; DRF's ``{"detail": message}`` adds nothing."""
+    if isinstance(detail, dict) and str(detail.get("detail")) == message:
+        detail = {k: v for k, v in detail.items() if k != "detail"}
+    fields = "; ".join(describe_detail(detail))
+    if not fields:
+        return message
+    return fields if message == "request failed" else f"{message} ({fields})"
 
 
 @dataclass(frozen=True)
@@ -74,7 +103,9 @@ class Client:
         )
         self.throttle_wait_s = throttle_wait_s
 
-    def _call(self, method: str, path: str, **kwargs) -> object:
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The decoded JSON answer (``None`` for an empty body); each public method's return
+        annotation names its shape."""
         waited = 0.0
         while True:
             response = self._http.request(method, path, **kwargs)
@@ -86,61 +117,65 @@ class Client:
         if response.status_code >= 400:
             try:
                 error = response.json()["error"]
-                raise ApiError(response.status_code, error["code"], error["message"])
+                raise ApiError(response.status_code, error["code"], error["message"], error.get("detail"))
             except (ValueError, KeyError):
                 raise ApiError(response.status_code, "http_error", response.text[:500]) from None
         return response.json() if response.content else None
 
-    def _all(self, path: str, **params: object) -> list[dict]:
-        """Every item of a paginated listing."""
-        items: list[dict] = []
+    def _all(self, path: str, most: int | None = None, **params: object) -> list[Any]:
+        """Every item of a paginated listing (the first ``most`` when given)."""
+        items: list[Any] = []
         offset = 0
-        while True:
-            page = self._call("GET", path, params={**params, "limit": 200, "offset": offset})
+        while most is None or len(items) < most:
+            size = 200 if most is None else min(200, most - len(items))
+            page = self._call("GET", path, params={**params, "limit": size, "offset": offset})
             items.extend(page["results"])
             if not page.get("next"):
-                return items
+                break
             offset += len(page["results"])
+        return items
 
     def me(self) -> dict:
         return self._call("GET", "auth/me")
 
-    def upload_program(self, path: str | Path, name: str, description: str = "") -> dict:
+    def upload_program(self, path: str | Path, name: str, description: str = "") -> Program:
         path = Path(path)
         files = {"file": (path.name, path.read_bytes())}
         return self._call("POST", "programs", data={"name": name, "description": description}, files=files)
 
-    def list_programs(self) -> list[dict]:
+    def list_programs(self) -> list[Program]:
         return self._all("programs")
 
-    def add_version(self, program: int, path: str | Path) -> dict:
+    def add_version(self, program: int, path: str | Path) -> ProgramVersion:
         path = Path(path)
         return self._call("POST", f"programs/{program}/versions", files={"file": (path.name, path.read_bytes())})
 
-    def list_versions(self, program: int) -> list[dict]:
+    def list_versions(self, program: int) -> list[ProgramVersion]:
         return self._call("GET", f"programs/{program}/versions")
 
-    def push_program(self, path: str | Path, name: str | None = None) -> tuple[dict, int]:
+    def push_program(self, path: str | Path, name: str | None = None) -> Pushed:
         """Upload ``path`` as a new program, or as the next version of the program of that
-        name; returns ``(program, version_number)``. A file whose bytes equal the latest
-        version's (same SHA-256) is not uploaded again, so ``symphony run prog.py`` repeated
-        does not mint a version per run."""
+        name; returns ``Pushed(program, version)`` (a tuple: ``program, version = ...``). A file
+        whose bytes equal the latest version's (same SHA-256) is not uploaded again, so ``symphony
+        run prog.py`` repeated does not mint a version per run."""
         path = Path(path)
         name = name or path.stem
         existing = next((p for p in self.list_programs() if p["name"] == name), None)
         if existing is None:
             program = self.upload_program(path, name)
-            return program, program["latest_version"]
+            first = program["latest_version"]
+            assert first is not None, "the API answers an upload with the version it created"
+            return Pushed(program, first)
         versions = self.list_versions(existing["id"])
         if versions and versions[-1]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest():
-            return existing, versions[-1]["number"]
+            return Pushed(existing, versions[-1]["number"])
         version = self.add_version(existing["id"], path)
-        return existing, version["number"]
+        return Pushed(existing, version["number"])
 
     def list_kv_files(self) -> list[dict]:
         return self._all("kv-files")
 
-    def delete_program(self, ref: int | str) -> dict:
+    def delete_program(self, ref: int | str) -> Program:
         """Delete a program (by id, or by name) with its versions and finished runs; returns it.
         The API refuses (409) while one of its runs is not finished."""
         programs = self.list_programs()
@@ -166,18 +201,47 @@ class Client:
 
     def create_run(
         self, program: int, args: dict | None = None, limits: dict | None = None, idempotency_key: str | None = None
-    ) -> dict:
+    ) -> Run:
+        """A new queued run; with ``idempotency_key``, the run that key made earlier with the same
+        arguments (another body under the same key is a 422 ``idempotency_mismatch``)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         body = {"program": program, "args": args or {}, "limits": limits or {}}
         return self._call("POST", "runs", json=body, headers=headers)
 
-    def get_run(self, run_id: str) -> dict:
+    def list_runs(
+        self, status: str | None = None, program: int | None = None, limit: int | None = None, parent: str | None = None
+    ) -> list[Run]:
+        """The tenant's runs, newest first; ``status``/``program``/``parent`` (the run that
+        spawned them) filter them, ``limit`` keeps the newest ``limit`` (all when ``None``)."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1, not {limit}")
+        pairs = (("status", status), ("program", program), ("parent", parent))
+        params = {k: v for k, v in pairs if v is not None}
+        return self._all("runs", most=limit, **params)
+
+    def get_run(self, run_id: str) -> Run:
         return self._call("GET", f"runs/{run_id}")
 
-    def cancel_run(self, run_id: str) -> dict:
+    def wait(self, run: str | Run, timeout: float | None = None, poll_s: float = 0.5) -> Run:
+        """Block until the run has ended and return it (``status`` in ``TERMINAL_STATUSES``).
+        Polls ``GET /runs/<id>``, backing off from ``poll_s`` to 5 s; raises ``TimeoutError``
+        once ``timeout`` seconds have passed with the run still queued or running."""
+        run_id = run if isinstance(run, str) else run["id"]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            current = self.get_run(run_id)
+            if current["status"] in TERMINAL_STATUSES:
+                return current
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"run {run_id} is still {current['status']} after {timeout} s")
+            pause = poll_s if deadline is None else min(poll_s, max(0.0, deadline - time.monotonic()))
+            time.sleep(pause)
+            poll_s = min(5.0, poll_s * 1.5)
+
+    def cancel_run(self, run_id: str) -> Run:
         return self._call("POST", f"runs/{run_id}/cancel")
 
-    def run_logs(self, run_id: str) -> dict:
+    def run_logs(self, run_id: str) -> RunLogs:
         """``{id, status, stdout, stderr, truncated}``: what the program printed (once it ended)."""
         return self._call("GET", f"runs/{run_id}/logs")
 
@@ -234,3 +298,9 @@ class Client:
 
     def close(self) -> None:
         self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

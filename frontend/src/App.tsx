@@ -65,7 +65,7 @@ export function App() {
         <Route path="/api-keys" element={<ApiKeysPage />} />
         <Route path="/team" element={<TeamPage />} />
         <Route path="/account" element={<AccountPage />} />
-        <Route path="/admin" element={<AdminPage />} />
+        <Route path="/staff" element={<AdminPage />} />
         <Route path="*" element={<NotFound />} />
       </Route>
     </Routes>

@@ -3,7 +3,10 @@ import { createRoot } from "react-dom/client";
 import { BrowserRouter } from "react-router";
 import { App } from "./App";
 import { AuthProvider } from "./auth/AuthContext";
+import { watchTables } from "./lib/stackLabels";
 import "./styles.css";
+
+watchTables(document.body);
 
 createRoot(document.getElementById("root")!).render(
   <StrictMode>

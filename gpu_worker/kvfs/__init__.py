@@ -1,4 +1,4 @@
-"""KVFS: KV-cache files over the engine's paged KV cache (DESIGN.md §4).
+"""KVFS: KV-cache files over the engine's paged KV cache (docs/ARCHITECTURE.md §5).
 
 Pure bookkeeping plus tiering; page contents move only through ``PageIO`` (the Engine).
 Never imports Django or vLLM.
@@ -12,10 +12,12 @@ from gpu_worker.kvfs.errors import (
     NoSpace,
     NotFound,
     PermissionDenied,
+    QuotaExceeded,
     StoreFull,
 )
 from gpu_worker.kvfs.files import Owner, validate_name
 from gpu_worker.kvfs.fs import KVFS, AppendPlan, KVFSLimits
+from gpu_worker.kvfs.quota import TenantQuota
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
 from gpu_worker.kvfs.store import KVStore, LocalKVStore, S3KVStore, store_from_location
 from gpu_worker.kvfs.tiers import PageIO
@@ -37,8 +39,10 @@ __all__ = [
     "Owner",
     "PageIO",
     "PermissionDenied",
+    "QuotaExceeded",
     "S3KVStore",
     "StoreFull",
+    "TenantQuota",
     "store_from_location",
     "validate_name",
 ]

@@ -1,14 +1,11 @@
-"""KVFS exceptions; each carries the protocol ``ErrorCode`` the session server replies with."""
+"""KVFS exceptions. KVFS knows nothing of the wire protocol: which error code a LIP or the control
+plane reads for each is decided at the edge (``gpu_worker/ops/errors.py``)."""
 
 from __future__ import annotations
 
-from gpu_worker.protocol import ErrorCode
-
 
 class KVFSError(Exception):
-    """Base class: ``code`` is a protocol error code, ``message`` is safe to show a tenant."""
-
-    code: str = ErrorCode.INTERNAL
+    """Base class: ``message`` is safe to show a tenant."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -16,28 +13,32 @@ class KVFSError(Exception):
 
 
 class NotFound(KVFSError):
-    code = ErrorCode.NOT_FOUND
+    """No such file or handle (in the caller's scope)."""
 
 
 class PermissionDenied(KVFSError):
-    code = ErrorCode.PERMISSION
+    """The file or handle belongs to another session or tenant, or is held by a writer."""
 
 
 class NoSpace(KVFSError):
-    code = ErrorCode.NO_SPACE
+    """No room: device pages, a session's page cap, or host memory."""
 
 
 class StoreFull(NoSpace):
     """The KV store (disk) has no room for a file's bytes; the previous copy is left intact."""
 
 
+class QuotaExceeded(KVFSError):
+    """A tenant's plan share of a tier (pinned pages, named files) would be exceeded."""
+
+
 class Exists(KVFSError):
-    code = ErrorCode.EXISTS
+    """A file of that name exists already."""
 
 
 class InvalidArgument(KVFSError):
-    code = ErrorCode.BAD_ARGS
+    """A bad name, range or mode."""
 
 
 class Busy(KVFSError):
-    code = ErrorCode.BUSY
+    """The file is being moved (swap, spill, reload); retried by the scheduler."""

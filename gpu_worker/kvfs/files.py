@@ -19,8 +19,10 @@ import torch
 from gpu_worker.kvfs.errors import InvalidArgument, NotFound
 
 NAME_MAX = 128
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+#: Matched with ``fullmatch``: a ``$`` anchor also matches before a trailing newline, which
+#: would let ``"doc\n"`` through as a name (and into the store key built from it).
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_TENANT = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 DEVICE, HOST, DISK = "device", "host", "disk"
 
@@ -39,7 +41,7 @@ def validate_name(name: object) -> str:
         raise InvalidArgument("KV file name must be a non-empty string")
     if len(name) > NAME_MAX:
         raise InvalidArgument(f"KV file name longer than {NAME_MAX} characters")
-    if ".." in name or not _NAME.match(name):
+    if ".." in name or not _NAME.fullmatch(name):
         raise InvalidArgument(
             "KV file name may contain only letters, digits, '.', '_' and '-', "
             "must start with a letter or digit and must not contain '..'"
@@ -48,7 +50,7 @@ def validate_name(name: object) -> str:
 
 
 def validate_tenant(tenant: object) -> str:
-    if not isinstance(tenant, str) or not _TENANT.match(tenant):
+    if not isinstance(tenant, str) or not _TENANT.fullmatch(tenant):
         raise InvalidArgument("invalid tenant id")
     return tenant
 
@@ -95,6 +97,17 @@ class KVFile:
     plan_pending: bool = False
     #: A named file changed since it was last written to the store (written on last close).
     dirty: bool = False
+    #: The store generation this copy is (gpu_worker/kvfs/lease.py); readers compare it with
+    #: the lease's to know whether a cached copy is still the latest flushed one.
+    generation: int = 0
+    #: The store holds this copy's content (as generation ``generation``).
+    stored: bool = False
+    #: Take part in the prefix cache (gpu_worker/kvfs/prefix.py): ``kv_create(cache=False)`` opts out.
+    cache: bool = True
+    #: Chained prefix-cache keys of the first full computed pages (``len(chain) <= computed // block``).
+    chain: list[bytes] = field(default_factory=list)
+    #: How many of the first full pages are known to be in the prefix index.
+    registered: int = 0
     fid: int = field(default_factory=_fid)
 
     @property

@@ -1,9 +1,14 @@
 """The KVFS facade: KV files as the session server and scheduler see them.
 
 All bookkeeping happens under one lock; page contents move only through ``PageIO`` (the
-engine). Appends are two-phase: ``plan_append`` reserves pages and says what the forward must
-compute, ``commit_append`` makes it visible, ``abort_append`` gives everything back, so a
-failed forward loses nothing.
+engine). Named files are shared with every worker using the same store: a write lease with a
+generation number (gpu_worker/kvfs/lease.py) gives each one writer at a time, and a cached copy
+is checked against the store's generation whenever it is opened, so no worker serves a stale
+copy or flushes one over a newer write.
+
+Appends are two-phase: ``plan_append`` reserves pages and says what the forward must compute,
+``commit_append`` makes it visible, ``abort_append`` gives everything back, so a failed forward
+loses nothing.
 """
 
 from __future__ import annotations
@@ -12,12 +17,13 @@ import functools
 import json
 import logging
 import threading
+import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NoSpace, NotFound
+from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NoSpace, NotFound, QuotaExceeded
 from gpu_worker.kvfs.files import (
     DEVICE,
     DISK,
@@ -32,7 +38,10 @@ from gpu_worker.kvfs.files import (
     validate_name,
     validate_tenant,
 )
+from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S, LeaseLost, Leases, StoreUnavailable
 from gpu_worker.kvfs.pages import PageAllocator
+from gpu_worker.kvfs.prefix import PrefixIndex, chain_key
+from gpu_worker.kvfs.quota import TenantQuota, share_pages
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
 from gpu_worker.kvfs.store import KVStore
 from gpu_worker.kvfs.tiers import PageIO, Tiers, decode_header
@@ -53,11 +62,26 @@ def _locked(method: F) -> F:
 
 @dataclass(frozen=True)
 class KVFSLimits:
-    """Per-tenant budgets; ``None`` means unlimited (bounded by the pool itself)."""
+    """Per-tenant budgets; ``None`` means unlimited (bounded by the pool itself). The
+    ``*_per_tenant`` / share fields are the defaults of tenants whose plan set none
+    (:meth:`KVFS.set_tenant_quota`)."""
 
     device_pages_per_tenant: int | None = None
     stored_bytes_per_tenant: int | None = None
     max_handles_per_session: int = 1024
+    pinned_device_share: float | None = None
+    host_share: float | None = None
+    max_files_per_tenant: int | None = None
+    #: Of the device pool, what the pinned files of all tenants together may hold.
+    max_pinned_fraction: float | None = None
+
+    def default_quota(self) -> TenantQuota:
+        return TenantQuota(
+            stored_bytes=self.stored_bytes_per_tenant,
+            pinned_device_share=self.pinned_device_share,
+            host_share=self.host_share,
+            max_files=self.max_files_per_tenant,
+        )
 
 
 @dataclass(eq=False)
@@ -94,13 +118,24 @@ class KVFS:
         host_pages: int = 0,
         limits: KVFSLimits | None = None,
         on_release: Callable[[str], None] | None = None,
+        worker_id: str | None = None,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        prefix_cache: bool = False,
     ) -> None:
-        """``on_release(seq_id)`` is called when no handle uses a file any more (pass ``Engine.release``)."""
+        """``on_release(seq_id)`` is called when no handle uses a file any more (pass ``Engine.release``).
+        ``worker_id`` names this worker in the write leases of the shared store (default: unique
+        to the process). ``prefix_cache`` turns on the tenant-scoped automatic prefix cache
+        (gpu_worker/kvfs/prefix.py; the worker turns it on, unit tests of other parts leave it off
+        so that a closed file frees its pages at once)."""
         self.block_size = block_size
         self.page_bytes = page_bytes
         self.limits = limits or KVFSLimits()
         self.alloc = PageAllocator(num_pages)
-        self.tiers = Tiers(self.alloc, page_io, store, host_pages)
+        self.prefix: PrefixIndex | None = PrefixIndex(self.alloc) if prefix_cache else None
+        self.tiers = Tiers(self.alloc, page_io, store, host_pages, persist=self._persist_closed)
+        self.leases = Leases(store, worker_id, lease_ttl_s)
+        #: Named files whose write lease this worker holds, with when it was last renewed.
+        self._leased: dict[tuple[str, str], float] = {}
         self.page_io = page_io
         self.store = store
         self._handles = HandleTable()
@@ -108,7 +143,7 @@ class KVFS:
         self._lock = threading.RLock()
         self._on_release = on_release
         self._session_limits: dict[Owner, int] = {}
-        self._tenant_stored_limits: dict[str, int] = {}
+        self._tenant_quotas: dict[str, TenantQuota] = {}
 
     # ----------------------------------------------------------------- handles and files
     def _new_handle(self, owner: Owner, file: KVFile) -> int:
@@ -124,18 +159,114 @@ class KVFS:
         return handle
 
     def _lookup(self, tenant: str, name: str) -> KVFile:
+        """The named file at its latest flushed generation: this worker's copy when it holds the
+        write lease or the copy is still the store's generation, else (re)loaded from the store
+        (a file another worker wrote since this one started, or changed since it was cached)."""
         key = (validate_tenant(tenant), validate_name(name))
-        file = self._named.get(key)
+        local = self._named.get(key)
+        if local is not None and self._held_here(local):
+            return local
+        lease = self.leases.read(tenant, name)
+        if local is not None:
+            if lease is not None and lease.generation == local.generation:
+                return local
+            if lease is None and local.generation == 0 and self._in_store(tenant, name):
+                return local  # written before leases existed; no other worker has changed it
+            why = "deleted" if lease is None else f"generation {lease.generation} written"
+            log.info("event=kv_stale_dropped file=%s generation=%d reason=%s", local.path, local.generation, why)
+            self._forget(local)
+        file = self._load_from_store(tenant, name)
         if file is None:
             raise NotFound(f"no KV file named {name!r}")
         return file
+
+    @staticmethod
+    def _held_here(file: KVFile) -> bool:
+        """This worker's copy is the newest there is: it is being written here, or holds changes
+        not flushed yet (under this worker's write lease)."""
+        return file.writer is not None or file.plan_pending or file.dirty or not file.stored
+
+    def _in_store(self, tenant: str, name: str) -> bool:
+        try:
+            self.store.size(store_key(tenant, name))
+        except KeyError:
+            return False
+        except Exception as exc:
+            raise StoreUnavailable(f"the KV store is unreachable: {type(exc).__name__}: {exc}") from exc
+        return True
+
+    def _load_from_store(self, tenant: str, name: str) -> KVFile | None:
+        """Catalogue a file found in the store (disk-resident; its pages load when opened)."""
+        try:
+            blob = self.store.get(store_key(tenant, name))
+        except KeyError:
+            return None
+        except Exception as exc:
+            raise StoreUnavailable(f"the KV store is unreachable: {type(exc).__name__}: {exc}") from exc
+        file = self._file_from_meta(decode_header(blob))
+        self._named[(tenant, name)] = file
+        log.info("event=kv_found_in_store file=%s generation=%d", file.path, file.generation)
+        return file
+
+    @staticmethod
+    def _file_from_meta(meta: dict[str, str]) -> KVFile:
+        return KVFile(
+            tenant=meta["tenant"],
+            name=meta["name"],
+            tokens=[int(t) for t in json.loads(meta["tokens"])],
+            computed=int(meta["computed"]),
+            pinned=meta.get("pinned") == "1",
+            last_used=float(meta.get("last_used", "0")),
+            residency=DISK,
+            spilled_pages=int(meta["n_pages"]),
+            generation=int(meta.get("generation", "0")),
+            stored=True,
+        )
+
+    def _forget(self, file: KVFile) -> None:
+        """Drop this worker's stale clean copy of a named file (no handle uses it)."""
+        del self._named[(file.tenant, file.name or "")]
+        if self._on_release is not None:
+            self._on_release(file.seq_id)
+        self.tiers.drop(file)
+
+    def _acquire(self, tenant: str, name: str, *, create: bool = False) -> int:
+        lease = self.leases.acquire(tenant, name, create=create)
+        self._leased[(tenant, name)] = time.monotonic()
+        return lease.generation
+
+    def _release(self, file: KVFile) -> None:
+        if self._leased.pop((file.tenant, file.name or ""), None) is not None:
+            self.leases.release(file.tenant, file.name or "")
+
+    def _persist(self, file: KVFile) -> None:
+        """Write a named file under this worker's lease as the next generation."""
+        assert file.name is not None
+        file.generation = self.leases.bump(file.tenant, file.name)
+        self._leased[(file.tenant, file.name)] = time.monotonic()
+        self.tiers.write_disk(file)
+
+    def _persist_closed(self, file: KVFile) -> None:
+        """Flush a file no handle writes any more and give its lease back."""
+        self._persist(file)
+        if file.writer is None:
+            self._release(file)
 
     def _share(self, src: KVFile, n_tokens: int) -> KVFile:
         """A new anonymous file with ``src``'s first ``n_tokens``, sharing their pages (COW)."""
         computed = min(src.computed, n_tokens)
         pages = src.pages[: pages_for(computed, self.block_size)]
         self.alloc.incref(src.tenant, pages)
-        return KVFile(tenant=src.tenant, tokens=src.tokens[:n_tokens], computed=computed, pages=list(pages))
+        full = computed // self.block_size
+        return KVFile(
+            tenant=src.tenant,
+            tokens=src.tokens[:n_tokens],
+            computed=computed,
+            pages=list(pages),
+            cache=src.cache,
+            chain=src.chain[:full],
+            registered=min(src.registered, full),
+        )
 
     def _maybe_free(self, file: KVFile) -> None:
         """Anonymous (or unlinked) files die with their last handle; the engine forgets idle files."""
@@ -147,14 +278,23 @@ class KVFS:
             self.tiers.drop(file)
 
     @_locked
-    def create(self, owner: Owner, name: str | None = None) -> int:
-        """A new empty file; named files are persistent and opened for writing."""
-        file = KVFile(tenant=validate_tenant(owner.tenant))
+    def create(self, owner: Owner, name: str | None = None, cache: bool = True) -> int:
+        """A new empty file; named files are persistent and opened for writing. ``cache=False``
+        keeps the file (and its forks) out of the prefix cache: its first append maps no cached
+        prefix and its pages are never indexed."""
+        file = KVFile(tenant=validate_tenant(owner.tenant), cache=bool(cache))
         if name is not None:
             key = (owner.tenant, validate_name(name))
-            if key in self._named:
+            try:
+                self._lookup(owner.tenant, name)
+            except NotFound:
+                pass
+            else:
                 raise Exists(f"KV file {name!r} already exists")
+            self._check_file_count(owner.tenant)
+            file.generation = self._acquire(owner.tenant, name, create=True)
             file.name = name
+            file.dirty = True  # written at its last close, so every worker sharing the store sees it
             self._named[key] = file
         hid = self._new_handle(owner, file)
         if name is not None:
@@ -174,6 +314,15 @@ class KVFS:
         file = self._lookup(owner.tenant, name)
         if mode == "w" and file.writer is not None:
             raise Busy(f"KV file {name!r} is already open for writing")
+        if mode == "w":
+            generation = self._acquire(owner.tenant, name)
+            if generation != file.generation:  # another worker flushed since the check above
+                self._forget(file)
+                reloaded = self._load_from_store(owner.tenant, name)
+                if reloaded is None:
+                    self._release(KVFile(tenant=owner.tenant, name=name))
+                    raise NotFound(f"no KV file named {name!r}")
+                file = reloaded
         self._ensure_device(file)
         file.touch()
         if mode == "w":
@@ -196,17 +345,27 @@ class KVFS:
         if file.writer == handle.hid:
             file.writer = None
         file.touch()
-        if file.persistent and file.dirty and not file.handles and file.residency != DISK:
-            self._write_through(file)
+        if file.persistent and not file.handles:
+            if file.dirty and file.residency != DISK:
+                self._write_through(file)
+            elif not file.dirty:
+                self._release(file)
         self._maybe_free(file)
 
     def _write_through(self, file: KVFile) -> None:
         """Persist a named file whose last handle closed, so a worker crash loses no closed
-        file. A failing store (disk full) is logged and retried at the next close or at
-        shutdown; the file stays intact on device meanwhile."""
+        file, and give its write lease back. A failing store (disk full) is logged and retried
+        at the next close or at shutdown; the file stays intact on device and the lease stays
+        held meanwhile. A lease lost meanwhile (it expired and another worker took the file, or
+        the file was deleted elsewhere) means this copy must not be written over the newer one:
+        it is unlinked here and the conflict logged."""
         try:
-            self.tiers.write_disk(file)
-            file.dirty = False
+            self._persist_closed(file)
+        except LeaseLost as exc:
+            log.error("event=kv_write_conflict file=%s error=%s", file.path, exc.message)
+            self._leased.pop((file.tenant, file.name or ""), None)
+            del self._named[(file.tenant, file.name or "")]
+            file.name = None
         except Exception as exc:
             log.warning("event=kv_write_through_failed file=%s error=%r", file.path, exc)
 
@@ -219,13 +378,54 @@ class KVFS:
             self._session_limits[owner] = max_pages
 
     @_locked
-    def set_tenant_stored_limit(self, tenant: str, max_bytes: int | None) -> None:
-        """The tenant's plan budget for named (persistent) KV files, overriding
-        ``KVFSLimits.stored_bytes_per_tenant``; the control plane sends it with each session."""
-        if max_bytes is None:
-            self._tenant_stored_limits.pop(tenant, None)
+    def set_tenant_quota(self, tenant: str, quota: TenantQuota | None) -> None:
+        """The tenant's plan shares of each tier (``gpu_worker/kvfs/quota.py``); its unset fields
+        (and ``None``: all of them) fall back to ``KVFSLimits``. The control plane sends it with
+        each session and each pin, so it is known before the tenant can store or pin anything.
+        Files already past a lowered share stay; only growth and new pins are refused."""
+        if quota is None:
+            self._tenant_quotas.pop(tenant, None)
         else:
-            self._tenant_stored_limits[tenant] = max_bytes
+            self._tenant_quotas[tenant] = quota
+
+    def quota(self, tenant: str) -> TenantQuota:
+        """The tenant's effective bounds (lock held or not needed: reads one dict entry)."""
+        return self._tenant_quotas.get(tenant, TenantQuota()).or_default(self.limits.default_quota())
+
+    def _check_file_count(self, tenant: str) -> None:
+        cap = self.quota(tenant).max_files
+        if cap is None:
+            return
+        have = sum(1 for (t, _) in self._named if t == tenant)
+        if have >= cap:
+            raise QuotaExceeded(f"the tenant has {have} named KV files (its plan allows {cap}); remove some first")
+
+    def _pinned_pages(self, tenant: str | None) -> int:
+        """Pages of the tenant's (``None``: everyone's) pinned named files, on whichever tier."""
+        return sum(f.n_pages for (t, _), f in self._named.items() if f.pinned and tenant in (None, t))
+
+    def _check_pinned(self, tenant: str, adding: int, what: str) -> None:
+        """Refuse ``adding`` more pinned pages past the tenant's device share (EDQUOT)."""
+        if adding <= 0:
+            return
+        quota = self.quota(tenant)
+        cap = share_pages(quota.pinned_device_share, self.alloc.usable)
+        held = self._pinned_pages(tenant) if cap is not None else 0
+        if cap is not None and held + adding > cap:
+            raise QuotaExceeded(
+                f"{what}: the tenant's pinned KV files would hold {held + adding} pages, past its plan's "
+                f"share of the device pool ({quota.pinned_device_share:g} of {self.alloc.usable} = {cap} pages); "
+                "unpin or remove a pinned file first"
+            )
+        fraction = self.limits.max_pinned_fraction
+        worker_cap = share_pages(fraction, self.alloc.usable)
+        everyone = self._pinned_pages(None) if worker_cap is not None else 0
+        if worker_cap is not None and everyone + adding > worker_cap:
+            raise QuotaExceeded(
+                f"{what}: the pinned KV files of all tenants on this worker would hold {everyone + adding} pages, "
+                f"past the {fraction:g} of its {self.alloc.usable}-page device pool ({worker_cap} pages) they may "
+                "hold; keep the file unpinned or retry later"
+            )
 
     @_locked
     def close_session(self, owner: Owner) -> None:
@@ -237,8 +437,17 @@ class KVFS:
     def remove(self, tenant: str, name: str) -> None:
         """Unlink a named file; open handles keep it alive as an anonymous file."""
         file = self._lookup(tenant, name)
+        self._unlink(file)
+
+    def _unlink(self, file: KVFile) -> None:
+        tenant, name = file.tenant, file.name or ""
         del self._named[(tenant, name)]
-        self.store.delete(store_key(tenant, name))
+        self._leased.pop((tenant, name), None)
+        try:
+            self.store.delete(store_key(tenant, name))
+        except Exception as exc:
+            raise StoreUnavailable(f"the KV store is unreachable: {type(exc).__name__}: {exc}") from exc
+        self.leases.delete(tenant, name)  # after the blob: a reader never finds a lease-less blob newer than its copy
         if file.residency == DISK:
             file.residency = DEVICE
             file.spilled_pages = 0
@@ -256,9 +465,11 @@ class KVFS:
         never listed, written by one that is gone. Returns the names removed, sorted. Open
         handles keep their pages as anonymous files, as with :meth:`remove`."""
         prefix = validate_tenant(tenant) + "/"
+        if self.prefix is not None:
+            self.prefix.drop_tenant(tenant)
         names = {name for (owner, name) in self._named if owner == tenant}
         for name in names:
-            self.remove(tenant, name)
+            self._unlink(self._named[(tenant, name)])
         for key in self.store.list(prefix):
             self.store.delete(key)
             if key.endswith(STORE_SUFFIX):
@@ -285,6 +496,11 @@ class KVFS:
         self.tiers.forget_clean_copy(file)
         del file.tokens[n:]
         file.computed = min(file.computed, n)
+        # Keys of pages no longer full go; the index keeps its entries (their keys cover the
+        # tokens they were computed from, so they stay right) and its references make the next
+        # append into a now-partial indexed page copy it first.
+        del file.chain[file.computed // self.block_size :]
+        file.registered = min(file.registered, len(file.chain))
         file.dirty = file.persistent
         keep = pages_for(file.computed, self.block_size)
         self.alloc.decref(file.pages[keep:])
@@ -299,7 +515,7 @@ class KVFS:
             raise InvalidArgument(f"extract range must satisfy 0 <= start <= end <= {len(src.tokens)}")
         if start == 0:
             return self._new_handle(owner, self._share(src, end))
-        file = KVFile(tenant=src.tenant, tokens=src.tokens[start:end])
+        file = KVFile(tenant=src.tenant, tokens=src.tokens[start:end], cache=src.cache)
         return self._new_handle(owner, file)
 
     @_locked
@@ -315,7 +531,19 @@ class KVFS:
 
     @_locked
     def pin(self, tenant: str, name: str, pinned: bool) -> None:
-        self._lookup(tenant, name).pinned = bool(pinned)
+        """Pin (never spilled by policy) or unpin a named file; a pin that would take the
+        tenant's pinned pages past its device share fails with EDQUOT and changes nothing."""
+        file = self._lookup(tenant, name)
+        if pinned and not file.pinned:
+            self._check_pinned(tenant, file.n_pages, f"cannot pin KV file {name!r} ({file.n_pages} pages)")
+        if file.pinned == bool(pinned):
+            return
+        file.pinned = bool(pinned)
+        if not self._held_here(file):
+            # The pin is part of the stored file, so a worker loading it later keeps it on device
+            # too: written now as a new generation, under the lease like any write.
+            self._acquire(tenant, name)
+            self._persist_closed(file)
 
     # ----------------------------------------------------------------------- appends
     @_locked
@@ -334,7 +562,9 @@ class KVFS:
         grow = pages_for(total, bs) - len(file.pages)
         cow = file.computed % bs != 0 and self.alloc.refcount(file.pages[-1]) > 1
         n_alloc = grow + (1 if cow else 0)
-        stored_limit = self._tenant_stored_limits.get(file.tenant, self.limits.stored_bytes_per_tenant)
+        stored_limit = self.quota(file.tenant).stored_bytes
+        if file.name is not None and file.pinned:
+            self._check_pinned(file.tenant, grow, f"cannot grow pinned KV file {file.name!r} by {grow} pages")
         if file.name is not None and stored_limit is not None:
             stored = self._stored_bytes(file.tenant) + grow * self.page_bytes
             if stored > stored_limit:
@@ -386,8 +616,72 @@ class KVFS:
         file.pages = list(plan.page_ids)
         file.dirty = file.persistent
         self.alloc.decref(plan._replaced)
+        self._register_full_pages(file)
         file.touch()
         self._maybe_free(file)
+
+    # ------------------------------------------------------------------- prefix cache
+    def _register_full_pages(self, file: KVFile) -> None:
+        """Index the file's pages that became full (their tokens are final) under their chained
+        keys. Only device-resident, cache-enabled files with the cache on; O(new full pages)."""
+        if self.prefix is None or not file.cache or file.residency != DEVICE:
+            return
+        bs = self.block_size
+        full = file.computed // bs
+        while len(file.chain) < full:
+            i = len(file.chain)
+            file.chain.append(chain_key(file.chain[-1] if i else b"", file.tokens[i * bs : (i + 1) * bs]))
+        for i in range(file.registered, full):
+            self.prefix.register(file.tenant, file.chain[i], file.pages[i])
+        file.registered = full
+
+    @_locked
+    def map_cached_prefix(self, owner: Owner, h: int, tokens: Sequence[int], limit: int) -> int:
+        """Start a fresh file (no tokens yet) from the longest prefix of ``tokens`` whose whole
+        pages the tenant has cached, instead of computing it; at most ``limit`` tokens (the
+        caller needs the logits of position ``limit``, so it must compute it). Returns how many
+        tokens were mapped: they are now the file's computed tokens, on shared pages."""
+        handle = self._handles.get(owner, h)
+        file = handle.file
+        if self.prefix is None or not file.cache or file.tokens or file.pages or file.plan_pending:
+            return 0
+        bs = self.block_size
+        n_pages = max(0, min(limit, len(tokens) - 1)) // bs
+        keys: list[bytes] = []
+
+        def chained() -> Iterator[bytes]:  # lazily: a miss on page 1 hashes one page only
+            for i in range(n_pages):
+                keys.append(chain_key(keys[-1] if i else b"", tokens[i * bs : (i + 1) * bs]))
+                yield keys[-1]
+
+        try:
+            pages = self.prefix.lookup(file.tenant, chained())
+        except (OverflowError, TypeError, ValueError):
+            return 0  # not token ids: the append that follows refuses them
+        if not pages:
+            return 0
+        cap = self._session_limits.get(owner)
+        if cap is not None and self.session_usage(owner) + len(pages) > cap:
+            return 0  # computing it would not fit either; let the append say so
+        self.alloc.incref(file.tenant, pages)
+        n = len(pages) * bs
+        file.tokens = [int(t) for t in tokens[:n]]
+        file.computed = n
+        file.pages = list(pages)
+        file.chain = keys[: len(pages)]
+        file.registered = len(pages)
+        file.dirty = file.persistent
+        file.touch()
+        log.debug("event=kv_prefix_hit file=%s tokens=%d", file.path, n)
+        return n
+
+    def _reclaim_cached(self, n: int, tenant: str | None = None) -> int:
+        return 0 if self.prefix is None or n <= 0 else self.prefix.reclaim(n, tenant)
+
+    @_locked
+    def prefix_cached_pages(self, tenant: str | None = None) -> int:
+        """Pages only the prefix cache holds (reclaimed first when pages are needed)."""
+        return 0 if self.prefix is None else self.prefix.cached_only(tenant)
 
     @_locked
     def abort_append(self, plan: AppendPlan) -> None:
@@ -413,15 +707,44 @@ class KVFS:
         ]
         return sorted(files, key=lambda f: f.use_seq)
 
+    def _fits_host_share(self, file: KVFile, need: int) -> bool:
+        """Make room for ``need`` host pages within the file's tenant's host share by dropping
+        the tenant's own clean copies, then moving its own older host files to disk; whether
+        it fits. Only the tenant's files move, so its spills never cost another tenant."""
+        cap = share_pages(self.quota(file.tenant).host_share, self.tiers.host_capacity)
+        if cap is None:
+            return True
+        if need > cap:
+            return False
+        own = sorted(
+            (f for (t, _), f in self._named.items() if t == file.tenant and f is not file), key=lambda f: f.use_seq
+        )
+        used = sum(self._host_held(f) for f in own)  # spilled files and clean copies
+        for victim in [f for f in own if self.tiers.has_clean_copy(f)]:
+            if used + need <= cap:
+                break
+            used -= self._host_held(victim)
+            self.tiers.forget_clean_copy(victim)
+        for victim in [f for f in own if f.residency == HOST and not f.handles]:
+            if used + need <= cap:
+                break
+            used -= self._host_held(victim)
+            self.tiers.to_disk(victim)
+        return used + need <= cap
+
+    @staticmethod
+    def _host_held(file: KVFile) -> int:
+        return 0 if file.host_data is None else file.host_data.shape[0]
+
     def _spill(self, file: KVFile) -> None:
-        """Device -> host when host memory has room (making room by dropping other files' clean
-        copies, then by moving older host files to disk), else disk. A file with a clean copy
-        goes to host without a copy and needs no room."""
+        """Device -> host when host memory has room (within the tenant's host share, then
+        making room by dropping other files' clean copies, then by moving older host files to
+        disk), else disk. A file with a clean copy goes to host without a copy and needs no room."""
         if self.tiers.has_clean_copy(file):
             self.tiers.device_to_host(file)
             return
         need = len(file.pages)
-        if need > self.tiers.host_capacity:
+        if need > self.tiers.host_capacity or not self._fits_host_share(file, need):
             self.tiers.to_disk(file)
             return
         host_files = sorted(
@@ -438,25 +761,43 @@ class KVFS:
             self.tiers.to_disk(file)
 
     def _reserve(self, tenant: str, n: int) -> None:
-        """Make ``n`` pages allocatable for ``tenant`` by LRU eviction, or raise ENOSPC."""
+        """Make ``n`` pages allocatable for ``tenant``, or raise ENOSPC: cached-only prefix pages
+        first (least recently used first), then idle named files by LRU spill (a spilled file's
+        indexed pages become cached-only, so each spill is followed by a reclaim)."""
         budget = self.limits.device_pages_per_tenant
-        if budget is not None and self.alloc.tenant_pages(tenant) + n > budget:
+
+        def over_budget() -> int:
+            return 0 if budget is None else self.alloc.tenant_pages(tenant) + n - budget
+
+        if over_budget() > 0:
+            # Cached-only pages are no file's, so they never make a tenant hit its bound.
+            self._reclaim_cached(over_budget(), tenant)
             for victim in self._evictable(tenant):
-                self._spill(victim)
-                if self.alloc.tenant_pages(tenant) + n <= budget:
+                if over_budget() <= 0:
                     break
-            if self.alloc.tenant_pages(tenant) + n > budget:
+                self._spill(victim)
+                self._reclaim_cached(over_budget(), tenant)
+            if over_budget() > 0:
                 raise NoSpace(
                     f"device KV page budget of tenant exceeded: {self.alloc.tenant_pages(tenant)} held "
                     f"+ {n} needed > {budget} pages"
                 )
         if self.alloc.free_count < n:
+            self._reclaim_cached(n - self.alloc.free_count)
             for victim in self._evictable():
-                self._spill(victim)
                 if self.alloc.free_count >= n:
                     break
+                self._spill(victim)
+                self._reclaim_cached(n - self.alloc.free_count)
             if self.alloc.free_count < n:
                 raise NoSpace(f"KV cache full: {n} pages needed, {self.alloc.free_count} free")
+
+    @_locked
+    def reclaimable_pages(self) -> int:
+        """Device pages a new request could get now: free ones plus those of idle unpinned
+        named files (of any tenant), which are spilled before any request is refused."""
+        cached = 0 if self.prefix is None else self.prefix.cached_only()
+        return self.alloc.free_count + cached + sum(len(f.pages) for f in self._evictable())
 
     def _ensure_device(self, file: KVFile) -> None:
         if file.residency != DEVICE:
@@ -490,11 +831,40 @@ class KVFS:
 
     @_locked
     def flush(self) -> None:
-        """Write every named file to the store (graceful shutdown); residency is unchanged."""
-        for file in self._named.values():
-            if file.residency != DISK:
-                self.tiers.write_disk(file)
-                file.dirty = False
+        """Write every named file with unflushed changes to the store and give every write
+        lease back (graceful shutdown); residency is unchanged. Clean copies are not written:
+        the store has them, maybe already at a newer generation from another worker."""
+        for file in list(self._named.values()):
+            if file.residency != DISK and (file.dirty or not file.stored):
+                try:
+                    self._persist(file)
+                except LeaseLost as exc:
+                    log.error("event=kv_write_conflict file=%s error=%s", file.path, exc.message)
+        for tenant, name in list(self._leased):
+            self._leased.pop((tenant, name), None)
+            self.leases.release(tenant, name)
+
+    @_locked
+    def renew_leases(self) -> int:
+        """Renew the write leases this worker holds once a third of their TTL has passed (called
+        from the worker's tick); a lease lost meanwhile is logged and dropped. Returns renewals."""
+        renewed = 0
+        now = time.monotonic()
+        for (tenant, name), at in list(self._leased.items()):
+            if now - at < self.leases.ttl_s / 3:
+                continue
+            try:
+                self.leases.renew(tenant, name)
+            except LeaseLost as exc:
+                log.error("event=kv_lease_lost tenant=%s name=%s error=%s", tenant, name, exc.message)
+                self._leased.pop((tenant, name), None)
+                continue
+            except Exception as exc:  # store down: retried next tick, within the TTL
+                log.warning("event=kv_lease_renew_failed tenant=%s name=%s error=%r", tenant, name, exc)
+                continue
+            self._leased[(tenant, name)] = now
+            renewed += 1
+        return renewed
 
     @_locked
     def load_index(self) -> int:
@@ -510,16 +880,7 @@ class KVFS:
             found.append(meta)
         # Oldest first, so the logical LRU clock continues the stored order.
         for meta in sorted(found, key=lambda m: float(m.get("last_used", "0"))):
-            self._named[(meta["tenant"], meta["name"])] = KVFile(
-                tenant=meta["tenant"],
-                name=meta["name"],
-                tokens=[int(t) for t in json.loads(meta["tokens"])],
-                computed=int(meta["computed"]),
-                pinned=meta.get("pinned") == "1",
-                last_used=float(meta.get("last_used", "0")),
-                residency=DISK,
-                spilled_pages=int(meta["n_pages"]),
-            )
+            self._named[(meta["tenant"], meta["name"])] = self._file_from_meta(meta)
         loaded = len(found)
         return loaded
 
@@ -536,6 +897,8 @@ class KVFS:
             host_clean_pages=self.tiers.clean_pages,
             host_capacity_pages=self.tiers.host_capacity,
             disk_pages=sum(f.spilled_pages for f in files if f.residency == DISK),
+            prefix_cached_pages=0 if self.prefix is None else self.prefix.cached_only(),
+            prefix_indexed_pages=0 if self.prefix is None else len(self.prefix),
             files=len(files),
             open_handles=len(self._handles),
         )
@@ -584,6 +947,8 @@ class KVFS:
                 residency=f.residency,
                 pinned=f.pinned,
                 last_used=f.last_used,
+                generation=f.generation,
+                leased=(t, f.name or "") in self._leased,
             )
             for (t, _), f in self._named.items()
             if tenant is None or t == tenant
@@ -604,9 +969,13 @@ class KVFS:
                 refs.update(f.pages)
                 live.update(f.pages)
             assert all(self.alloc.owner(p) == f.tenant for p in f.pages)
+        if self.prefix is not None:
+            refs.update(self.prefix.pages())
         held_on_host = sum(f.host_data.shape[0] for f in files.values() if f.host_data is not None)
         assert self.tiers.host_used == held_on_host, (self.tiers.host_used, held_on_host)
-        clean = sum(f.host_data.shape[0] for f in files.values() if self.tiers.has_clean_copy(f))
+        clean = sum(
+            f.host_data.shape[0] for f in files.values() if f.host_data is not None and self.tiers.has_clean_copy(f)
+        )
         assert self.tiers.clean_pages == clean, (self.tiers.clean_pages, clean)
         for p in range(1, self.alloc.num_pages):
             # Pages reserved by in-flight plans are the only references not held by a file.

@@ -16,6 +16,10 @@ class KVFileInfo:
     residency: str  # "device" | "host" | "disk"
     pinned: bool
     last_used: float  # unix time
+    #: The store generation this worker's copy is (gpu_worker/kvfs/lease.py).
+    generation: int = 0
+    #: This worker holds the file's write lease (open for writing here, or changes not flushed).
+    leased: bool = False
 
 
 @dataclass(frozen=True)
@@ -33,3 +37,7 @@ class KVStats:
     disk_pages: int = 0
     files: int = 0
     open_handles: int = 0
+    #: Pages only the prefix cache holds (no file uses them; reclaimed before anything else).
+    prefix_cached_pages: int = 0
+    #: Pages in the prefix index, whether a file also uses them or not.
+    prefix_indexed_pages: int = 0

@@ -1,12 +1,20 @@
 """Byte stores for spilled KV files: a local directory (default) or an S3 bucket.
 
-Keys are ``<tenant>/<name>.safetensors``; callers validate tenant and name before building a
-key, and the stores re-check that a key cannot escape their root.
+Keys are ``<tenant>/<name>.safetensors`` (and the file's lease, ``<tenant>/<name>.lease``:
+gpu_worker/kvfs/lease.py); callers validate tenant and name before building a key, and the stores
+re-check that a key cannot escape their root.
+
+Both stores offer one conditional write (:meth:`KVStore.put_if`), which is all the lease needs
+to give each named file one writer across workers: the directory store holds an ``flock`` on a
+lock file next to the key while it compares and replaces, S3 uses ``If-Match`` /
+``If-None-Match`` on ``PutObject``.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import hashlib
 import os
 import re
 import tempfile
@@ -16,17 +24,31 @@ from typing import Any
 
 from gpu_worker.kvfs.errors import StoreFull
 
-_KEY = re.compile(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$")
+#: Matched with ``fullmatch`` (``$`` would let a trailing newline through).
+_KEY = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*")
 
 
 def check_key(key: str) -> str:
-    if not _KEY.match(key) or any(part in ("", ".", "..") for part in key.split("/")):
+    if not _KEY.fullmatch(key) or any(part in ("", ".", "..") for part in key.split("/")):
         raise ValueError(f"invalid store key {key!r}")
     return key
 
 
+class Conflict(Exception):
+    """A conditional write lost: the object changed (or appeared) since it was read."""
+
+
 class KVStore(ABC):
     """Flat key -> bytes store."""
+
+    @abstractmethod
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        """The bytes and a version token for :meth:`put_if`; ``KeyError`` when absent."""
+
+    @abstractmethod
+    def put_if(self, key: str, data: bytes, expect: str | None) -> str:
+        """Write only if the key is still at version ``expect`` (``None``: only if absent);
+        returns the new version token, raises :class:`Conflict` otherwise."""
 
     @abstractmethod
     def put(self, key: str, data: bytes) -> None: ...
@@ -81,13 +103,37 @@ class LocalKVStore(KVStore):
         except FileNotFoundError:
             raise KeyError(key) from None
 
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
+        data = self.get(key)
+        return data, hashlib.sha256(data).hexdigest()
+
+    def put_if(self, key: str, data: bytes, expect: str | None) -> str:
+        """Compare and replace under an exclusive ``flock`` on ``.lock-<name>`` next to the key,
+        which every process on this host (and NFS clients with working locks) respects."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.parent / f".lock-{path.name}", "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            try:
+                current: str | None = self.get_versioned(key)[1]
+            except KeyError:
+                current = None
+            if current != expect:
+                raise Conflict(f"{key} changed since it was read")
+            self.put(key, data)
+        return hashlib.sha256(data).hexdigest()
+
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        """Idempotent; also removes the key's ``put_if`` lock file, so deleting a tenant's keys
+        leaves nothing of it behind (a writer racing the delete may re-create it)."""
+        path = self._path(key)
+        path.unlink(missing_ok=True)
+        (path.parent / f".lock-{path.name}").unlink(missing_ok=True)
 
     def list(self, prefix: str = "") -> list[str]:
         keys = []
         for path in self.root.rglob("*"):
-            if path.is_file() and not path.name.startswith(".tmp-"):
+            if path.is_file() and not path.name.startswith("."):
                 key = path.relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     keys.append(key)
@@ -119,13 +165,28 @@ class S3KVStore(KVStore):
         self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
 
     def get(self, key: str) -> bytes:
+        return self.get_versioned(key)[0]
+
+    def get_versioned(self, key: str) -> tuple[bytes, str]:
         try:
             obj = self.client.get_object(Bucket=self.bucket, Key=self._key(key))
         except Exception as exc:
             if self._missing(exc):
                 raise KeyError(key) from None
             raise
-        return obj["Body"].read()
+        return obj["Body"].read(), obj["ETag"]
+
+    def put_if(self, key: str, data: bytes, expect: str | None) -> str:
+        """S3 conditional writes: ``If-None-Match: *`` to create, ``If-Match: <etag>`` to replace."""
+        condition = {"IfNoneMatch": "*"} if expect is None else {"IfMatch": expect}
+        try:
+            out = self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data, **condition)
+        except Exception as exc:
+            code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409") or self._missing(exc):
+                raise Conflict(f"{key} changed since it was read") from exc
+            raise
+        return out["ETag"]
 
     def delete(self, key: str) -> None:
         self.client.delete_object(Bucket=self.bucket, Key=self._key(key))

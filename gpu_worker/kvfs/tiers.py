@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -39,8 +39,6 @@ class PageIO(Protocol):
 
     def write_pages(self, page_ids: Sequence[int], data: torch.Tensor) -> None: ...
 
-    def copy_pages(self, pairs: Sequence[tuple[int, int]]) -> None: ...
-
 
 def encode(file: KVFile, data: torch.Tensor) -> bytes:
     """A safetensors blob: tensor ``kv`` plus tokens/computed/pinned as metadata."""
@@ -52,6 +50,7 @@ def encode(file: KVFile, data: torch.Tensor) -> bytes:
         "pinned": "1" if file.pinned else "0",
         "last_used": repr(file.last_used),
         "n_pages": str(data.shape[0]),
+        "generation": str(file.generation),
     }
     return st_save({"kv": data.contiguous()}, metadata=meta)
 
@@ -69,8 +68,19 @@ def decode_data(blob: bytes) -> torch.Tensor:
 class Tiers:
     """Spill and reload of whole files; the caller holds the KVFS lock."""
 
-    def __init__(self, alloc: PageAllocator, page_io: PageIO, store: KVStore, host_pages: int) -> None:
+    def __init__(
+        self,
+        alloc: PageAllocator,
+        page_io: PageIO,
+        store: KVStore,
+        host_pages: int,
+        persist: Callable[[KVFile], None] | None = None,
+    ) -> None:
+        """``persist(file)`` writes a named file with unflushed changes to the store under its
+        lease (KVFS); a clean file already in the store is dropped to disk without a write, so a
+        worker's stale copy can never overwrite a newer generation written by another."""
         self.alloc = alloc
+        self.persist = persist or self.write_disk
         self.page_io = page_io
         self.store = store
         self.host_capacity = host_pages
@@ -123,6 +133,7 @@ class Tiers:
         assert file.name is not None
         blob = encode(file, self.host_data_of(file))
         self.store.put(store_key(file.tenant, file.name), blob)
+        file.stored, file.dirty = True, False
         return len(blob)
 
     def to_disk(self, file: KVFile) -> None:
@@ -130,7 +141,8 @@ class Tiers:
         assert file.name is not None
         if file.residency == DISK:
             return
-        self.write_disk(file)
+        if file.dirty or not file.stored:
+            self.persist(file)
         n = file.n_pages
         if file.residency == DEVICE:
             self.forget_clean_copy(file)

@@ -131,6 +131,26 @@ resource "aws_secretsmanager_secret_version" "redis_auth" {
   }
 }
 
+# ElastiCache's default policy (volatile-lru) evicts keys that have a TTL when memory runs out:
+# executor and worker heartbeats (the reaper would then fail live runs), run cancellations, stream
+# leases and throttle windows (a tenant would get past its caps). noeviction refuses writes
+# instead; maxmemory is the node's memory less reserved-memory-percent (docs/DEPLOY.md#redis-memory).
+resource "aws_elasticache_parameter_group" "redis" {
+  name = "${local.name}-redis"
+  # ElastiCache names the families redis6.x, redis7, ...
+  family = split(".", var.redis_engine_version)[0] == "6" ? "redis6.x" : "redis${split(".", var.redis_engine_version)[0]}"
+
+  parameter {
+    name  = "maxmemory-policy"
+    value = "noeviction"
+  }
+
+  parameter {
+    name  = "reserved-memory-percent"
+    value = "25"
+  }
+}
+
 resource "aws_elasticache_replication_group" "main" {
   replication_group_id = local.name
   description          = "Symphony Celery broker and run event streams"
@@ -138,6 +158,7 @@ resource "aws_elasticache_replication_group" "main" {
   engine_version       = var.redis_engine_version
   node_type            = var.redis_node_type
   port                 = 6379
+  parameter_group_name = aws_elasticache_parameter_group.redis.name
 
   num_cache_clusters         = 2
   automatic_failover_enabled = true
@@ -184,7 +205,7 @@ resource "aws_secretsmanager_secret_version" "django" {
   }
 }
 
-# --- metrics token: GET /metrics answers only a scraper that sends it (api/metrics.py) -------------
+# --- metrics token: GET /metrics answers only a scraper that sends it (api/metrics_endpoint.py) -------------
 
 data "aws_secretsmanager_random_password" "metrics" {
   password_length     = 48

@@ -35,6 +35,10 @@ locals {
     REDIS_PORT                 = "6379"
     REDIS_TLS                  = "1"
     SYMPHONY_SANDBOX_IMAGE     = var.sandbox_image
+    # Only the ALB's X-Forwarded-For is believed (its nodes live in the public subnets); Django
+    # picks the right-most address the ALB did not vouch for (api/client_address.py), and uvicorn
+    # runs with --no-proxy-headers so it never believes one on its own.
+    SYMPHONY_TRUSTED_PROXIES = join(",", aws_subnet.public[*].cidr_block)
     # Mail (mail.tf): links point at the console behind the ALB; SES sends as this address.
     SYMPHONY_PUBLIC_URL = "https://${var.domain_name}"
     SYMPHONY_EMAIL_FROM = "Symphony <${local.mail_from_address}>"
@@ -77,7 +81,7 @@ resource "aws_ecs_task_definition" "web" {
 
   container_definitions = jsonencode([merge(local.app_container, {
     name         = "web"
-    command      = ["python", "-m", "uvicorn", "web.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--proxy-headers", "--forwarded-allow-ips", "*"]
+    command      = ["python", "-m", "uvicorn", "web.asgi:application", "--host", "0.0.0.0", "--port", "8000", "--no-proxy-headers"]
     portMappings = [{ containerPort = 8000, protocol = "tcp" }]
     healthCheck = {
       command     = ["CMD", "python", "/app/deploy/healthcheck.py", "web"]

@@ -21,12 +21,16 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from symphony.api import KV, Dist, Grammar, GrammarState, Session
-from symphony.calls import JSON, HttpResponse, TopK, VocabInfo
+from symphony.api import KV, BiasVector, Channel, Child, Dist, Grammar, GrammarState, Session, Subscription
+from symphony.calls import JSON, HttpResponse, Received, TopK, VocabInfo
 from symphony.connection import Connection, SessionInfo
 from symphony.errors import (
     BadFrame,
     Busy,
+    ChannelClosed,
+    ChannelFull,
+    ChannelTimeout,
+    ChildFailed,
     ConnectionLost,
     DeadlineExceeded,
     InternalError,
@@ -34,11 +38,13 @@ from symphony.errors import (
     IOFailed,
     KVExists,
     KVNotFound,
+    MessageTooLarge,
     NoSpace,
     NotAuthenticated,
     PermissionDenied,
     QuotaExceeded,
     SymphonyError,
+    TooManyChannels,
     UnknownOp,
 )
 
@@ -87,8 +93,8 @@ def release(dists: Iterable[Dist]) -> None:
     session().release(dists)
 
 
-def kv_create(name: str | None = None) -> KV:
-    return session().kv_create(name)
+def kv_create(name: str | None = None, cache: bool = True) -> KV:
+    return session().kv_create(name, cache)
 
 
 def kv_open(name: str, mode: str = "r") -> KV:
@@ -169,10 +175,35 @@ def grammar(json_schema: Any = None, *, regex: str | None = None, ebnf: str | No
     return session().grammar(json_schema, regex=regex, ebnf=ebnf)
 
 
+def bias_set(ids: Iterable[int], value: float) -> BiasVector:
+    return session().bias_set(ids, value)
+
+
+def bias_vector(values: Sequence[float]) -> BiasVector:
+    return session().bias_vector(values)
+
+
+def channel(name: str) -> Channel:
+    """The channel ``name`` shared by the runs of this run's tree (:class:`Channel`)."""
+    return session().channel(name)
+
+
+def spawn(entry: str | None, args: JSON = None, *, limits: Mapping[str, Any] | None = None) -> Child:
+    """Start ``entry`` of this program (``module[:function]``; None: its ``main``) as a child run."""
+    return session().spawn(entry, args, limits=limits)
+
+
 __all__ = [
     "KV",
     "BadFrame",
+    "BiasVector",
     "Busy",
+    "Channel",
+    "ChannelClosed",
+    "ChannelFull",
+    "ChannelTimeout",
+    "Child",
+    "ChildFailed",
     "Connection",
     "ConnectionLost",
     "DeadlineExceeded",
@@ -185,17 +216,24 @@ __all__ = [
     "InvalidArgument",
     "KVExists",
     "KVNotFound",
+    "MessageTooLarge",
     "NoSpace",
     "NotAuthenticated",
     "PermissionDenied",
     "QuotaExceeded",
+    "Received",
     "Session",
     "SessionInfo",
+    "Subscription",
     "SymphonyError",
+    "TooManyChannels",
     "TopK",
     "UnknownOp",
     "VocabInfo",
     "apply_chat_template",
+    "bias_set",
+    "bias_vector",
+    "channel",
     "connect",
     "detokenize",
     "generate",
@@ -220,6 +258,7 @@ __all__ = [
     "session",
     "set_session",
     "sleep",
+    "spawn",
     "tokenize",
     "vocab_info",
 ]

@@ -21,9 +21,10 @@ import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from symphony import calls
-from symphony.calls import JSON, Call, HttpResponse, TopK, VocabInfo
+from symphony import calls, checks
+from symphony.calls import JSON, Call, HttpResponse, Received, TopK, VocabInfo
 from symphony.connection import Connection, SessionInfo
+from symphony.errors import ChannelClosed, InvalidArgument
 
 
 class AsyncDist:
@@ -42,11 +43,13 @@ class AsyncDist:
         top_k: int = 0,
         seed: int | None = None,
         mask: Any = None,
-        bias: Mapping[int, float] | None = None,
+        bias: Mapping[int, float] | AsyncBiasVector | None = None,
     ) -> int:
+        checks.mask(mask, "dist_sample")
         return await self.session._run(calls.dist_sample(self, temperature, top_p, top_k, seed, mask, bias))
 
-    async def argmax(self, mask: Any = None, bias: Mapping[int, float] | None = None) -> int:
+    async def argmax(self, mask: Any = None, bias: Mapping[int, float] | AsyncBiasVector | None = None) -> int:
+        checks.mask(mask, "dist_argmax")
         return await self.session._run(calls.dist_argmax(self, mask, bias))
 
     async def topk(self, k: int) -> TopK:
@@ -129,6 +132,109 @@ class AsyncGrammarState:
         return bool(out["accepted"])
 
 
+class AsyncBiasVector:
+    """Awaitable twin of :class:`symphony.BiasVector` (pass it as ``bias=``)."""
+
+    __slots__ = ("bias_id", "session")
+
+    def __init__(self, session: AsyncSession, bias_id: int) -> None:
+        self.session = session
+        self.bias_id = bias_id
+
+    async def release(self) -> None:
+        await self.session._run(calls.bias_release(self))
+
+    async def __aenter__(self) -> AsyncBiasVector:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+
+class AsyncChannel:
+    """:class:`symphony.Channel` as coroutines (the same semantics and errors)."""
+
+    __slots__ = ("name", "session")
+
+    def __init__(self, session: AsyncSession, name: str) -> None:
+        self.session = session
+        self.name = checks.channel_name(name)
+
+    async def send(self, obj: JSON) -> None:
+        await self.session._run(calls.channel_send(self.name, obj))
+
+    async def recv(self, timeout: float | None = None) -> JSON:
+        return (await self.recv_message(timeout)).data
+
+    async def recv_message(self, timeout: float | None = None) -> Received:
+        return await self.session._run(calls.channel_recv(self.name, timeout))
+
+    async def publish(self, obj: JSON) -> int:
+        return await self.session._run(calls.channel_publish(self.name, obj))
+
+    async def subscribe(self) -> AsyncSubscription:
+        return AsyncSubscription(self, await self.session._run(calls.channel_subscribe(self.name)))
+
+    async def close(self) -> None:
+        await self.session._run(calls.channel_close(self.name))
+
+
+class AsyncSubscription:
+    """:class:`symphony.Subscription` as coroutines; ``async for`` reads until the channel closes."""
+
+    __slots__ = ("channel", "id")
+
+    def __init__(self, channel: AsyncChannel, sub_id: int) -> None:
+        self.channel = channel
+        self.id = sub_id
+
+    async def recv(self, timeout: float | None = None) -> JSON:
+        return (await self.recv_message(timeout)).data
+
+    async def recv_message(self, timeout: float | None = None) -> Received:
+        return await self.channel.session._run(calls.channel_next(self.id, timeout))
+
+    async def close(self) -> None:
+        await self.channel.session._run(calls.channel_unsubscribe(self.id))
+
+    def __aiter__(self) -> AsyncSubscription:
+        return self
+
+    async def __anext__(self) -> JSON:
+        try:
+            return await self.recv()
+        except ChannelClosed:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> AsyncSubscription:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            await self.close()
+        except ChannelClosed:
+            pass
+
+
+class AsyncChild:
+    """A child run this run spawned (:meth:`AsyncSession.spawn`); see ``symphony.Child``."""
+
+    __slots__ = ("id", "session")
+
+    def __init__(self, session: AsyncSession, child_id: str) -> None:
+        self.session = session
+        self.id = child_id
+
+    async def wait(self, timeout: float | None = None) -> JSON:
+        return await self.session._run(calls.child_wait(self.id, timeout))
+
+    async def cancel(self) -> bool:
+        return bool(await self.session._run(calls.child_cancel(self.id)))
+
+    def __repr__(self) -> str:
+        return f"AsyncChild({self.id})"
+
+
 async def connect(path: str | None = None, token: str | None = None) -> AsyncSession:
     """Open a session connection (default: ``SYMPHONY_SOCKET`` / ``SYMPHONY_TOKEN``)."""
     conn = await asyncio.to_thread(Connection.open, path, token)
@@ -159,7 +265,7 @@ class AsyncSession:
         self, kv: AsyncKV | int, tokens: Iterable[int], positions: Sequence[int] | None = None
     ) -> list[AsyncDist]:
         out: list[AsyncDist] = []
-        for call, keep in calls.pred_chunks(kv, tokens, positions, None):
+        for call, keep in calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), positions, None):
             dists = [AsyncDist(self, d) for d in (await self._call(call.op, call.args))["dists"]]
             dropped = [d for i, d in enumerate(dists) if i not in keep]
             if dropped:
@@ -176,13 +282,13 @@ class AsyncSession:
         top_k: int = 0,
         seed: int | None = None,
         mask: Any = None,
-        bias: Mapping[int, float] | None = None,
+        bias: Mapping[int, float] | AsyncBiasVector | None = None,
     ) -> int:
+        checks.mask(mask, "pred")
         then = calls.then_choose(temperature, top_p, top_k, seed, mask, bias)
-        result = None
-        for call, _ in calls.pred_chunks(kv, tokens, None, then):
-            result = (await self._call(call.op, call.args))["tokens"][-1]
-        return int(result)
+        chunks = calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), None, then)
+        replies = [await self._call(call.op, call.args) for call, _ in chunks]
+        return int(replies[-1]["tokens"][-1])
 
     async def pred_token_many(
         self, steps: Sequence[tuple[AsyncKV | int, Iterable[int]]], temperature: float = 0.0, **kw: Any
@@ -204,7 +310,13 @@ class AsyncSession:
         """Same contract as :meth:`symphony.Session.generate` (without grammar)."""
         stops = set(self.info.eos_token_ids if stop is None else stop)
         out: list[int] = []
-        pending = list(prompt)
+        pending = checks.token_ids(prompt, "generate")
+        if not pending and max_tokens > 0:  # continue a file that already holds tokens
+            n = await self.kv_len(kv)
+            if n == 0:
+                raise InvalidArgument("generate needs a prompt or a file that already holds tokens", op="generate")
+            pending = (await self.kv_tokens(kv))[-1:]
+            await self.kv_truncate(kv, n - 1)
         while len(out) < max_tokens:
             tok = await self.pred_token(kv, pending, temperature, seed=seed)
             if tok in stops:
@@ -220,11 +332,11 @@ class AsyncSession:
         if ds:
             await self._run(calls.dist_release(ds))
 
-    async def kv_create(self, name: str | None = None) -> AsyncKV:
-        return AsyncKV(self, await self._run(calls.kv_create(name)))
+    async def kv_create(self, name: str | None = None, cache: bool = True) -> AsyncKV:
+        return AsyncKV(self, await self._run(calls.kv_create(name, cache)))
 
     async def kv_open(self, name: str, mode: str = "r") -> AsyncKV:
-        return AsyncKV(self, await self._run(calls.kv_open(name, mode)))
+        return AsyncKV(self, await self._run(calls.kv_open(checks.file_name(name, "kv_open"), mode)))
 
     async def kv_fork(self, kv: AsyncKV | int) -> AsyncKV:
         return AsyncKV(self, await self._run(calls.kv_fork(kv)))
@@ -233,7 +345,7 @@ class AsyncSession:
         await self._run(calls.kv_close(kv))
 
     async def kv_remove(self, name: str) -> None:
-        await self._run(calls.kv_remove(name))
+        await self._run(calls.kv_remove(checks.file_name(name, "kv_remove")))
 
     async def kv_len(self, kv: AsyncKV | int) -> int:
         return await self._run(calls.kv_len(kv))
@@ -251,7 +363,7 @@ class AsyncSession:
         return AsyncKV(self, await self._run(calls.kv_merge(a, b)))
 
     async def kv_pin(self, name: str, pinned: bool = True) -> None:
-        await self._run(calls.kv_pin(name, pinned))
+        await self._run(calls.kv_pin(checks.file_name(name, "kv_pin"), pinned))
 
     async def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return await self._run(calls.tokenize(text, add_special_tokens))
@@ -288,5 +400,32 @@ class AsyncSession:
     ) -> AsyncGrammar:
         return AsyncGrammar(self, await self._run(calls.grammar(json_schema, regex, ebnf)))
 
+    def channel(self, name: str) -> AsyncChannel:
+        """The channel ``name`` of this run's tree (:meth:`symphony.Session.channel`)."""
+        return AsyncChannel(self, name)
 
-__all__ = ["AsyncDist", "AsyncGrammar", "AsyncGrammarState", "AsyncKV", "AsyncSession", "connect"]
+    async def bias_set(self, ids: Iterable[int], value: float) -> AsyncBiasVector:
+        return AsyncBiasVector(self, await self._run(calls.bias_set(ids, value, self.info.vocab_size)))
+
+    async def bias_vector(self, values: Sequence[float]) -> AsyncBiasVector:
+        return AsyncBiasVector(self, await self._run(calls.bias_vector(values, self.info.vocab_size)))
+
+    async def spawn(
+        self, entry: str | None, args: JSON = None, *, limits: Mapping[str, Any] | None = None
+    ) -> AsyncChild:
+        """Start ``entry`` of this program as a child run (see ``symphony.spawn``)."""
+        return AsyncChild(self, await self._run(calls.spawn(entry, args, limits)))
+
+
+__all__ = [
+    "AsyncBiasVector",
+    "AsyncChannel",
+    "AsyncChild",
+    "AsyncDist",
+    "AsyncGrammar",
+    "AsyncGrammarState",
+    "AsyncKV",
+    "AsyncSession",
+    "AsyncSubscription",
+    "connect",
+]

@@ -9,13 +9,13 @@ ids; they carry their session so ``kv.fork()`` or ``dist.sample()`` read natural
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from symphony import calls
-from symphony.calls import JSON, Call, HttpResponse, TopK, VocabInfo
+from symphony import calls, checks
+from symphony.calls import JSON, Call, HttpResponse, Received, TopK, VocabInfo
 from symphony.connection import Connection, SessionInfo
-from symphony.wire import protocol
+from symphony.errors import ChannelClosed, InvalidArgument
 
 
 class Dist:
@@ -40,13 +40,15 @@ class Dist:
         top_k: int = 0,
         seed: int | None = None,
         mask: Any = None,
-        bias: Mapping[int, float] | None = None,
+        bias: Mapping[int, float] | BiasVector | None = None,
     ) -> int:
         """Sample a token id (temperature 0 = greedy). ``mask``: a :class:`GrammarState` or a
         list of allowed token ids; ``bias``: sparse ``{token_id: logit offset}``."""
+        checks.mask(mask, "dist_sample")
         return self.session._run(calls.dist_sample(self, temperature, top_p, top_k, seed, mask, bias))
 
-    def argmax(self, mask: Any = None, bias: Mapping[int, float] | None = None) -> int:
+    def argmax(self, mask: Any = None, bias: Mapping[int, float] | BiasVector | None = None) -> int:
+        checks.mask(mask, "dist_argmax")
         return self.session._run(calls.dist_argmax(self, mask, bias))
 
     def topk(self, k: int) -> TopK:
@@ -75,7 +77,7 @@ class Dist:
 
 
 class KV:
-    """An open KV file handle (DESIGN.md §4): the tokens a sequence has seen and their cache."""
+    """An open KV file handle (docs/ARCHITECTURE.md §5): the tokens a sequence has seen and their cache."""
 
     __slots__ = ("id", "session")
 
@@ -149,6 +151,144 @@ class GrammarState:
         return bool(out["accepted"])
 
 
+class BiasVector:
+    """Logit offsets for the whole vocabulary, kept in the worker (``Session.bias_set``,
+    ``Session.bias_vector``): pass it as ``bias=`` of any choice, as often as needed, instead
+    of a sparse map (capped at 4,096 entries and sent with every call). Combines with ``mask=``.
+    Counts ``vocab_size * 4`` bytes against the session's caps until :meth:`release`."""
+
+    __slots__ = ("bias_id", "session")
+
+    def __init__(self, session: Session, bias_id: int) -> None:
+        self.session = session
+        self.bias_id = bias_id
+
+    def release(self) -> None:
+        self.session._run(calls.bias_release(self))
+
+    def __enter__(self) -> BiasVector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"BiasVector({self.bias_id})"
+
+
+class Channel:
+    """A named channel of this run's tree (every run of one tenant's run tree that names it shares
+    it; docs/ARCHITECTURE.md "Channels"). Two ways to use it:
+
+    * a **queue**: :meth:`send` puts a JSON value for exactly one :meth:`recv` (of any run of
+      the tree, this one included), in order;
+    * a **broadcast**: :meth:`publish` gives a value to every :class:`Subscription` made (with
+      :meth:`subscribe`) before it, each reading them in order.
+
+    Errors: :class:`MessageTooLarge` (over 64 KiB as JSON), :class:`ChannelFull` (a queue at its
+    256 unread messages, or the tenant's unread bytes at their bound), :class:`TooManyChannels`
+    (64 a tree), :class:`ChannelTimeout` (``recv``'s timeout), :class:`ChannelClosed`.
+    """
+
+    __slots__ = ("name", "session")
+
+    def __init__(self, session: Session, name: str) -> None:
+        self.session = session
+        self.name = checks.channel_name(name)
+
+    def send(self, obj: JSON) -> None:
+        """Queue ``obj`` (JSON data) for one receiver; returns at once (it never waits for one)."""
+        self.session._run(calls.channel_send(self.name, obj))
+
+    def recv(self, timeout: float | None = None) -> JSON:
+        """The oldest queued value, waiting up to ``timeout`` seconds (``None``: until one comes
+        or the run's deadline) for one; :class:`ChannelTimeout` when none came."""
+        return self.recv_message(timeout).data
+
+    def recv_message(self, timeout: float | None = None) -> Received:
+        """:meth:`recv` with the run id of the sender (``.data``, ``.sender``)."""
+        return self.session._run(calls.channel_recv(self.name, timeout))
+
+    def publish(self, obj: JSON) -> int:
+        """Give ``obj`` to every current subscriber; how many it reached (0: nobody subscribed)."""
+        return self.session._run(calls.channel_publish(self.name, obj))
+
+    def subscribe(self) -> Subscription:
+        """A subscription that receives every value published from now on."""
+        return Subscription(self, self.session._run(calls.channel_subscribe(self.name)))
+
+    def close(self) -> None:
+        """No more values: send and publish fail from now on; readers get what is queued, then
+        :class:`ChannelClosed`."""
+        self.session._run(calls.channel_close(self.name))
+
+    def __repr__(self) -> str:
+        return f"Channel({self.name!r})"
+
+
+class Subscription:
+    """Values published on a channel after this subscription was made; iterate it to read them
+    until the channel is closed. :meth:`close` (or leaving a ``with`` block) unsubscribes."""
+
+    __slots__ = ("channel", "id")
+
+    def __init__(self, channel: Channel, sub_id: int) -> None:
+        self.channel = channel
+        self.id = sub_id
+
+    def recv(self, timeout: float | None = None) -> JSON:
+        return self.recv_message(timeout).data
+
+    def recv_message(self, timeout: float | None = None) -> Received:
+        return self.channel.session._run(calls.channel_next(self.id, timeout))
+
+    def close(self) -> None:
+        self.channel.session._run(calls.channel_unsubscribe(self.id))
+
+    def __iter__(self) -> Iterator[JSON]:
+        while True:
+            try:
+                yield self.recv()
+            except ChannelClosed:
+                return
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.close()
+        except ChannelClosed:
+            pass
+
+    def __repr__(self) -> str:
+        return f"Subscription({self.channel.name!r}, {self.id})"
+
+
+class Child:
+    """A child run this run spawned (:meth:`Session.spawn`): a run of the same tenant and
+    program, on the same worker (KV files and batches shared), in its own sandbox."""
+
+    __slots__ = ("id", "session")
+
+    def __init__(self, session: Session, child_id: str) -> None:
+        self.session = session
+        #: The child run's id (``GET /api/v1/runs/<id>``).
+        self.id = child_id
+
+    def wait(self, timeout: float | None = None) -> JSON:
+        """Block until the child ends and return its result; raises :class:`ChildFailed` when it
+        failed, timed out or was cancelled, ``DeadlineExceeded`` when ``timeout`` passed first."""
+        return self.session._run(calls.child_wait(self.id, timeout))
+
+    def cancel(self) -> bool:
+        """Cancel the child and its descendants; False when it had already ended."""
+        return bool(self.session._run(calls.child_cancel(self.id)))
+
+    def __repr__(self) -> str:
+        return f"Child({self.id})"
+
+
 class Session:
     """All system calls of one run, over one thread-safe connection."""
 
@@ -172,7 +312,7 @@ class Session:
         (offsets into ``tokens``, negative from the end; default: the last)."""
         self.conn.flush_releases()
         out: list[Dist] = []
-        for call, keep in calls.pred_chunks(kv, tokens, positions, None):
+        for call, keep in calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), positions, None):
             ids = self.conn.call(call.op, call.args)["dists"]
             dists = [Dist(self, d) for d in ids]
             out.extend(dists[i] for i in keep)
@@ -187,15 +327,15 @@ class Session:
         top_k: int = 0,
         seed: int | None = None,
         mask: Any = None,
-        bias: Mapping[int, float] | None = None,
+        bias: Mapping[int, float] | BiasVector | None = None,
     ) -> int:
         """``pred`` + choose the next token in one round trip (greedy by default): the fast
         path of a decode loop, no Dist handle is created."""
+        checks.mask(mask, "pred")
         then = calls.then_choose(temperature, top_p, top_k, seed, mask, bias)
-        result = None
-        for call, _ in calls.pred_chunks(kv, tokens, None, then):
-            result = self.conn.call(call.op, call.args)["tokens"][-1]
-        return int(result)
+        chunks = calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), None, then)
+        replies = [self.conn.call(call.op, call.args) for call, _ in chunks]
+        return int(replies[-1]["tokens"][-1])
 
     def pred_token_many(
         self,
@@ -205,7 +345,7 @@ class Session:
         top_k: int = 0,
         seed: int | None = None,
         mask: Any = None,
-        bias: Mapping[int, float] | None = None,
+        bias: Mapping[int, float] | BiasVector | None = None,
     ) -> list[int]:
         """:meth:`pred_token` for several files at once: ``steps`` is ``(kv, tokens)`` pairs
         (distinct files), the result each one's next token, in order. The calls go out in one
@@ -215,13 +355,15 @@ class Session:
         the gap between forwards small). They land in the same forward as separate calls would.
         The choice parameters apply to each call (a ``seed`` seeds each one alike). If a call
         fails, its error is raised once every reply of its write is in; the other files of that
-        write did advance. More than ``MAX_IN_FLIGHT`` (64) files go in writes of 64."""
+        write did advance. More files than the connection may have in flight (63: the worker's 64
+        less one kept for releases) go in several writes."""
+        checks.mask(mask, "pred")
         then = calls.then_choose(temperature, top_p, top_k, seed, mask, bias)
-        chunked = [calls.pred_chunks(kv, tokens, None, then) for kv, tokens in steps]
+        chunked = [calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), None, then) for kv, tokens in steps]
         tokens: list[int] = [0] * len(chunked)
         # A prompt longer than one call goes in several rounds; each file's chunks stay in order.
         # A round of more files than a connection may have in flight goes in several writes.
-        cap = protocol.MAX_IN_FLIGHT
+        cap = self.conn.admission.cap
         for r in range(max((len(c) for c in chunked), default=0)):
             lanes = [i for i, c in enumerate(chunked) if r < len(c)]
             for group in (lanes[g : g + cap] for g in range(0, len(lanes), cap)):
@@ -240,21 +382,25 @@ class Session:
         top_p: float = 1.0,
         top_k: int = 0,
         seed: int | None = None,
-        grammar: Grammar | None = None,
+        grammar: Grammar | GrammarState | None = None,
         stop: Iterable[int] | None = None,
     ) -> list[int]:
         """Decode up to ``max_tokens`` tokens after ``prompt`` into ``kv`` and return them.
 
-        Stops at an EOS token (not returned, not appended) or, with ``grammar``, when the
-        grammar is complete. The last generated token is appended to ``kv`` too, so the file
-        ends up holding prompt + output.
+        Stops at an EOS token (not returned, not appended) or, with ``grammar`` (a compiled
+        :class:`Grammar`, or a :class:`GrammarState` to go on from), when the grammar is
+        complete. The last generated token is appended to ``kv`` too, so the file ends up
+        holding prompt + output. An empty ``prompt`` continues a file that already holds
+        tokens (a prefilled fork): its last token is computed again to get the next one.
         """
         stops = set(self.info.eos_token_ids if stop is None else stop)
         eos = set(self.info.eos_token_ids)
-        state = grammar.state() if grammar is not None else None
+        state = _grammar_state(grammar)
         mask = state.advancing() if state is not None else None  # the worker advances it
         out: list[int] = []
-        pending = list(prompt)
+        pending = checks.token_ids(prompt, "generate")
+        if not pending and max_tokens > 0:
+            pending = self._reopen_last_token(kv)
         while len(out) < max_tokens:
             tok = self.pred_token(kv, pending, temperature, top_p, top_k, seed, mask)
             # A grammar allows EOS only once the output is complete, and accepting it ends the
@@ -271,6 +417,16 @@ class Session:
             self.pred(kv, pending)[0].release()
         return out
 
+    def _reopen_last_token(self, kv: KV | int) -> list[int]:
+        """Drop the file's last token and return it, so a ``pred`` of it yields the next
+        token's distribution (the file keeps its tokens; one position is recomputed)."""
+        n = self.kv_len(kv)
+        if n == 0:
+            raise InvalidArgument("generate needs a prompt or a file that already holds tokens", op="generate")
+        last = self.kv_tokens(kv)[-1]
+        self.kv_truncate(kv, n - 1)
+        return [last]
+
     def release(self, dists: Iterable[Dist]) -> None:
         ds = list(dists)
         for d in ds:
@@ -279,13 +435,15 @@ class Session:
             self._run(calls.dist_release(ds))
 
     # ---------------------------------------------------------------------------- KVFS
-    def kv_create(self, name: str | None = None) -> KV:
-        """A new empty KV file; named ones are persistent (survive the run) in the tenant's namespace."""
-        return KV(self, self._run(calls.kv_create(name)))
+    def kv_create(self, name: str | None = None, cache: bool = True) -> KV:
+        """A new empty KV file; named ones are persistent (survive the run) in the tenant's namespace.
+        ``cache=False`` opts it out of the automatic prefix cache: its first ``pred`` reuses no
+        cached prefix and its pages are never offered to the tenant's other files."""
+        return KV(self, self._run(calls.kv_create(name, cache)))
 
     def kv_open(self, name: str, mode: str = "r") -> KV:
         """Open a named file: ``"r"`` gives a private copy-on-write fork, ``"w"`` the exclusive writer."""
-        return KV(self, self._run(calls.kv_open(name, mode)))
+        return KV(self, self._run(calls.kv_open(checks.file_name(name, "kv_open"), mode)))
 
     def kv_fork(self, kv: KV | int) -> KV:
         """Copy-on-write fork: shares every full page, O(pages) metadata."""
@@ -295,7 +453,7 @@ class Session:
         self._run(calls.kv_close(kv))
 
     def kv_remove(self, name: str) -> None:
-        self._run(calls.kv_remove(name))
+        self._run(calls.kv_remove(checks.file_name(name, "kv_remove")))
 
     def kv_len(self, kv: KV | int) -> int:
         return self._run(calls.kv_len(kv))
@@ -316,7 +474,7 @@ class Session:
 
     def kv_pin(self, name: str, pinned: bool = True) -> None:
         """Pinned files are never evicted by the worker's memory-pressure policy."""
-        self._run(calls.kv_pin(name, pinned))
+        self._run(calls.kv_pin(checks.file_name(name, "kv_pin"), pinned))
 
     # ----------------------------------------------------------------------- tokenizer
     def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
@@ -357,9 +515,49 @@ class Session:
         """Compile a constraint once; use ``grammar.state()`` as ``mask=`` when sampling."""
         return Grammar(self, self._run(calls.grammar(json_schema, regex, ebnf)))
 
+    def bias_set(self, ids: Iterable[int], value: float) -> BiasVector:
+        """A worker-side bias adding ``value`` to the logit of each of ``ids`` (a token set of
+        any size, e.g. half the vocabulary; a large negative ``value`` all but bans them)."""
+        return BiasVector(self, self._run(calls.bias_set(ids, value, self.info.vocab_size)))
+
+    def bias_vector(self, values: Sequence[float]) -> BiasVector:
+        """A worker-side bias of one offset per token (``len(values) == vocab_size``)."""
+        return BiasVector(self, self._run(calls.bias_vector(values, self.info.vocab_size)))
+
+    # ------------------------------------------------------------------------- channels
+    def channel(self, name: str) -> Channel:
+        """The channel ``name`` of this run's tree (made on first use by any run of the tree)."""
+        return Channel(self, name)
+
+    def spawn(self, entry: str | None, args: JSON = None, *, limits: Mapping[str, Any] | None = None) -> Child:
+        """Start ``entry`` (``module[:function]`` of this program's bundle; None or "self": the
+        program's own ``main``) as a child run with ``args``; refused at once (``QuotaExceeded``)
+        past the plan's children per run, tree depth or concurrent runs."""
+        return Child(self, self._run(calls.spawn(entry, args, limits)))
+
     def finish(self, result: JSON, error: str | None = None) -> None:
         """Report the run's result (the runner calls this once; programs just return)."""
         self._run(calls.finish(result, error))
 
 
-__all__ = ["KV", "Dist", "Grammar", "GrammarState", "HttpResponse", "Session", "TopK", "VocabInfo"]
+def _grammar_state(grammar: Any) -> GrammarState | None:
+    """``generate``'s ``grammar=``: a compiled grammar starts a fresh state, a state goes on."""
+    if grammar is None or isinstance(grammar, GrammarState):
+        return grammar
+    if isinstance(grammar, Grammar):
+        return grammar.state()
+    raise InvalidArgument(f"grammar= takes a Grammar or a GrammarState, not {type(grammar).__name__}", op="generate")
+
+
+__all__ = [
+    "KV",
+    "BiasVector",
+    "Child",
+    "Dist",
+    "Grammar",
+    "GrammarState",
+    "HttpResponse",
+    "Session",
+    "TopK",
+    "VocabInfo",
+]

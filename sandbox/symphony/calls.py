@@ -1,7 +1,8 @@
 """Request builders shared by the threaded and asyncio SDK flavours.
 
-Each function returns a :class:`Call`: the op name, its wire arguments (the shapes of
-``gpu_worker/lip_ops.py``) and how to turn the reply into a Python value. Keeping this in one
+Each function returns a :class:`Call`: the op name, its wire arguments, built from the op's
+typed definition in the protocol module (``gpu_worker/protocol.py``, the same classes the
+worker decodes them with), and how to turn the reply into a Python value. Keeping this in one
 place means the sync and async APIs cannot drift apart on the protocol.
 """
 
@@ -12,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from symphony import checks
 from symphony.errors import InvalidArgument
 from symphony.wire import protocol
 
@@ -27,6 +29,10 @@ class Call:
     op: str
     args: dict[str, Any]
     parse: Callable[[Any], Any] = field(default=_same)
+
+
+def _call(args: protocol.Args, parse: Callable[[Any], Any] = _same) -> Call:
+    return Call(args.OP, args.to_wire(), parse)
 
 
 @dataclass(frozen=True)
@@ -81,7 +87,7 @@ def _tokens(tokens: Iterable[int]) -> list[int]:
 
 # --------------------------------------------------------------------------- pred / dists
 def pred_chunks(
-    kv: Any, tokens: Iterable[int], positions: Sequence[int] | None, then: Any
+    kv: Any, tokens: Iterable[int], positions: Sequence[int] | None, then: protocol.Argmax | None
 ) -> list[tuple[Call, list[int]]]:
     """``pred`` split into calls of at most ``MAX_PRED_TOKENS`` tokens (run in order).
 
@@ -95,6 +101,7 @@ def pred_chunks(
         if not 0 <= p < n:
             raise InvalidArgument(f"position {p} outside tokens (length {n})", op="pred")
     step = protocol.MAX_PRED_TOKENS
+    kv_id = handle_id(kv)
     out: list[tuple[Call, list[int]]] = []
     for start in range(0, n, step):
         chunk = toks[start : start + step]
@@ -102,22 +109,22 @@ def pred_chunks(
         keep = list(range(len(rows)))
         if not rows:
             rows, keep = [len(chunk) - 1], []
-        args: dict[str, Any] = {"kv": handle_id(kv), "tokens": chunk, "positions": rows}
-        if then is not None:
-            args["then"] = then
-        out.append((Call("pred", args), keep))
+        out.append((_call(protocol.Pred(kv=kv_id, tokens=chunk, positions=rows, then=then)), keep))
     return out
 
 
-def choice(kind: str, temperature: float, top_p: float, top_k: int, seed: int | None, mask: Any, bias: Any) -> Any:
-    """The ``then`` spec of a fused ``pred`` (token chosen worker-side in the same round trip)."""
-    params = _choice_params(temperature, top_p, top_k, seed, mask, bias) if kind == "sample" else _mask_bias(mask, bias)
-    return {kind: params}
+def choice(
+    kind: str, temperature: float, top_p: float, top_k: int, seed: int | None, mask: Any, bias: Any
+) -> protocol.Argmax:
+    """The ``then`` of a fused ``pred`` (token chosen worker-side in the same round trip)."""
+    if kind == "sample":
+        return protocol.Sample(**_choice_params(temperature, top_p, top_k, seed, mask, bias))
+    return protocol.Argmax(**_mask_bias(mask, bias))
 
 
 def then_choose(
-    temperature: float, top_p: float, top_k: int, seed: int | None, mask: Any, bias: Mapping[int, float] | None
-) -> Any:
+    temperature: float, top_p: float, top_k: int, seed: int | None, mask: Any, bias: Any
+) -> protocol.Argmax:
     """The ``then`` of ``pred_token``: greedy at temperature 0, otherwise a sample."""
     if temperature == 0:
         return choice("argmax", 0, 1, 0, None, mask, bias)
@@ -133,15 +140,26 @@ class Advancing:
     id: int
 
 
-def _mask_bias(mask: Any, bias: Mapping[int, float] | None) -> dict[str, Any]:
+def _mask_bias(mask: Any, bias: Any) -> dict[str, Any]:
+    """The ``mask``, ``bias``/``bias_ref`` and ``advance`` fields of a choice, from what a LIP
+    passes: ``bias`` is a sparse map or a worker-side vector (``BiasVector``, anything with
+    ``bias_id``)."""
     params: dict[str, Any] = {}
     if isinstance(mask, Advancing):
         params["advance"] = True
     if mask is not None:
         params["mask"] = mask.id if hasattr(mask, "id") else [int(t) for t in mask]
     if bias is not None:
-        # String keys: the worker decodes with strict_map_key (a map with int keys is a bad frame).
-        params["bias"] = {str(int(k)): float(v) for k, v in bias.items()}
+        ref = getattr(bias, "bias_id", None)
+        if ref is not None:
+            params["bias_ref"] = int(ref)
+        elif isinstance(bias, Mapping):
+            params["bias"] = {int(k): float(v) for k, v in bias.items()}
+        else:
+            raise InvalidArgument(
+                f"bias= takes a {{token_id: offset}} map or a bias vector (sy.bias_set / sy.bias_vector),"
+                f" not {type(bias).__name__}"
+            )
     return params
 
 
@@ -158,24 +176,25 @@ def _choice_params(
 def dist_sample(
     dist: Any, temperature: float, top_p: float, top_k: int, seed: int | None, mask: Any, bias: Any
 ) -> Call:
-    args = {"dist": handle_id(dist), **_choice_params(temperature, top_p, top_k, seed, mask, bias)}
-    return Call("dist_sample", args, int)
+    params = _choice_params(temperature, top_p, top_k, seed, mask, bias)
+    return _call(protocol.DistSample(dist=handle_id(dist), **params), int)
 
 
 def dist_argmax(dist: Any, mask: Any, bias: Any) -> Call:
-    return Call("dist_argmax", {"dist": handle_id(dist), **_mask_bias(mask, bias)}, int)
+    return _call(protocol.DistArgmax(dist=handle_id(dist), **_mask_bias(mask, bias)), int)
 
 
 def _topk(v: dict[str, Any]) -> TopK:
-    return TopK(tuple(v["ids"]), tuple(v["logprobs"]))
+    reply = protocol.TopKReply.from_wire(v)
+    return TopK(tuple(reply.ids), tuple(reply.logprobs))
 
 
 def dist_topk(dist: Any, k: int) -> Call:
-    return Call("dist_topk", {"dist": handle_id(dist), "k": int(k)}, _topk)
+    return _call(protocol.DistTopk(dist=handle_id(dist), k=int(k)), _topk)
 
 
 def dist_logprob(dist: Any, token_ids: Iterable[int]) -> Call:
-    return Call("dist_logprob", {"dist": handle_id(dist), "token_ids": [int(t) for t in token_ids]}, list)
+    return _call(protocol.DistLogprob(dist=handle_id(dist), token_ids=[int(t) for t in token_ids]), list)
 
 
 def _fp16(data: bytes) -> list[float]:
@@ -183,130 +202,261 @@ def _fp16(data: bytes) -> list[float]:
 
 
 def dist_full(dist: Any) -> Call:
-    return Call("dist_full", {"dist": handle_id(dist)}, _fp16)
+    return _call(protocol.DistFull(dist=handle_id(dist)), _fp16)
 
 
 def dist_release(dists: Iterable[Any]) -> Call:
-    return Call("dist_release", {"dists": [handle_id(d) for d in dists]})
+    return _call(protocol.DistRelease(dists=[handle_id(d) for d in dists]))
 
 
 # ------------------------------------------------------------------------------------ KVFS
 def _kv(value: Any) -> int:
-    return int(value["kv"])
+    return int(protocol.KvRef.from_wire(value).kv)
 
 
-def kv_create(name: str | None) -> Call:
-    return Call("kv_create", {} if name is None else {"name": name}, _kv)
+def kv_create(name: str | None, cache: bool = True) -> Call:
+    return _call(protocol.KvCreate(name=name, cache=cache), _kv)
 
 
 def kv_open(name: str, mode: str) -> Call:
     if mode not in ("r", "w"):
         raise InvalidArgument('mode must be "r" or "w"', op="kv_open")
-    return Call("kv_open", {"name": name, "mode": mode}, _kv)
+    return _call(protocol.KvOpen(name=name, mode=mode), _kv)
 
 
 def kv_fork(kv: Any) -> Call:
-    return Call("kv_fork", {"kv": handle_id(kv)}, _kv)
+    return _call(protocol.KvFork(kv=handle_id(kv)), _kv)
 
 
 def kv_close(kv: Any) -> Call:
-    return Call("kv_close", {"kv": handle_id(kv)})
+    return _call(protocol.KvClose(kv=handle_id(kv)))
 
 
 def kv_remove(name: str) -> Call:
-    return Call("kv_remove", {"name": name})
+    return _call(protocol.KvRemove(name=name))
 
 
 def kv_len(kv: Any) -> Call:
-    return Call("kv_len", {"kv": handle_id(kv)}, int)
+    return _call(protocol.KvLen(kv=handle_id(kv)), int)
 
 
 def kv_tokens(kv: Any) -> Call:
-    return Call("kv_tokens", {"kv": handle_id(kv)}, list)
+    return _call(protocol.KvTokens(kv=handle_id(kv)), list)
 
 
 def kv_truncate(kv: Any, n: int) -> Call:
-    return Call("kv_truncate", {"kv": handle_id(kv), "n": int(n)})
+    return _call(protocol.KvTruncate(kv=handle_id(kv), n=int(n)))
 
 
 def kv_extract(kv: Any, start: int, end: int) -> Call:
-    return Call("kv_extract", {"kv": handle_id(kv), "start": int(start), "end": int(end)}, _kv)
+    return _call(protocol.KvExtract(kv=handle_id(kv), start=int(start), end=int(end)), _kv)
 
 
 def kv_merge(a: Any, b: Any) -> Call:
-    return Call("kv_merge", {"a": handle_id(a), "b": handle_id(b)}, _kv)
+    return _call(protocol.KvMerge(a=handle_id(a), b=handle_id(b)), _kv)
 
 
 def kv_pin(name: str, pinned: bool) -> Call:
-    return Call("kv_pin", {"name": name, "pinned": bool(pinned)})
+    return _call(protocol.KvPin(name=name, pinned=bool(pinned)))
 
 
 # ------------------------------------------------------------------------------- tokenizer
 def tokenize(text: str, add_special_tokens: bool) -> Call:
-    return Call("tokenize", {"text": text, "add_special_tokens": bool(add_special_tokens)}, list)
+    return _call(protocol.Tokenize(text=text, add_special_tokens=bool(add_special_tokens)), list)
 
 
 def detokenize(ids: Iterable[int], skip_special_tokens: bool) -> Call:
-    return Call("detokenize", {"ids": [int(t) for t in ids], "skip_special_tokens": bool(skip_special_tokens)}, str)
+    args = protocol.Detokenize(ids=[int(t) for t in ids], skip_special_tokens=bool(skip_special_tokens))
+    return _call(args, str)
 
 
 def _vocab(v: dict[str, Any]) -> VocabInfo:
-    return VocabInfo(int(v["vocab_size"]), tuple(v["eos_token_ids"]), v.get("bos_token_id"), v.get("chat_template"))
+    reply = protocol.VocabInfoReply.from_wire(v)
+    return VocabInfo(int(reply.vocab_size), tuple(reply.eos_token_ids), reply.bos_token_id, reply.chat_template)
 
 
 def vocab_info() -> Call:
-    return Call("vocab_info", {}, _vocab)
+    return _call(protocol.VocabInfo(), _vocab)
 
 
 def apply_chat_template(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> Call:
     msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
-    return Call("apply_chat_template", {"messages": msgs, "add_generation_prompt": bool(add_generation_prompt)}, list)
+    args = protocol.ApplyChatTemplate(messages=msgs, add_generation_prompt=bool(add_generation_prompt))
+    return _call(args, list)
 
 
 # ------------------------------------------------------------------------------------- I/O
 def send_to_user(data: JSON) -> Call:
-    return Call("send_to_user", {"data": data})
+    return _call(protocol.SendToUser(data=data))
 
 
 def _http(v: dict[str, Any]) -> HttpResponse:
-    return HttpResponse(int(v["status"]), dict(v.get("headers") or {}), bytes(v.get("body") or b""))
+    reply = protocol.HttpReply.from_wire(v)
+    return HttpResponse(int(reply.status), dict(reply.headers or {}), bytes(reply.body or b""))
 
 
 def http_fetch(
     url: str, method: str, headers: Mapping[str, str] | None, body: bytes | str | None, timeout: float | None
 ) -> Call:
-    args: dict[str, Any] = {"url": url, "method": method}
-    if headers:
-        args["headers"] = dict(headers)
-    if body is not None:
-        args["body"] = body
-    if timeout is not None:
-        args["timeout"] = float(timeout)
-    return Call("http_fetch", args, _http)
+    args = protocol.HttpFetch(
+        url=url,
+        method=method,
+        headers=dict(headers) if headers else None,
+        body=body,
+        timeout=None if timeout is None else float(timeout),
+    )
+    return _call(args, _http)
 
 
 def sleep(seconds: float) -> Call:
-    return Call("sleep", {"seconds": float(seconds)})
+    return _call(protocol.Sleep(seconds=float(seconds)))
 
 
 # --------------------------------------------------------------------------------- grammar
 def grammar(json_schema: Any, regex: str | None, ebnf: str | None) -> Call:
-    given = {k: v for k, v in (("json_schema", json_schema), ("regex", regex), ("ebnf", ebnf)) if v is not None}
-    if len(given) != 1:
+    if sum(v is not None for v in (json_schema, regex, ebnf)) != 1:
         raise InvalidArgument("give exactly one of json_schema, regex, ebnf", op="grammar")
-    return Call("grammar", given, lambda v: int(v["grammar"]))
+    args = protocol.Grammar(json_schema=json_schema, regex=regex, ebnf=ebnf)
+    return _call(args, lambda v: int(protocol.GrammarRef.from_wire(v).grammar))
 
 
 def grammar_state(g: Any) -> Call:
-    return Call("grammar_state", {"grammar": handle_id(g)}, lambda v: int(v["mask"]))
+    return _call(protocol.GrammarState(grammar=handle_id(g)), lambda v: int(protocol.MaskRef.from_wire(v).mask))
 
 
 def mask_advance(mask: Any, token: int) -> Call:
-    return Call("mask_advance", {"mask": handle_id(mask), "token": int(token)}, dict)
+    return _call(protocol.MaskAdvance(mask=handle_id(mask), token=int(token)), dict)
+
+
+# ----------------------------------------------------------------------------- bias vectors
+def _bias(value: dict[str, Any]) -> int:
+    return int(protocol.BiasRef.from_wire(value).bias)
+
+
+def bias_set(ids: Iterable[int], value: float, vocab_size: int) -> Call:
+    """``value`` on each of ``ids``: sent as the ids, or as a dense vector when they are more
+    than one list of a frame may hold (``MAX_ARRAY_ITEMS``)."""
+    token_ids = sorted({int(t) for t in ids})
+    if not token_ids:
+        raise InvalidArgument("ids must not be empty", op="bias_create")
+    if len(token_ids) <= protocol.MAX_ARRAY_ITEMS:
+        return _call(protocol.BiasCreate(ids=token_ids, value=float(value)), _bias)
+    if token_ids[0] < 0 or token_ids[-1] >= vocab_size:
+        raise InvalidArgument(f"ids must be token ids in [0, {vocab_size})", op="bias_create")
+    dense = [0.0] * vocab_size
+    for t in token_ids:
+        dense[t] = float(value)
+    return bias_vector(dense, vocab_size)
+
+
+def bias_vector(values: Sequence[float], vocab_size: int) -> Call:
+    """One offset per token, sent as float32 little-endian bytes (``vocab_size * 4``)."""
+    if len(values) != vocab_size:
+        raise InvalidArgument(
+            f"values must hold one offset per token ({vocab_size}), got {len(values)}", op="bias_create"
+        )
+    return _call(protocol.BiasCreate(values=[float(v) for v in values]), _bias)
+
+
+def bias_release(bias: Any) -> Call:
+    return _call(protocol.BiasRelease(bias=int(getattr(bias, "bias_id", bias))))
 
 
 def finish(result: JSON, error: str | None) -> Call:
-    args: dict[str, Any] = {"result": result}
-    if error is not None:
-        args["error"] = error
-    return Call("finish", args)
+    return _call(protocol.Finish(result=result, error=error))
+
+
+# -------------------------------------------------------------------------------- channels
+@dataclass(frozen=True)
+class Received:
+    """A message read from a channel or subscription: its value and the run id that sent it."""
+
+    data: JSON
+    sender: str
+
+
+def _received(v: dict[str, Any]) -> Received:
+    reply = protocol.ChannelMessage.from_wire(v)
+    return Received(reply.data, str(reply.sender))
+
+
+def _wait(timeout: float | None, op: str) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 <= timeout <= protocol.MAX_SLEEP_S:
+        raise InvalidArgument(f"timeout must be None or seconds in [0, {protocol.MAX_SLEEP_S:g}]", op=op)
+    return float(timeout)
+
+
+def channel_send(name: str, data: JSON) -> Call:
+    return _call(protocol.ChannelSend(name=name, data=checks.channel_value(data, "channel_send")))
+
+
+def channel_recv(name: str, timeout: float | None) -> Call:
+    return _call(protocol.ChannelRecv(name=name, timeout=_wait(timeout, "channel_recv")), _received)
+
+
+def channel_publish(name: str, data: JSON) -> Call:
+    return _call(protocol.ChannelPublish(name=name, data=checks.channel_value(data, "channel_publish")), int)
+
+
+def channel_subscribe(name: str) -> Call:
+    return _call(protocol.ChannelSubscribe(name=name), lambda v: int(protocol.SubscriptionRef.from_wire(v).sub))
+
+
+def channel_next(sub: int, timeout: float | None) -> Call:
+    return _call(protocol.ChannelNext(sub=sub, timeout=_wait(timeout, "channel_next")), _received)
+
+
+def channel_unsubscribe(sub: int) -> Call:
+    return _call(protocol.ChannelUnsubscribe(sub=sub))
+
+
+def channel_close(name: str) -> Call:
+    return _call(protocol.ChannelClose(name=name))
+
+
+# ------------------------------------------------------------------------------ processes
+def spawn(entry: str | None, args: JSON, limits: Mapping[str, Any] | None) -> Call:
+    """``entry``: ``module[:function]`` of the program's bundle; None, "" or "self": the program
+    itself (its ``main``). ``args`` must be JSON (checked here, before anything is sent)."""
+    import json
+
+    if entry is None or entry == "self":
+        entry = ""
+    if not isinstance(entry, str):
+        raise InvalidArgument(f"entry must be a module name or None, not {type(entry).__name__}", op="spawn")
+    try:
+        json.dumps(args, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"args must be JSON data: {exc}", op="spawn") from None
+    if limits is not None and not isinstance(limits, Mapping):
+        raise InvalidArgument("limits must be a mapping of run limits", op="spawn")
+    spec = protocol.Spawn(entry=entry, args=args, limits=None if limits is None else dict(limits))
+    return _call(spec, lambda v: str(protocol.Spawned.from_wire(v).child))
+
+
+def child_wait(child: str, timeout: float | None) -> Call:
+    if timeout is not None and (not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0):
+        raise InvalidArgument("timeout must be a number of seconds >= 0 or None", op="child_wait")
+    args = protocol.ChildWait(child=child, timeout=None if timeout is None else float(timeout))
+    return _call(args, lambda v: _child_outcome(protocol.ChildStatus.from_wire(v), timeout))
+
+
+def _child_outcome(status: Any, timeout: float | None) -> JSON:
+    """The child's result, or the error it ended with raised as :class:`ChildFailed`."""
+    from symphony.errors import ChildFailed, DeadlineExceeded
+
+    if status.status == "succeeded":
+        return status.result
+    if status.status == "running":
+        raise DeadlineExceeded(f"child run {status.child} still running after {timeout}s", op="child_wait")
+    return _raise(ChildFailed(status.child, status.status, status.error))
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+def child_cancel(child: str) -> Call:
+    return _call(protocol.ChildCancel(child=child), bool)

@@ -19,6 +19,12 @@ reader thread and a ``Future`` cost ~19 system calls, 11 of them clock reads. So
 takes two locks per call (sending, and trying for the reading role) and keeps its state in
 plain attributes and dicts, which the GIL makes atomic; every check-then-wait below is ordered
 so that a wake-up cannot be lost (set the flag, then read the other side's).
+
+Back-pressure (``admission.py``): a call takes one of the connection's in-flight slots before it
+is sent and gives it back when its reply is routed, so a LIP with more threads than the worker's
+cap queues instead of getting ``EBUSY``. One slot below the worker's cap is kept for the
+fire-and-forget ``dist_release`` of garbage-collected Dists (at most one in flight), whose reply
+nobody waits for.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from symphony.admission import Admission
 from symphony.errors import ConnectionLost, NotAuthenticated, SymphonyError, from_wire
 from symphony.wire import protocol
 
@@ -59,6 +66,8 @@ class SessionInfo:
     eos_token_ids: tuple[int, ...]
     block_size: int
     protocol_version: int
+    #: Calls the worker lets this connection have in flight (its ``EBUSY`` caps).
+    max_in_flight: int = protocol.MAX_IN_FLIGHT
 
 
 class _EndOfStream(Exception):
@@ -68,10 +77,12 @@ class _EndOfStream(Exception):
 class _Call:
     """One request in flight: its reply once ``done``, and how to tell whoever waits for it."""
 
-    __slots__ = ("done", "error", "future", "op", "value", "wake")
+    __slots__ = ("done", "error", "future", "on_done", "op", "value", "wake")
 
-    def __init__(self, op: str, future: Future | None) -> None:
+    def __init__(self, op: str, future: Future | None, on_done: Any = None) -> None:
         self.op = op
+        #: Called once with the reply (gives back the call's in-flight slot).
+        self.on_done = on_done
         self.value: Any = None
         self.error: SymphonyError | None = None
         self.done = False
@@ -81,6 +92,9 @@ class _Call:
     def complete(self, value: Any, error: SymphonyError | None) -> None:
         self.value, self.error = value, error
         self.done = True  # before reading ``wake``: the waiter sets ``wake`` before re-checking
+        if self.on_done is not None:
+            on_done, self.on_done = self.on_done, None
+            on_done()
         if self.future is not None and not self.future.done():
             if error is not None:
                 self.future.set_exception(error)
@@ -115,7 +129,12 @@ class Connection:
         self._reader_lock = threading.Lock()
         #: Dist handles whose Python objects died; released in one batch with a later call.
         self.deferred_releases: deque[int] = deque()
+        self._release_in_flight = False
         self.info: SessionInfo | None = None
+        #: In-flight slots (set from ``hello``); see the module docstring.
+        self.admission = Admission(protocol.MAX_IN_FLIGHT - 1)
+        #: Whether a call finding every slot taken waits (default) or raises ``Busy`` at once.
+        self.wait_for_room = True
 
     # ------------------------------------------------------------------ lifecycle
     @classmethod
@@ -143,25 +162,30 @@ class Connection:
 
     def _hello(self, token: str) -> None:
         """Synchronous handshake before any other call (nothing else is in flight)."""
-        self._sock.sendall(protocol.pack(protocol.request(0, "hello", {"token": token})))
+        hello = protocol.Hello(token=token)
+        self._sock.sendall(protocol.pack(protocol.request(0, hello.OP, hello.to_wire())))
         try:
             _, value, error = protocol.parse_reply(protocol.unpack_body(self._read_frame()))
         except (_EndOfStream, OSError):
             raise ConnectionLost("worker closed the connection during hello", op="hello") from None
         if error is not None:
             raise from_wire(error.code, error.message, "hello")
+        reply = protocol.HelloReply.from_wire(value)
         self.info = SessionInfo(
-            session_id=value["session_id"],
-            tenant=value["tenant"],
-            run_id=value.get("run_id", ""),
-            vocab_size=int(value["vocab_size"]),
-            eos_token_ids=tuple(value["eos_token_ids"]),
-            block_size=int(value["block_size"]),
-            protocol_version=int(value.get("protocol_version", 1)),
+            session_id=reply.session_id,
+            tenant=reply.tenant,
+            run_id=reply.run_id or "",
+            vocab_size=int(reply.vocab_size),
+            eos_token_ids=tuple(reply.eos_token_ids),
+            block_size=int(reply.block_size),
+            protocol_version=int(reply.protocol_version or 1),
+            max_in_flight=int(reply.max_in_flight),
         )
+        self.admission = Admission(max(1, self.info.max_in_flight - 1))
 
     def close(self) -> None:
-        """Close the socket; calls still waiting fail with :class:`ConnectionLost`."""
+        """Close the socket; calls still waiting (for a reply or for room) fail with
+        :class:`ConnectionLost`."""
         self._fail_all(ConnectionLost("connection closed by the program"))
         try:
             self._sock.shutdown(socket.SHUT_RDWR)
@@ -190,14 +214,17 @@ class Connection:
         self._start_reader()
         return fut
 
-    def call(self, op: str, args: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
+    def call(
+        self, op: str, args: dict[str, Any] | None = None, timeout: float | None = None, wait: bool | None = None
+    ) -> Any:
         """Send one request and block until its reply (other threads may call meanwhile);
-        ``TimeoutError`` after ``timeout`` seconds."""
-        req_id, call = self._send(op, args, None)
+        ``TimeoutError`` after ``timeout`` seconds (waiting for room included). With every
+        in-flight slot taken the call waits its turn, or raises ``Busy`` at once when ``wait``
+        is false (default: :attr:`wait_for_room`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        req_id, call = self._send(op, args, None, wait, deadline)
         self._await(req_id, call, deadline)
-        if not call.done:
-            self._pending.pop(req_id, None)
+        if not call.done:  # its late reply is still routed (and frees its slot)
             raise TimeoutError(f"no reply to {op} within {timeout} s")
         return call.result()
 
@@ -214,6 +241,21 @@ class Connection:
             return []
         if self._closed is not None:
             raise self._closed
+        # More requests than the in-flight cap go in several writes, each awaited before the
+        # next is admitted (nobody else would read its replies while this thread waits for room).
+        sent: list[tuple[int, _Call]] = []
+        cap = self.admission.cap
+        for start in range(0, len(requests), cap):
+            group = self._send_group(requests[start : start + cap])
+            for req_id, call in group:
+                self._await(req_id, call, None)
+            sent.extend(group)
+        for _, call in sent:
+            if call.error is not None:
+                raise call.error
+        return [call.value for _, call in sent]
+
+    def _send_group(self, requests: Sequence[tuple[str, dict[str, Any] | None]]) -> list[tuple[int, _Call]]:
         frames: list[bytes] = []
         sent: list[tuple[int, _Call]] = []
         for op, args in requests:
@@ -222,25 +264,36 @@ class Connection:
                 frames.append(protocol.pack(protocol.request(req_id, op, args)))
             except protocol.ProtocolError as exc:
                 raise from_wire(exc.code, exc.message, op) from None
-            sent.append((req_id, _Call(op, None)))
+            sent.append((req_id, _Call(op, None, self.admission.release)))
+        self.admission.acquire(len(sent), wait=self.wait_for_room, op=requests[0][0])
         self._register_and_write(sent, b"".join(frames))
-        for req_id, call in sent:
-            self._await(req_id, call, None)
-        for _, call in sent:
-            if call.error is not None:
-                raise call.error
-        return [call.value for _, call in sent]
+        return sent
 
     def flush_releases(self) -> None:
         """Release Dist handles whose objects were garbage-collected (one fire-and-forget call:
         its reply is read by whoever reads next)."""
+        if self._release_in_flight or not self.deferred_releases or self._closed is not None:
+            return  # one at a time, in the slot kept for it; the ids wait for the next call
         ids: list[int] = []
         while self.deferred_releases and len(ids) < 4096:
             ids.append(self.deferred_releases.popleft())
-        if ids and self._closed is None:
-            self._send("dist_release", {"dists": ids}, None)
+        self._release_in_flight = True
+        req_id = next(self._ids)
+        call = _Call("dist_release", None, self._release_done)
+        frame = protocol.pack(protocol.request(req_id, "dist_release", {"dists": ids}))
+        self._register_and_write([(req_id, call)], frame)
 
-    def _send(self, op: str, args: dict[str, Any] | None, future: Future | None) -> tuple[int, _Call]:
+    def _release_done(self) -> None:
+        self._release_in_flight = False
+
+    def _send(
+        self,
+        op: str,
+        args: dict[str, Any] | None,
+        future: Future | None,
+        wait: bool | None = None,
+        deadline: float | None = None,
+    ) -> tuple[int, _Call]:
         if self._closed is not None:
             raise self._closed
         req_id = next(self._ids)
@@ -248,7 +301,8 @@ class Connection:
             frame = protocol.pack(protocol.request(req_id, op, args))
         except protocol.ProtocolError as exc:
             raise from_wire(exc.code, exc.message, op) from None
-        call = _Call(op, future)
+        self.admission.acquire(1, wait=self.wait_for_room if wait is None else wait, deadline=deadline, op=op)
+        call = _Call(op, future, self.admission.release)
         self._register_and_write([(req_id, call)], frame)
         return req_id, call
 
@@ -257,14 +311,56 @@ class Connection:
         for req_id, call in calls:
             self._pending[req_id] = call
         if self._closed is not None:  # closed after the first check: _fail_all may have missed it
-            for req_id, _ in calls:
-                self._pending.pop(req_id, None)
+            for req_id, call in calls:
+                if self._pending.pop(req_id, None) is not None:
+                    call.complete(None, self._closed)  # gives its slot back
             raise self._closed
         try:
             with self._send_lock:
-                self._sock.sendall(data)
+                self._write(data)
         except OSError as exc:
             self._fail_all(ConnectionLost(f"session socket failed: {exc}"))
+        except protocol.ProtocolError as exc:
+            self._fail_all(ConnectionLost(f"undecodable reply from the worker: {exc}"))
+
+    def _write(self, data: bytes) -> None:
+        """Write ``data`` whole, reading replies while the socket is full.
+
+        The worker stops reading a connection whose replies go unread (back-pressure), so a
+        writer that only waited for room could wait forever on replies nobody reads: a large
+        ``call_many`` is written before its replies are read. One non-blocking send is the common
+        case (one system call, as ``sendall``)."""
+        view = memoryview(data)
+        while view and self._closed is None:
+            try:
+                view = view[self._sock.send(view, socket.MSG_DONTWAIT) :]
+            except BlockingIOError:
+                pass
+            if view:
+                self._wait_writable()
+
+    def _wait_writable(self) -> None:
+        """Until the socket takes more bytes; meanwhile read and route replies if no other thread
+        holds the reading role (one that does reads them anyway)."""
+        if not self._role.acquire(blocking=False):
+            select.select([], [self._sock], [], 0.05)
+            return
+        try:
+            readable, _, _ = select.select([self._sock], [self._sock], [])
+            if not readable:
+                return
+            try:
+                chunk = self._sock.recv(READ_CHUNK, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return
+            if not chunk:
+                raise ConnectionResetError("the worker closed the session connection")
+            self._rbuf.extend(chunk)
+            while (body := self._buffered_frame()) is not None:
+                self._route(body)
+        finally:
+            self._role.release()
+            self._wake_a_waiter()
 
     # ------------------------------------------------------------ the reading role
     def _await(self, req_id: int, call: _Call, deadline: float | None) -> None:
@@ -344,8 +440,11 @@ class Connection:
         call = self._pending.pop(req_id, None) if isinstance(req_id, int) else None
         if call is None:
             if err is not None and req_id is None:
-                # An error not tied to a request (e.g. bad frame): the worker may close next.
+                # An error the worker could not tie to a request (a frame it could not read, a
+                # limit of the connection): no reply to any call in flight can be trusted to come,
+                # so each fails with it now instead of hanging until the run's deadline.
                 self._unsolicited = from_wire(err.code, err.message)
+                self._fail_all(self._unsolicited)
             return
         call.complete(value, from_wire(err.code, err.message, call.op) if err is not None else None)
 
@@ -370,6 +469,7 @@ class Connection:
         if self._closed is None:
             self._closed = error  # before the snapshot: ``_send`` re-checks after registering
         error = self._closed
+        self.admission.fail(error)
         for req_id in list(self._pending):
             call = self._pending.pop(req_id, None)
             if call is not None and not call.done:

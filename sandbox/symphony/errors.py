@@ -78,10 +78,60 @@ class InternalError(SymphonyError):
     code = ErrorCode.INTERNAL
 
 
+class ChannelFull(NoSpace):
+    """A channel's queue (or a subscriber's) holds its bound of unread messages, or the tenant's
+    unread channel bytes are at theirs: receivers must read some first (``reason``: ``channel_full``)."""
+
+    code = ErrorCode.CHANNEL_FULL
+    reason = "channel_full"
+
+
+class MessageTooLarge(InvalidArgument):
+    """One channel message over ``MAX_CHANNEL_MESSAGE_BYTES`` as JSON (``message_too_large``)."""
+
+    code = ErrorCode.MESSAGE_TOO_LARGE
+    reason = "message_too_large"
+
+
+class TooManyChannels(NoSpace):
+    """The run tree's channels, or this run's subscriptions, are at their bound (``too_many_channels``)."""
+
+    code = ErrorCode.TOO_MANY_CHANNELS
+    reason = "too_many_channels"
+
+
+class ChannelClosed(SymphonyError):
+    """The channel was closed (and is drained), the subscription dropped, or the run's session or
+    tree ended (``channel_closed``)."""
+
+    code = ErrorCode.CHANNEL_CLOSED
+    reason = "channel_closed"
+
+
+class ChannelTimeout(SymphonyError, TimeoutError):
+    """``recv(timeout=...)`` passed with no message (``channel_timeout``). The run's own deadline
+    passing while it waits raises :class:`DeadlineExceeded` instead."""
+
+    code = ErrorCode.CHANNEL_TIMEOUT
+    reason = "channel_timeout"
+
+
 class ConnectionLost(SymphonyError, ConnectionError):
     """The session socket closed (the worker ended the session, or the connection failed)."""
 
     code = "ECONNLOST"
+
+
+class ChildFailed(SymphonyError):
+    """``Child.wait()`` on a child run that did not succeed: ``status`` is its final status
+    (``failed``, ``timed_out``, ``cancelled``) and ``error`` the error it ended with."""
+
+    code = "ECHILD"
+
+    def __init__(self, child: str, status: str, error: str = "") -> None:
+        said = f": {error}" if error else ""
+        super().__init__(f"child run {child} {status}{said}", op="child_wait")
+        self.child, self.status, self.error = child, status, error
 
 
 _BY_CODE: dict[str, type[SymphonyError]] = {
@@ -100,6 +150,11 @@ _BY_CODE: dict[str, type[SymphonyError]] = {
         DeadlineExceeded,
         IOFailed,
         InternalError,
+        ChannelFull,
+        MessageTooLarge,
+        TooManyChannels,
+        ChannelClosed,
+        ChannelTimeout,
     )
 }
 

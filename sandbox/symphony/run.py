@@ -37,6 +37,8 @@ ENV_ARGS = "SYMPHONY_ARGS"
 ENV_ARGS_FILE = "SYMPHONY_ARGS_FILE"
 ENV_TOKEN = "SYMPHONY_TOKEN"  # noqa: S105 - the name of the variable, not a secret
 ENV_RUN_ID = "SYMPHONY_RUN_ID"
+#: A spawned run's entry, ``module:function`` (also read from ``entry.json`` next to the args file).
+ENV_ENTRY = "SYMPHONY_ENTRY"
 MAX_ERROR_CHARS = 8000
 
 EXIT_OK = 0
@@ -63,6 +65,27 @@ def load_args() -> Any:
         raise SetupError(f"cannot read program arguments: {exc}") from None
 
 
+def load_entry() -> tuple[str, str]:
+    """``(module, function)`` this run executes: a spawned run's entry (``entry.json`` staged
+    next to the args, or ``SYMPHONY_ENTRY``), else ``("", "main")``: the program's own main.
+    The control plane has checked and normalised it (``api/services/procs.py``)."""
+    raw = os.environ.get(ENV_ENTRY, "")
+    args_file = os.environ.get(ENV_ARGS_FILE)
+    if args_file:
+        path = os.path.join(os.path.dirname(args_file), "entry.json")
+        try:
+            with open(path, encoding="utf-8") as fh:
+                raw = json.load(fh)
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError) as exc:
+            raise SetupError(f"cannot read the run's entry: {exc}") from None
+    if not isinstance(raw, str):
+        raise SetupError("the run's entry must be a string")
+    module, _, function = raw.partition(":")
+    return module, function or "main"
+
+
 def _is_zip(path: str) -> bool:
     """Whether the program is a zip. ``zipfile`` is imported only for files that start like
     one (``PK``): importing it costs ~25 ms of a cold gVisor start, and most LIPs are one file."""
@@ -74,18 +97,23 @@ def _is_zip(path: str) -> bool:
     return zipfile.is_zipfile(path)
 
 
-def load_program(path: str) -> types.ModuleType:
-    """Import the LIP: a zip is put on ``sys.path`` and its ``main`` module imported."""
+def load_program(path: str, entry_module: str = "", function: str = "main") -> types.ModuleType:
+    """Import the LIP: a zip is put on ``sys.path`` and its ``main`` module imported (or the
+    spawned run's ``entry_module``); the module must define ``function``."""
     if not os.path.isfile(path):
         raise SetupError(f"program {path} does not exist")
     if _is_zip(path):
         sys.path.insert(0, path)
+        name = entry_module or "main"
         try:
-            module = importlib.import_module("main")
+            module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
-            if exc.name == "main":
-                raise SetupError("zip program has no top-level main module (main.py or main/)") from None
+            if exc.name == name:
+                where = f"entry module {name}" if entry_module else "top-level main module (main.py or main/)"
+                raise SetupError(f"zip program has no {where}") from None
             raise
+    elif entry_module:
+        raise SetupError(f"a single-file program has no module {entry_module!r} (spawn 'self:function' instead)")
     else:
         spec = importlib.util.spec_from_file_location("__lip__", path)
         if spec is None or spec.loader is None:
@@ -93,13 +121,13 @@ def load_program(path: str) -> types.ModuleType:
         module = importlib.util.module_from_spec(spec)
         sys.modules["__lip__"] = module
         spec.loader.exec_module(module)
-    if not callable(getattr(module, "main", None)):
-        raise SetupError("program defines no main(args) function")
+    if not callable(getattr(module, function, None)):
+        raise SetupError(f"program defines no {function}(args) function")
     return module
 
 
-def call_main(module: types.ModuleType, args: Any) -> Any:
-    fn = module.main
+def call_main(module: types.ModuleType, args: Any, function: str = "main") -> Any:
+    fn = getattr(module, function)
     if inspect.iscoroutinefunction(fn):
         import asyncio  # only for async programs: ~50 ms of a cold gVisor start otherwise
 
@@ -159,18 +187,19 @@ def run(path: str, on_connected: Callable[[], None] | None = None, records: list
 
     try:
         args = load_args()
+        entry_module, function = load_entry()
         session = symphony.connect()
         symphony.set_session(session)
         if on_connected is not None:
             on_connected()
-        module = load_program(path)
+        module = load_program(path, entry_module, function)
     except Exception as exc:
         msg = str(exc) if isinstance(exc, SetupError | symphony.SymphonyError) else error_summary(exc)
         _finish(session, None, msg)
         emit({"ok": False, "error": msg, "setup": True})
         return EXIT_SETUP_FAILED
     try:
-        result = call_main(module, args)
+        result = call_main(module, args, function)
         json.dumps(result, allow_nan=False)  # the result must be JSON: fail here, clearly, not later
     except SystemExit as exc:
         if exc.code in (None, 0):

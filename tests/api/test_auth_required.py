@@ -24,6 +24,9 @@ PUBLIC = {
     "api/v1/auth/password-reset",
     "api/v1/auth/password-reset/confirm",
     "api/v1/auth/email/confirm",
+    # OpenAI-shaped 404s to everyone (nothing behind them): embeddings, unknown /v1 routes.
+    "v1/embeddings",
+    "v1/^(?P<rest>.*)",
 }
 SAMPLE_ARGS = {
     "pk": "1",

@@ -38,6 +38,24 @@ def test_the_flag_ends_the_session_once_and_the_executor_gets_that_ending():
     assert len(calls) == 1
 
 
+def test_a_watch_never_closes_the_shared_redis_client_other_runs_are_using(settings):
+    """Several runs execute in one process (a Celery thread pool, the web process's in-process
+    built-in runs): a watch that closed the process's shared client at its end disconnected
+    every pooled connection, and another run's ``publish_end`` then failed with EBADF."""
+    from api import redis_client
+    from api.services.cancellation import POLL_S
+
+    client = redis_client.shared(settings.REDIS_URL)
+    in_use = client.connection_pool.get_connection()
+    try:
+        in_use.send_command("BLPOP", f"test:nothing:{uuid.uuid4()}", 3)  # another run's command, in flight
+        with CancelWatch(str(uuid.uuid4()), lambda: None):
+            time.sleep(POLL_S * 2)
+        assert in_use.read_response() is None  # its reply (BLPOP's timeout), not a closed socket
+    finally:
+        client.connection_pool.release(in_use)
+
+
 def test_without_a_cancel_the_executor_ends_the_session_itself():
     end, calls = _counting()
     with CancelWatch(str(uuid.uuid4()), end) as watch:
@@ -55,6 +73,22 @@ def test_a_failed_ending_is_reported_to_the_executor_and_not_retried():
         with pytest.raises(ConnectionError, match="worker gone"):
             watch.end_session()
     assert len(calls) == 1
+
+
+def test_a_watch_that_ends_leaves_other_threads_redis_connections_alone():
+    """The watch polls with the process's shared client; closing it when the watch ended
+    disconnected every connection of the pool, a command of another thread included (a run
+    tree's executors share one process: a cancel's flag could fail to be set)."""
+    from api.services import cancellation
+
+    pool = cancellation._redis().connection_pool
+    conn = pool.get_connection("PING")
+    try:
+        with CancelWatch(str(uuid.uuid4()), lambda: None):
+            time.sleep(cancellation.POLL_S * 2)
+        assert conn._sock is not None  # still connected: a command in flight on it would survive
+    finally:
+        pool.release(conn)
 
 
 @pytest.mark.django_db

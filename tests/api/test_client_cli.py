@@ -1,18 +1,25 @@
 """The ``symphony`` CLI against the real ASGI app: login (saved 0600), programs push (new program,
-then a new version), idempotent run, events, cancel, kv ls/rm, usage, and clear errors."""
+then a new version), idempotent run, events, cancel, kv ls/rm, usage, and clear errors; following
+a run (text on stdout, the rest on stderr, its status as the exit code, Ctrl-C), runs ls/show;
+the Python client's list_runs and wait."""
 
 from __future__ import annotations
 
 import json
 import os
+import pty
+import signal
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
-from api.models import KVFile, ProgramVersion, Run
-from api.services.runs import publish_event
+from api.models import KVFile, Program, ProgramVersion, Run
+from api.services import programs
+from api.services.runs import publish_end, publish_event
+from gpu_worker.contracts import EndEvent, MessageEvent, StatusEvent, TokenEvent
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
@@ -23,15 +30,44 @@ def cli(tmp_path, settings):
     settings.SYMPHONY_WORKER_ADMIN_SOCKET = str(tmp_path / "absent.sock")
     config = tmp_path / "config.json"
 
-    def run(*argv: str, key: str | None = None, url: str | None = None) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SYMPHONY_")}
-        env.update(PYTHONPATH=str(ROOT / "client"), SYMPHONY_CONFIG=str(config))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SYMPHONY_")}
+    env.update(PYTHONPATH=str(ROOT / "client"), SYMPHONY_CONFIG=str(config))
+
+    def command(argv: tuple[str, ...], key: str | None, url: str | None) -> list[str]:
         flags = [*(["--url", url] if url else []), *(["--api-key", key] if key else [])]
-        cmd = [sys.executable, "-m", "symphony_client", *flags, *argv]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+        return [sys.executable, "-m", "symphony_client", *flags, *argv]
+
+    def run(*argv: str, key: str | None = None, url: str | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(command(argv, key, url), env=env, capture_output=True, text=True, timeout=60)
+
+    def start(*argv: str, key: str | None = None, url: str | None = None, stdin=subprocess.DEVNULL) -> subprocess.Popen:
+        """The CLI left running (a follow), for the test to feed events and signal it."""
+        return subprocess.Popen(
+            command(argv, key, url), env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
 
     run.config = config
+    run.start = start
     return run
+
+
+@pytest.fixture
+def logged_in(cli, api_asgi_server, api_tenant_a):
+    assert cli("login", "--url", api_asgi_server, "--api-key", api_tenant_a.key_secret).returncode == 0
+    return cli
+
+
+@pytest.fixture
+def program(api_tenant_a) -> Program:
+    prog = Program.objects.create(tenant=api_tenant_a.tenant, name="echo")
+    programs.add_version(prog, "echo.py", b"def main(args):\n    return args\n")
+    return prog
+
+
+def _end(run_id: str, status: str, error: str = "", result: object = None) -> None:
+    """End the run as its executor does: the row's final status, then ``status``/``end`` events."""
+    Run.objects.filter(pk=run_id).update(status=status, error=error, result=result)
+    publish_end(Run.objects.get(pk=run_id))
 
 
 def test_cli_round_trip(cli, api_asgi_server, api_tenant_a, tmp_path):
@@ -54,13 +90,17 @@ def test_cli_round_trip(cli, api_asgi_server, api_tenant_a, tmp_path):
     assert [p["name"] for p in json.loads(cli("programs", "ls").stdout)] == ["hello"]
 
     run_one = cli("run", str(first["program"]), "--args", '{"x": 1}', "--idempotency-key", "k1")
-    again = cli("run", str(first["program"]), "--idempotency-key", "k1")
+    again = cli("run", str(first["program"]), "--args", '{"x": 1}', "--idempotency-key", "k1")
     run_id = json.loads(run_one.stdout)["id"]
     assert json.loads(again.stdout)["id"] == run_id and Run.objects.count() == 1
-    publish_event(run_id, "token", {"text": "Hi"})
-    publish_event(run_id, "end", {"status": "succeeded"})
-    events = cli("events", run_id)
-    assert events.stdout.startswith("Hi") and '"event": "end"' in events.stdout
+    other = cli("run", str(first["program"]), "--args", '{"x": 2}', "--idempotency-key", "k1")
+    assert other.returncode == 1 and "422 idempotency_mismatch" in other.stderr and run_id in other.stderr
+    publish_event(run_id, TokenEvent("Hi"))
+    publish_event(run_id, EndEvent("succeeded"))
+    events = cli("events", run_id)  # the program's text alone on stdout, the rest on stderr
+    assert (events.returncode, events.stdout) == (0, "Hi\n") and f"run {run_id} succeeded" in events.stderr
+    lines = [json.loads(line) for line in cli("follow", run_id, "--json").stdout.splitlines()]
+    assert [line["event"] for line in lines] == ["token", "end", "run"] and lines[0]["data"] == {"text": "Hi"}
     assert json.loads(cli("cancel", run_id).stdout)["status"] == "cancelled"
 
     KVFile.objects.create(tenant=api_tenant_a.tenant, worker="local", name="doc", residency="disk")
@@ -103,3 +143,149 @@ def test_client_meets_the_tenant_request_rate_of_the_real_app(api_asgi_server, a
     assert (refused.value.status, refused.value.code) == (429, "throttled")
     assert "allows 2 API requests per minute" in refused.value.message
     cache.clear()
+
+
+@pytest.mark.parametrize(("status", "code"), [("succeeded", 0), ("failed", 1), ("cancelled", 3), ("timed_out", 4)])
+def test_follow_exits_with_the_runs_status(logged_in, api_tenant_a, program, status, code):
+    """A script can tell a failed run from a good one by the exit code alone (it was 0 for all)."""
+    run_id = json.loads(logged_in("run", str(program.pk)).stdout)["id"]
+    _end(run_id, status, error="" if status == "succeeded" else "it went wrong")
+    followed = logged_in("follow", run_id)
+    assert followed.returncode == code, followed.stderr
+    assert f"run {run_id} {status}" in followed.stderr and "Traceback" not in followed.stderr
+
+
+def test_run_follow_prints_the_text_to_stdout_and_the_progress_to_stderr(logged_in, program):
+    following = logged_in.start("run", str(program.pk), "--args", '{"prompt": "capital?"}', "--follow")
+    first = following.stderr.readline()  # "run <id> queued (program ...)", before any event
+    assert first.startswith("run ") and " queued " in first, first
+    run_id = first.split()[1]
+    assert Run.objects.get(pk=run_id).args == {"prompt": "capital?"}
+    publish_event(run_id, StatusEvent("running"))
+    for text in ("Par", "is."):
+        publish_event(run_id, TokenEvent(text))
+    publish_event(run_id, MessageEvent({"source": "wiki"}))
+    _end(run_id, "failed", error="deadline passed", result={"partial": True})
+    out, err = following.communicate(timeout=60)
+    assert following.returncode == 1, err
+    assert out == 'Paris.\n{"source": "wiki"}\n'  # no event JSON among the program's text
+    assert f"run {run_id}: running" in err and f"run {run_id} failed after" in err and "deadline passed" in err
+    assert 'result: {"partial": true}' in err
+
+
+def test_ctrl_c_while_following_without_a_terminal_says_how_to_reattach(logged_in, program):
+    """stdin is not a terminal: no question, the run goes on, exit 130 without a traceback."""
+    run_id = json.loads(logged_in("run", str(program.pk)).stdout)["id"]
+    publish_event(run_id, TokenEvent("thinking\n"))
+    following = logged_in.start("follow", run_id)
+    assert following.stdout.readline() == "thinking\n"  # attached and streaming
+    following.send_signal(signal.SIGINT)
+    _, err = following.communicate(timeout=30)
+    assert following.returncode == 130, err
+    assert f"symphony follow {run_id}" in err and "Traceback" not in err and "cancel run" not in err
+    assert Run.objects.get(pk=run_id).status == "queued"
+
+
+def test_ctrl_c_while_following_from_a_terminal_offers_to_cancel(logged_in, program):
+    run_id = json.loads(logged_in("run", str(program.pk)).stdout)["id"]
+    publish_event(run_id, TokenEvent("thinking\n"))
+    terminal, stdin = pty.openpty()
+    try:
+        following = logged_in.start("follow", run_id, stdin=stdin)
+        assert following.stdout.readline() == "thinking\n"
+        following.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + 30
+        asked = ""
+        while f"cancel run {run_id}? [y/N]" not in asked and time.monotonic() < deadline:
+            asked += following.stderr.read(1)
+        os.write(terminal, b"y\n")
+        _, err = following.communicate(timeout=30)
+    finally:
+        os.close(terminal)
+        os.close(stdin)
+    assert following.returncode == 130, asked + err
+    assert f"run {run_id} cancelled" in err and "Traceback" not in asked + err
+    assert Run.objects.get(pk=run_id).status == "cancelled"
+
+
+def test_runs_ls_and_show(logged_in, program):
+    ids = []
+    for n in range(3):  # the free plan runs two at a time: the first has ended when the third starts
+        ids.append(json.loads(logged_in("run", str(program.pk), "--args", json.dumps({"n": n})).stdout)["id"])
+        if n == 0:
+            _end(ids[0], "failed", error="boom")
+    listed = json.loads(logged_in("runs", "ls").stdout)  # a pipe: JSON, as scripts read it
+    assert [run["id"] for run in listed] == ids[::-1]
+    assert [run["id"] for run in json.loads(logged_in("runs", "ls", "--limit", "2", "--json").stdout)] == ids[:0:-1]
+    assert [run["id"] for run in json.loads(logged_in("runs", "ls", "--status", "failed").stdout)] == ids[:1]
+    table = logged_in("runs", "ls", "--human").stdout.splitlines()
+    assert table[0].split() == ["ID", "STATUS", "PROGRAM", "PROGRAM", "ID", "VERSION", "CREATED", "ERROR"]
+    row = table[-1].split()[:5]
+    assert row == [ids[0], "failed", program.name, str(program.pk), "1"] and table[-1].endswith("boom")
+    assert json.loads(logged_in("runs", "show", ids[1]).stdout)["args"] == {"n": 1}
+    shown = logged_in("runs", "show", ids[0], "--human").stdout
+    # One "key  value" line per field, keys padded to the longest (program_name).
+    fields = dict(line.split(None, 1) for line in shown.splitlines() if line.strip())
+    assert fields["id"] == ids[0] and fields["error"] == "boom" and fields["program_name"] == "echo", shown
+    bad = logged_in("runs", "ls", "--limit", "0")
+    assert bad.returncode == 2 and "--limit" in bad.stderr
+
+
+def test_runs_show_has_the_runs_usage_timings_and_cost(logged_in, program):
+    from api.services.runs import RunOutcome, finish_run, start_run
+
+    run_id = json.loads(logged_in("run", str(program.pk)).stdout)["id"]
+    waiting = logged_in("runs", "show", run_id, "--human").stdout
+    assert "usage" in waiting and "(recorded when the run ends)" in waiting
+    start_run(run_id, "local")
+    usage = {"prefill_tokens": 120, "decode_tokens": 30, "pred_calls": 31, "forwards": 29, "sandbox_seconds": 1.5}
+    finish_run(run_id, RunOutcome(status="succeeded", result="ok", usage=usage))
+    shown = json.loads(logged_in("runs", "show", run_id).stdout)
+    assert shown["usage"]["decode_tokens"] == 30 and shown["usage"]["forwards"] == 29
+    assert shown["timings"]["queue_wait_s"] >= 0
+    lines = logged_in("runs", "show", run_id, "--human").stdout.splitlines()
+    assert any(line.split() == ["prefill_tokens", "120"] for line in lines), lines
+    assert any(line.split() == ["forwards", "29"] for line in lines), lines
+    cost = next(line for line in lines if line.startswith("cost"))
+    assert cost.split()[2] == "USD" and float(cost.split()[1]) > 0
+    assert any(line.startswith("time_to_first_token_s") and line.split()[1] == "-" for line in lines)
+
+
+def test_bad_arguments_are_reported_before_anything_is_sent(logged_in, program, tmp_path):
+    source = tmp_path / "fresh.py"
+    source.write_text("def main(args):\n    return args\n")
+    for flag, value, says in (
+        ("--args", "{prompt: hi}", "--args is not valid JSON"),
+        ("--args", '["hi"]', "--args must be a JSON object"),
+        ("--limits", "64", "--limits must be a JSON object"),
+    ):
+        refused = logged_in("run", str(source), flag, value)
+        assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+    assert not Program.objects.filter(name="fresh").exists() and not Run.objects.exists()
+    # The API's per-field detail, not its generic "request failed".
+    invalid = logged_in("run", str(program.pk), "--limits", '{"max_tokens": "many"}')
+    assert invalid.returncode == 1 and "400 invalid: limits.max_tokens:" in invalid.stderr, invalid.stderr
+    helped = logged_in("--help")
+    assert helped.returncode == 0 and "examples:" in helped.stdout and "exit codes:" in helped.stdout
+    assert "symphony run prog.py" in logged_in("run", "--help").stdout
+
+
+def test_python_client_lists_and_waits_for_runs(api_asgi_server, api_tenant_a, program, tmp_path):
+    from symphony_client import Client, Pushed
+
+    source = tmp_path / "echo.py"
+    source.write_text("def main(args):\n    return args\n")
+    with Client(api_asgi_server, api_tenant_a.key_secret) as client:
+        pushed = client.push_program(source)
+        assert isinstance(pushed, Pushed) and (pushed.program["id"], pushed.version) == (program.pk, 1)
+        runs = [client.create_run(program.pk, {"n": n}) for n in range(2)]
+        assert [r["id"] for r in client.list_runs()] == [r["id"] for r in reversed(runs)]
+        assert [r["id"] for r in client.list_runs(limit=1)] == [runs[-1]["id"]]
+        assert client.list_runs(status="succeeded") == []
+        started = time.monotonic()
+        with pytest.raises(TimeoutError, match="still queued"):
+            client.wait(runs[0], timeout=1)
+        assert time.monotonic() - started < 5
+        _end(runs[0]["id"], "succeeded", result={"n": 0})
+        done = client.wait(runs[0]["id"], timeout=10)
+        assert (done["status"], done["result"]) == ("succeeded", {"n": 0})

@@ -19,6 +19,7 @@ from api.models import Program, Run
 from api.services import programs
 from api.services.keys import issue_key
 from api.services.runs import RunOutcome, create_run, finish_run, publish_event
+from gpu_worker.contracts import EndEvent, TokenEvent
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -62,9 +63,9 @@ def test_sse_streams_resumes_and_is_tenant_scoped(api_asgi_server, api_tenant_a,
     prog = Program.objects.create(tenant=api_tenant_a.tenant, name="p")
     programs.add_version(prog, "p.py", b"def main(a):\n    return 1\n")
     run, _ = create_run(api_tenant_a.tenant, prog, None, {}, {})
-    publish_event(str(run.pk), "token", {"text": "Hel"})
-    publish_event(str(run.pk), "token", {"text": "lo"})
-    publish_event(str(run.pk), "end", {"status": "succeeded"})
+    publish_event(str(run.pk), TokenEvent("Hel"))
+    publish_event(str(run.pk), TokenEvent("lo"))
+    publish_event(str(run.pk), EndEvent("succeeded"))
     url = f"{api_asgi_server}/api/v1/runs/{run.pk}/events"
     body = _get(url, api_tenant_a.key_secret)
     events = [block for block in body.split("\n\n") if block.startswith("id:")]
@@ -79,7 +80,7 @@ def test_sse_streams_resumes_and_is_tenant_scoped(api_asgi_server, api_tenant_a,
 
 
 def test_a_finished_run_replays_at_once_then_204_and_its_stream_expires(api_asgi_server, api_tenant_a, run_of_a):
-    publish_event(str(run_of_a.pk), "token", {"text": "Hi"})
+    publish_event(str(run_of_a.pk), TokenEvent("Hi"))
     finish_run(str(run_of_a.pk), RunOutcome(status="succeeded", result={"answer": 42}))
     key = f"run:{run_of_a.pk}"
     ttl = redis.Redis.from_url(settings.REDIS_URL).ttl(key)
@@ -117,7 +118,7 @@ def test_a_finished_run_whose_stream_is_gone_is_answered_from_its_row(api_asgi_s
 def test_a_run_marked_finished_before_its_end_event_still_closes(api_asgi_server, api_tenant_a, run_of_a):
     """The row can be terminal a moment before the executor's ``end`` reaches Redis: the client
     gets what the stream has, then the closing events from the row, instead of waiting."""
-    publish_event(str(run_of_a.pk), "token", {"text": "a"})
+    publish_event(str(run_of_a.pk), TokenEvent("a"))
     Run.objects.filter(pk=run_of_a.pk).update(status="succeeded", result=7)
     events = _events(_get(f"{api_asgi_server}/api/v1/runs/{run_of_a.pk}/events", api_tenant_a.key_secret))
     assert [e["event"] for e in events] == ["token", "status", "end"]

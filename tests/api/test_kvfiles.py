@@ -39,3 +39,21 @@ def test_staff_evict_is_staff_only_and_not_audited_on_failure(api_tenant_a, api_
     assert [f["tenant"] for f in staff.get("/api/v1/admin/kv-files").json()["results"]] == ["alpha"]
     assert staff.post(f"/api/v1/admin/kv-files/{kv.pk}/evict").status_code == 503
     assert not AuditLog.objects.exists()
+
+
+def test_quota_shows_the_plans_kv_shares_and_the_file_count(api_tenant_a, kv):
+    """The free plan's shares from migration 0012, and the files the tenant has."""
+    body = api_tenant_a.key_client().get("/api/v1/quota").json()
+    limits = body["limits"]
+    assert (limits["kv_pinned_device_share"], limits["kv_host_share"], limits["max_kv_files"]) == (0.1, 0.1, 100)
+    assert body["use"]["kv_files"] == 1
+
+
+def test_last_used_is_iso_8601_like_every_other_timestamp(api_tenant_a, kv):
+    kv.last_used = 1767225600.25  # what the worker reports: Unix seconds
+    kv.save()
+    body = api_tenant_a.key_client().get(f"/api/v1/kv-files/{kv.pk}").json()
+    assert body["last_used"] == "2026-01-01T00:00:00.250000Z"
+    kv.last_used = None
+    kv.save()
+    assert api_tenant_a.key_client().get(f"/api/v1/kv-files/{kv.pk}").json()["last_used"] is None

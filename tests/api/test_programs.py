@@ -73,6 +73,26 @@ def test_upload_versions_and_source_over_http(api_tenant_a):
     assert client.get(f"/api/v1/programs/{pid}/versions/2/source").content == v2
 
 
+def test_uploading_the_latest_versions_bytes_again_makes_no_new_version(api_tenant_a):
+    client = api_tenant_a.key_client()
+    pid = client.post(
+        "/api/v1/programs", {"name": "same", "file": SimpleUploadedFile("same.py", GOOD)}, format="multipart"
+    ).json()["id"]
+
+    def upload(content: bytes):
+        return client.post(
+            f"/api/v1/programs/{pid}/versions", {"file": SimpleUploadedFile("v.py", content)}, format="multipart"
+        )
+
+    again = upload(GOOD)
+    assert again.status_code == 200 and again.json()["number"] == 1
+    changed = upload(GOOD + b"# changed\n")
+    assert changed.status_code == 201 and changed.json()["number"] == 2
+    back = upload(GOOD)  # an older version's bytes become the newest version
+    assert back.status_code == 201 and back.json()["number"] == 3
+    assert [v["number"] for v in client.get(f"/api/v1/programs/{pid}/versions").json()] == [1, 2, 3]
+
+
 @pytest.mark.django_db
 def test_deleting_a_program_takes_its_finished_runs_and_waits_for_unfinished_ones(
     api_tenant_a, api_tenant_b, django_capture_on_commit_callbacks
@@ -82,6 +102,7 @@ def test_deleting_a_program_takes_its_finished_runs_and_waits_for_unfinished_one
     the answer is 409 and nothing is deleted."""
     from api.models import UsageRecord
     from api.services.runs import RunOutcome, cancel_run, finish_run, publish_event, start_run
+    from gpu_worker.contracts import TokenEvent
 
     client = api_tenant_a.key_client()
     pid = client.post(
@@ -102,7 +123,7 @@ def test_deleting_a_program_takes_its_finished_runs_and_waits_for_unfinished_one
     assert api_tenant_b.key_client().delete(f"/api/v1/programs/{pid}").status_code == 404
 
     finish_run(str(running.pk), RunOutcome(status="failed", error="cancelled", usage={"decode_tokens": 2}))
-    publish_event(str(done.pk), "token", {"text": "x"})
+    publish_event(str(done.pk), TokenEvent("x"))
     with django_capture_on_commit_callbacks(execute=True):
         assert client.delete(f"/api/v1/programs/{pid}").status_code == 204
     assert not redis.Redis.from_url(settings.REDIS_URL).exists(f"run:{done.pk}")  # its event stream too

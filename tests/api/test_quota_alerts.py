@@ -12,7 +12,7 @@ from django.contrib.auth import get_user_model
 from django.core import mail as outbox
 
 from api.models import AuditLog, Membership, Plan, Program, QuotaNotice
-from api.services import mail, programs, quota_alerts
+from api.services import mail, programs, quota_alerts, quotas
 from api.services.runs import RunOutcome, create_run, finish_run, start_run
 from tests.conftest import at_once
 
@@ -125,5 +125,5 @@ def test_the_mail_goes_to_every_owner_and_says_when_the_quota_restarts(tenant, s
 
 
 def test_next_period_start_rolls_over_the_year():
-    assert quota_alerts.next_period_start(date(2026, 12, 31)) == date(2027, 1, 1)
-    assert quota_alerts.next_period_start(date(2026, 1, 15)) == date(2026, 2, 1)
+    assert quotas.next_period_start(date(2026, 12, 31)) == date(2027, 1, 1)
+    assert quotas.next_period_start(date(2026, 1, 15)) == date(2026, 2, 1)

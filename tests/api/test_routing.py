@@ -52,13 +52,15 @@ def test_kv_affinity_beats_free_pages_and_unhealthy_workers_are_skipped(heartbea
     assert routing.choose_worker(api_tenant_b.tenant) == "w2"
 
 
-def test_created_runs_record_their_target_worker(heartbeats, api_tenant_a, program, django_capture_on_commit_callbacks):
+def test_created_runs_record_their_target_worker(
+    heartbeats, api_tenant_a, program, django_capture_on_commit_callbacks, settings
+):
     heartbeats("w2", pages_free=50)
     with django_capture_on_commit_callbacks(execute=True):
         run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
     run.refresh_from_db()
     assert run.worker == "w2"
-    redis.Redis.from_url("redis://127.0.0.1:6379/1").delete("worker.w2")
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("worker.w2")
 
 
 def test_reaper_fails_runs_of_dead_workers_and_reroutes_their_queue(heartbeats, api_tenant_a, program, settings):
@@ -84,7 +86,7 @@ def test_reaper_fails_runs_of_dead_workers_and_reroutes_their_queue(heartbeats, 
     assert alive.status == "running"
     assert (waiting.status, waiting.worker) == ("queued", "w1")
     assert reap_orphaned_runs() == {"failed": 0, "rerouted": 0}
-    redis.Redis.from_url("redis://127.0.0.1:6379/1").delete("worker.w1")
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("worker.w1")
 
 
 def test_reaper_fails_runs_whose_executor_died_and_redelivery_spares_live_ones(heartbeats, api_tenant_a, program):

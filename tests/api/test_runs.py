@@ -34,6 +34,24 @@ def test_create_is_idempotent_and_merges_default_args(api_tenant_a, program):
     assert Run.objects.count() == 1
 
 
+def test_an_idempotency_key_reused_with_another_body_is_a_422(api_tenant_a, program):
+    """Answering the first run to a request with other args would drop them without a word."""
+    client = api_tenant_a.key_client()
+    body = {"program": program.pk, "args": {"b": 3}}
+    first = client.post("/api/v1/runs", body, format="json", HTTP_IDEMPOTENCY_KEY="k")
+    assert first.status_code == 201
+    for other in ({**body, "args": {"b": 4}}, {**body, "limits": {"max_tokens": 8}}, {**body, "version": 1}):
+        refused = client.post("/api/v1/runs", other, format="json", HTTP_IDEMPOTENCY_KEY="k")
+        assert refused.status_code == 422, (other, refused.content)
+        error = refused.json()["error"]
+        assert error["code"] == "idempotency_mismatch" and first.json()["id"] in error["message"]
+    # The same body with its keys in another order is the same request.
+    reordered = {"args": {"b": 3}, "program": program.pk}
+    same = client.post("/api/v1/runs", reordered, format="json", HTTP_IDEMPOTENCY_KEY="k")
+    assert same.status_code == 200 and same.json()["id"] == first.json()["id"]
+    assert Run.objects.count() == 1
+
+
 def test_an_idempotency_key_or_ids_past_their_columns_are_a_400(api_tenant_a, program):
     client = api_tenant_a.key_client()
     body = {"program": program.pk}
@@ -49,8 +67,15 @@ def test_an_idempotency_key_or_ids_past_their_columns_are_a_400(api_tenant_a, pr
 
 def test_quota_rejects_over_plan_requests(api_tenant_a, program):
     client = api_tenant_a.key_client()
+    # A per-request value past the plan is the request's fault: a 400 naming the field.
     response = client.post("/api/v1/runs", {"program": program.pk, "limits": {"max_tokens": 10**9}}, format="json")
-    assert response.status_code == 429 and response.json()["error"]["code"] == "quota_exceeded"
+    assert response.status_code == 400 and response.json()["error"]["code"] == "invalid", response.content
+    assert response.json()["error"]["detail"]["limits"]["max_tokens"] == [
+        "can be at most 4,096 tokens on this tenant's plan"
+    ]
+    response = client.post("/api/v1/runs", {"program": program.pk, "limits": {"deadline_s": 10**5}}, format="json")
+    assert response.status_code == 400 and "deadline_s" in response.json()["error"]["detail"]["limits"]
+    # A limit that frees up later (concurrent runs) stays a 429.
     for _ in range(2):
         create_run(api_tenant_a.tenant, program, None, {}, {})
     assert client.post("/api/v1/runs", {"program": program.pk}, format="json").status_code == 429
@@ -107,7 +132,11 @@ def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_ten
         "allowed_hosts": ["127.0.0.1:8765"],
         "max_pages": 32,
         "max_stored_bytes": 1 << 30,
+        "kv_pinned_share": 0.1,
+        "kv_host_share": 0.1,
+        "max_kv_files": 100,
         "weight": 1.0,
+        "max_stream_bytes": 16 * 1024 * 1024,
     }
     unbounded, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
     assert session_limits(unbounded)["deadline_s"] == 60.0
@@ -119,7 +148,7 @@ def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_ten
         program,
         None,
         {},
-        {"max_pages": 8, "max_kv_bytes": 1 << 20, "allowed_hosts": ["127.0.0.1:9000", "evil.example:80"]},
+        {"max_pages": 8, "max_kv_bytes": 1 << 20, "allowed_hosts": ["127.0.0.1:9000"]},
     )
     limits = session_limits(narrowed)
     assert limits["max_pages"] == 8 and limits["max_kv_bytes"] == 1 << 20
@@ -173,6 +202,16 @@ def test_list_filters_are_validated_and_pages_bounded(api_tenant_a, program):
     page = client.get(f"/api/v1/runs?limit={10**20}")
     assert page.status_code == 200 and page.json()["count"] == 1
     assert client.get(f"/api/v1/programs?limit={10**20}&offset={10**20}").status_code == 200
+    assert client.get("/api/v1/runs?limit=&offset=").status_code == 200
+
+
+@pytest.mark.parametrize("query", ["limit=-1", "limit=0", "limit=abc", "limit=1.5", "offset=-1", "offset=x"])
+def test_a_limit_or_offset_out_of_range_is_a_400_naming_it(api_tenant_a, query):
+    """DRF alone answers these with its default page, as if the parameter had not been sent."""
+    response = api_tenant_a.key_client().get(f"/api/v1/runs?{query}")
+    assert response.status_code == 400, response.content
+    error = response.json()["error"]
+    assert error["code"] == "invalid" and query.split("=")[0] in error["detail"], error
 
 
 def test_nul_characters_in_api_json_are_a_400_not_a_database_error(api_tenant_a, program):
@@ -294,6 +333,7 @@ def test_finished_runs_streams_without_retention_get_it_and_running_ones_are_lef
     import uuid
 
     from api.services.runs import expire_finished_streams, publish_event
+    from gpu_worker.contracts import TokenEvent
 
     r = redis.Redis.from_url(settings.REDIS_URL)
     finished, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
@@ -302,7 +342,7 @@ def test_finished_runs_streams_without_retention_get_it_and_running_ones_are_lef
     Run.objects.filter(pk=finished.pk).update(status="succeeded")  # ended before retention existed
     gone = uuid.uuid4()
     for run_id in (finished.pk, running.pk, gone):
-        publish_event(str(run_id), "token", {"text": "x"})
+        publish_event(str(run_id), TokenEvent("x"))
         assert r.ttl(f"run:{run_id}") == -1
     r.set("run:not-a-stream", "1")  # another type under the prefix is not touched
 
@@ -313,3 +353,54 @@ def test_finished_runs_streams_without_retention_get_it_and_running_ones_are_lef
     finish_run(str(running.pk), RunOutcome(status="succeeded"))
     assert r.ttl(f"run:{running.pk}") > 0
     r.delete("run:not-a-stream")
+
+
+def test_a_result_keeps_the_key_order_the_program_returned(api_tenant_a, program):
+    """Stored as ``json``, not ``jsonb`` (which sorts keys, shorter first)."""
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(run.pk), "local")
+    result = {"zeta": 1, "a": {"yy": 2, "b": 3}, "mid": [{"z": 1, "aa": 2}]}
+    finish_run(str(run.pk), RunOutcome(status="succeeded", result=result))
+    body = api_tenant_a.key_client().get(f"/api/v1/runs/{run.pk}").content.decode()
+    got = json.loads(body)["result"]
+    assert list(got) == ["zeta", "a", "mid"] and list(got["a"]) == ["yy", "b"] and list(got["mid"][0]) == ["z", "aa"]
+    end = redis.Redis.from_url(settings.REDIS_URL).xrange(f"run:{run.pk}")[-1][1][b"data"]
+    assert list(json.loads(end)["result"]) == ["zeta", "a", "mid"]
+
+
+def test_one_run_shows_its_usage_timings_and_cost_and_a_listing_does_not(api_tenant_a, program):
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    client = api_tenant_a.key_client()
+    queued = client.get(f"/api/v1/runs/{run.pk}").json()
+    assert queued["usage"] is None and queued["timings"]["queue_wait_s"] is None
+    start_run(str(run.pk), "local")
+    run.refresh_from_db()
+    first = run.started_at.timestamp() + 0.5
+    usage = {
+        "prefill_tokens": 1_000_000,
+        "decode_tokens": 20,
+        "pred_calls": 21,
+        "page_seconds": 2.5,
+        "sandbox_seconds": 1.25,
+        "streamed_bytes": 300,
+        "streamed_events": 20,
+        "cached_tokens": 64,
+        "forwards": 18,
+        "first_stream_at": first,
+    }
+    finish_run(str(run.pk), RunOutcome(status="succeeded", result={"ok": True}, usage=usage))
+    body = client.get(f"/api/v1/runs/{run.pk}").json()
+    got = body["usage"]
+    for key in ("prefill_tokens", "decode_tokens", "pred_calls", "streamed_events", "cached_tokens", "forwards"):
+        assert got[key] == usage[key], key
+    assert (got["page_seconds"], got["sandbox_seconds"], got["streamed_bytes"]) == (2.5, 1.25, 300)
+    # 1M prefill tokens at USD 0.10 per million is the largest line of the cost.
+    assert got["cost"]["currency"] == "USD" and got["cost"]["lines"]["prefill_tokens"] == "0.100000"
+    assert float(got["cost"]["total"]) > 0.1
+    timings = body["timings"]
+    assert timings["queue_wait_s"] >= 0 and timings["run_s"] >= 0
+    run.refresh_from_db()
+    assert run.first_output_at.timestamp() == pytest.approx(first, abs=1e-3)
+    assert timings["time_to_first_token_s"] == pytest.approx(timings["queue_wait_s"] + 0.5, abs=0.01)
+    listed = client.get("/api/v1/runs").json()["results"][0]
+    assert "usage" not in listed and "timings" not in listed

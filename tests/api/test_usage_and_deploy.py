@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 from api.models import Program
 from api.services import programs
 from api.services.runs import RunOutcome, create_run, finish_run
-from tests.conftest import ROOT
+from tests.conftest import ROOT, redis_db_url
 
 
 @pytest.mark.django_db
@@ -146,7 +146,7 @@ def test_stored_kv_is_billed_once_per_period_and_is_not_a_run(api_tenant_a, api_
     from api.models import KVFile
     from api.services.billing import KV_METER_PERIOD_S, invoice, meter_kv_storage, usage_by_day
 
-    settings.REDIS_URL = "redis://127.0.0.1:6379/9"
+    settings.REDIS_URL = redis_db_url(9)
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
     KVFile.objects.create(tenant=api_tenant_a.tenant, worker="w", name="a", residency="disk", bytes=3 << 30)
     KVFile.objects.create(tenant=api_tenant_a.tenant, worker="w", name="b", residency="host", bytes=1 << 30)

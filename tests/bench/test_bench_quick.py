@@ -68,6 +68,9 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
         ("b6", "b6_react", ("--serve-baseline", "1")),
         ("b7", "b7_mix", ()),
         ("b8", "b8_sandbox_start", ()),
+        ("b10", "b10_got", ()),
+        ("b11", "b11_multiturn", ()),
+        ("b12", "b12_scaleout", ()),
     ],
 )
 def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple[str, ...], tmp_path: Path) -> None:
@@ -75,12 +78,28 @@ def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple
     containers. B4's LIP itself fails the run when its
     forks copied prompt pages instead of sharing them, so a pass also proves copy-on-write.
     B6 also starts ``vllm serve`` (its spec baseline) and drives it over HTTP. B7 runs three
-    tenants on one worker; B8 starts cold and warm (pooled) gVisor sandboxes."""
+    tenants on one worker; B8 starts cold and warm (pooled) gVisor sandboxes; B10 runs
+    examples/graph_of_thought.py's graph against a client loop over ``vllm serve``; B11 drives the whole
+    control plane and ``vllm serve`` through the ``openai`` client; B12 runs B2's loop on
+    one worker and on two at once."""
     _bench(tmp_path, bench, "--reps", "1", *flags)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["failed"] == [] and set(summary["results"]) == {bench}
     _assert_ratios(bench, summary["results"][bench])
     detail = json.loads((tmp_path / f"{output}.json").read_text())
-    assert detail["memory"]["worker_peak_rss_mb"] > 0
+    if bench != "b12":  # B12 compares throughput only; its two workers' memory is not recorded
+        assert detail["memory"]["worker_peak_rss_mb"] > 0
     if bench == "b6":
         assert any(c["name"].endswith("vs vllm serve") for c in detail["comparisons"])
+    if bench == "b10":  # both sides did every level of every graph and reported their work
+        rate = detail["comparisons"][0]
+        assert rate["unit"] == "graphs/s" and all(0 <= a <= 1 for a in rate["same_pair_chosen"])
+        work = {c["name"]: c for c in detail["comparisons"][1:]}
+        for side in ("symphony", "baseline"):
+            prefilled = work["tokens prefilled per graph"][side]["median"]
+            assert 0 < prefilled < work["tokens computed per graph"][side]["median"]
+    if bench == "b11":  # both sides through the openai client; (b) waits for /v1/responses
+        names = [c["name"] for c in detail["comparisons"]]
+        assert names[:3] == ["(a) multi-turn chat", "(a) TTFT p50", "1-token request p50"], names
+        assert 0 <= detail["comparisons"][0]["vllm_cached_share"] <= 1
+        assert "(b) responses, previous_response_id" in names or detail["config"]["responses_skipped"]

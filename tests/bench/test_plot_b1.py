@@ -1,49 +1,54 @@
-"""The B1 plot's fallback source: the first B1 table of a RESULTS.md, not every table after it."""
+"""The B1 plot's sources: a run's JSON, and B1's committed record when no full-mode run is there."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from bench.plot_b1 import from_results_md
-
-RESULTS = """# Benchmark results
-
-## B1 RAG-Pareto
-
-### At the spec's size
-
-| alpha | distinct docs per rep | Symphony req/s (3 reps) | vLLM APC req/s (3 reps) | vLLM prompt cache hit | ratio |
-|---|---|---|---|---|---|
-| 0.5 | 54, 50, 54 | 3.57, 3.53, 3.39 | 0.88, 0.88, 0.80 | 0.35-0.39 | **4.03x** |
-| 3.0 | 4, 3, 5 | 4.00, 4.29, 4.86 | 3.13, 3.73, 4.06 | 0.91-0.97 | **1.15x** |
-| ingest 200 docs (once) | | 362.5 s | 305.8 s | | 1.19x (time) |
-
-### Scaled down
-
-| alpha | distinct docs | Symphony req/s (3 reps) | vLLM APC req/s (3 reps) | ratio |
-|---|---|---|---|---|
-| 0.5 | 9 | 2.53, 2.87, 2.84 | 1.11, 0.55, 1.17 | **2.56x** |
-
-## B2 completion
-
-| 1.0 | 7 | 1.0, 1.0 | 2.0, 2.0 | x |
-"""
+from bench import plot_b1
 
 
-def test_reads_only_the_first_b1_table(tmp_path: Path) -> None:
-    path = tmp_path / "RESULTS.md"
-    path.write_text(RESULTS)
-    curve = from_results_md(path)
+def _run(quick: bool) -> dict:
+    return {
+        "name": "b1_rag_pareto",
+        "started": "2026-11-25T00:10:00+0000",
+        "config": {"docs": 200, "doc_tokens": 1024, "requests": 64, "in_flight": 8, "quick": quick},
+        "comparisons": [
+            {"name": "ingest all documents", "unit": "s", "symphony": {"values": [1.0]}, "baseline": {"values": [2.0]}},
+            {
+                "name": "alpha 0.5",
+                "alpha": 0.5,
+                "unit": "req/s",
+                "symphony": {"values": [3.57, 3.53, 3.39]},
+                "baseline": {"values": [0.88, 0.88, 0.80]},
+            },
+            {
+                "name": "alpha 3.0",
+                "alpha": 3.0,
+                "unit": "req/s",
+                "symphony": {"values": [4.0, 4.29, 4.86]},
+                "baseline": {"values": [3.13, 3.73, 4.06]},
+            },
+        ],
+    }
+
+
+def test_reads_the_alpha_rows_of_a_run(tmp_path: Path) -> None:
+    path = tmp_path / "b1_rag_pareto.json"
+    path.write_text(json.dumps(_run(quick=False)))
+    curve = plot_b1.from_json(path)
     assert [p.alpha for p in curve.points] == [0.5, 3.0]
     assert curve.points[0].symphony == (3.57, 3.53, 3.39)
-    assert curve.points[1].baseline == (3.13, 3.73, 4.06)
     assert curve.points[0].ratio == pytest.approx(3.53 / 0.88)
+    assert "200 docs x 1024 tok" in curve.source and "2026-11-25" in curve.source
 
 
-def test_no_table_is_an_error(tmp_path: Path) -> None:
-    path = tmp_path / "RESULTS.md"
-    path.write_text("# Benchmark results\n\n## B1 RAG-Pareto\n\nnothing measured yet\n")
-    with pytest.raises(ValueError, match="no B1 table rows"):
-        from_results_md(path)
+def test_a_quick_run_falls_back_to_the_committed_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "b1_rag_pareto.json").write_text(json.dumps(_run(quick=True)))
+    monkeypatch.setattr(plot_b1, "OUT_DIR", tmp_path)
+    curve = plot_b1.load(None)
+    assert curve.source.startswith(plot_b1.RECORD.name)
+    assert curve.points == plot_b1.from_json(plot_b1.RECORD).points
+    assert len(curve.points) == 5

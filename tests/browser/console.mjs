@@ -30,6 +30,14 @@ async function shot(page, name, opts = {}) {
   await page.screenshot({ path: path.join(cfg.shots, `${name}.png`), fullPage: true, ...opts });
 }
 
+/** The main menu behind its toggle, as on a phone. */
+async function gotoNavMobile(page, label, heading) {
+  const nav = page.getByRole("navigation", { name: "Main" });
+  if (!(await nav.getByRole("link", { name: label }).isVisible())) await page.getByRole("button", { name: "Menu" }).click();
+  await nav.getByRole("link", { name: label }).click();
+  await page.getByRole("heading", { level: 1, name: heading ?? label }).waitFor({ timeout: T });
+}
+
 async function gotoNav(page, label, heading) {
   await page.getByRole("navigation", { name: "Main" }).getByRole("link", { name: label }).click();
   await page.getByRole("heading", { level: 1, name: heading ?? label }).waitFor({ timeout: T });
@@ -44,12 +52,43 @@ async function signup(page, email, password, tenant) {
   await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
 }
 
-async function login(page, email, password) {
+async function login(page, email, password, landing = "Programs") {
   await page.goto(`${base}/login`);
-  await page.getByLabel("Email").fill(email);
+  await page.getByLabel("Email or username").fill(email);
   await page.getByLabel("Password").fill(password);
   await page.getByRole("button", { name: "Log in" }).click();
-  await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+  await page.getByRole("heading", { level: 1, name: landing }).waitFor({ timeout: T });
+}
+
+/** Nothing on the page is wider than the viewport (no sideways scrolling on a phone). */
+async function noOverflow(page, what) {
+  const { scroll, width } = await page.evaluate(() => ({ scroll: document.documentElement.scrollWidth, width: window.innerWidth }));
+  check(scroll <= width, `${what}: the page is ${scroll} px wide in a ${width} px viewport`);
+}
+
+/** The element lies within the viewport's width (a row action one can reach without scrolling sideways). */
+async function withinWidth(page, locator, what) {
+  await locator.scrollIntoViewIfNeeded();
+  const box = await locator.boundingBox();
+  const width = await page.evaluate(() => window.innerWidth);
+  check(box && box.x >= 0 && box.x + box.width <= width, `${what} at x=${box?.x}..${box ? box.x + box.width : "?"} in ${width} px`);
+}
+
+/** WCAG contrast ratio of an element's text colour on the background colour of `bgSelector`. */
+async function contrast(page, selector, bgSelector) {
+  return page.evaluate(
+    ([sel, bgSel]) => {
+      const rgb = (css) => css.match(/\d+(\.\d+)?/g).slice(0, 3).map(Number);
+      const lum = ([r, g, b]) => {
+        const f = (c) => ((c /= 255) <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4);
+        return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+      };
+      const fg = lum(rgb(getComputedStyle(document.querySelector(sel)).color));
+      const bg = lum(rgb(getComputedStyle(document.querySelector(bgSel)).backgroundColor));
+      return (Math.max(fg, bg) + 0.05) / (Math.min(fg, bg) + 0.05);
+    },
+    [selector, bgSelector],
+  );
 }
 
 /** Drop a file on the drop zone the way a user's drag and drop does (a real DataTransfer). */
@@ -157,8 +196,8 @@ const scenarios = {
 
     await gotoNav(page, "Runs");
 
-    // Non-staff: no Admin link; /admin bounces to Programs.
-    check((await page.getByRole("link", { name: "Admin" }).count()) === 0, "no Admin link for a tenant user");
+    // Non-staff: no Staff link.
+    check((await page.getByRole("link", { name: "Staff" }).count()) === 0, "no Staff link for a tenant user");
 
     // Responsive: the menu collapses behind a toggle on a phone-sized viewport.
     await page.setViewportSize({ width: 390, height: 844 });
@@ -229,7 +268,7 @@ const scenarios = {
   async forgotPassword(page) {
     await page.goto(`${base}/login`);
     await page.getByRole("heading", { name: "Log in" }).waitFor({ timeout: T });
-    await page.getByLabel("Email").fill(cfg.email);
+    await page.getByLabel("Email or username").fill(cfg.email);
     await page.getByRole("link", { name: "Forgot your password?" }).click();
     await page.getByRole("heading", { name: "Reset your password" }).waitFor({ timeout: T });
     check((await page.getByLabel("Email").inputValue()) === cfg.email, "the address typed on the login page came along");
@@ -260,7 +299,7 @@ const scenarios = {
     const notice = ((await page.getByRole("status").textContent({ timeout: T })) ?? "").trim();
     check(notice === "Your password was changed. Log in with the new one.", `notice on the login page: ${notice}`);
     await shot(page, "login-password-changed");
-    await page.getByLabel("Email").fill(cfg.email);
+    await page.getByLabel("Email or username").fill(cfg.email);
     await page.getByLabel("Password").fill(cfg.newPassword);
     await page.getByRole("button", { name: "Log in" }).click();
     await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
@@ -319,13 +358,43 @@ const scenarios = {
   /** A staff user sees the Admin page: tenants, all KV files, worker health. */
   async staff(page) {
     await login(page, cfg.email, cfg.password);
-    await gotoNav(page, "Admin");
+    await gotoNav(page, "Staff");
     await page.getByRole("heading", { name: "Tenants" }).waitFor({ timeout: T });
     for (const slug of cfg.expectTenants ?? []) await page.getByRole("cell", { name: new RegExp(slug) }).first().waitFor({ timeout: T });
     await page.getByRole("heading", { name: "All KV files" }).waitFor();
     await page.getByRole("heading", { name: "Worker health" }).waitFor();
     await page.getByText(/Control plane:/).waitFor({ timeout: T });
     return {};
+  },
+
+  /** Content-Security-Policy: the console, the admin's login page, Swagger UI and DRF's
+   * browsable API load under their policies with no violation, and a script injected inline
+   * into the console does not run (the violation is reported instead). */
+  async csp(page) {
+    await page.goto(`${base}/login`);
+    await page.getByRole("heading", { name: "Log in" }).waitFor({ timeout: T });
+    const pagesOk = await page.evaluate(() => window.__cspViolations.length === 0);
+    check(pagesOk, `console violations: ${JSON.stringify(await page.evaluate(() => window.__cspViolations))}`);
+    await page.evaluate(() => {
+      const s = document.createElement("script");
+      s.textContent = "window.__inlineRan = true;";
+      document.body.appendChild(s);
+    });
+    await page.waitForTimeout(200);
+    const inlineRan = await page.evaluate(() => window.__inlineRan === true);
+    const blocked = await page.evaluate(() => window.__cspViolations.map((v) => v.directive));
+    const visited = {};
+    for (const [name, url, ready] of [
+      ["admin", `${base}/admin/login/`, "#id_username"],
+      ["swagger", `${base}/api/docs/`, "#swagger-ui"],
+      ["browsable", `${base}/api/v1/auth/csrf`, ".response-info"],
+    ]) {
+      await page.goto(url);
+      await page.locator(ready).first().waitFor({ state: "attached", timeout: T });
+      await page.waitForTimeout(300);
+      visited[name] = await page.evaluate(() => window.__cspViolations);
+    }
+    return { inlineRan, blocked, visited };
   },
 
   /** Run the program: tokens appear live, KV panel fills, usage shows tokens; staff evicts. */
@@ -402,20 +471,228 @@ const scenarios = {
     out.stale = await page.getByText(/worker is unreachable/).count();
     await shot(page, "kv-files");
 
-    await gotoNav(page, "Admin");
+    await gotoNav(page, "Staff");
     await page.getByRole("button", { name: `Evict ${cfg.kvTenant}/${cfg.kvName}` }).waitFor({ timeout: T });
-    await shot(page, "admin");
+    await shot(page, "staff");
     return out;
   },
 
   async evict(page) {
     await login(page, cfg.email, cfg.password);
-    await gotoNav(page, "Admin");
+    await gotoNav(page, "Staff");
     const label = `Evict ${cfg.kvTenant}/${cfg.kvName}`;
     await page.getByRole("button", { name: label }).click();
     await page.getByRole("button", { name: "Evict now" }).click();
     await page.getByText(`Evicted ${cfg.kvTenant}/${cfg.kvName}`).waitFor({ timeout: T });
     return {};
+  },
+
+  /** The operator signs in with what `make up` printed (the username), lands on the staff page
+   * (no tenant of their own), reloads it, finds Django's admin at /admin/, changes a tenant's
+   * plan and closes another from the tenants table; on a phone the table's actions stay reachable. */
+  async staffSignIn(page) {
+    const out = {};
+    await login(page, cfg.username, cfg.password, "Staff");
+    out.landed = new URL(page.url()).pathname;
+    await page.reload();
+    await page.getByRole("heading", { level: 1, name: "Staff" }).waitFor({ timeout: T });
+    const tenants = page.getByRole("table", { name: "Tenants" });
+    const planRow = tenants.getByRole("row").filter({ hasText: cfg.planTenant });
+    await planRow.getByLabel(`Plan of ${cfg.planTenant}`).selectOption(cfg.newPlan);
+    await planRow.getByRole("button", { name: "Change plan" }).click();
+    await page.getByText(`${cfg.planTenant} is on the ${cfg.newPlan} plan now.`).waitFor({ timeout: T });
+    const closeRow = tenants.getByRole("row").filter({ hasText: cfg.closeTenant });
+    await closeRow.getByRole("button", { name: `Close ${cfg.closeTenant}` }).click();
+    await closeRow.getByRole("button", { name: `Close ${cfg.closeTenant} and delete its data` }).click();
+    await page.getByText(`Closed ${cfg.closeTenant}`).waitFor({ timeout: T });
+    await closeRow.getByText(/^closed/).waitFor({ timeout: T });
+    const open = planRow.getByRole("link", { name: `Open ${cfg.planTenant} in the Django admin` });
+    out.openHref = await open.getAttribute("href");
+    await shot(page, "staff-tenants");
+    await page.setViewportSize({ width: 390, height: 844 });
+    await noOverflow(page, "staff page at 390 px");
+    await withinWidth(page, planRow.getByRole("button", { name: "Change plan" }), "Change plan");
+    await withinWidth(page, open, "Open");
+    await shot(page, "staff-mobile", { fullPage: false });
+    await page.setViewportSize({ width: 1280, height: 800 });
+    // /admin is Django's admin, not the console's page.
+    await page.goto(`${base}/admin/`);
+    await page.locator("#site-name").waitFor({ timeout: T });
+    out.adminTitle = await page.title();
+    // Signing in with the email address works as well.
+    await page.goto(`${base}/staff`);
+    await page.getByRole("button", { name: "Log out" }).click();
+    await page.getByRole("heading", { name: "Log in" }).waitFor({ timeout: T }); // signed out
+    await login(page, cfg.email, cfg.password, "Staff");
+    return out;
+  },
+
+  /** A newcomer: the landing page says what Symphony is; sign-up refuses "password" next to the
+   * field; "Try an example" uploads one and opens its run form filled in; a plan limit is said
+   * next to Max tokens; a too-large file and a name with "/" are refused; on a phone nothing
+   * overflows and the code viewer's line numbers are readable. */
+  async firstMinutes(page) {
+    const out = {};
+    const posts = [];
+    page.on("request", (r) => r.method() === "POST" && posts.push(new URL(r.url()).pathname));
+    await page.goto(`${base}/`);
+    await page.getByRole("heading", { name: "Log in" }).waitFor({ timeout: T });
+    out.tagline = ((await page.getByTestId("tagline").textContent()) ?? "").trim();
+    await shot(page, "login");
+    await page.getByRole("link", { name: "Sign up" }).click();
+    await page.getByLabel("Email").fill(cfg.email);
+    await page.getByLabel("Password").fill("password");
+    await page.getByLabel("Organisation (tenant) name").fill(cfg.tenant);
+    await page.getByRole("button", { name: "Sign up" }).click();
+    const pwError = page.locator("#signup-password-error");
+    await pwError.filter({ hasText: /too common/ }).waitFor({ timeout: T });
+    out.passwordError = ((await pwError.textContent()) ?? "").trim();
+    out.passwordInvalid = await page.getByLabel("Password").getAttribute("aria-invalid");
+    await shot(page, "signup-weak-password");
+    await page.getByLabel("Password").fill(cfg.password);
+    await page.getByRole("button", { name: "Sign up" }).click();
+    await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+    await page.getByText(/No programs yet/).waitFor({ timeout: T });
+    await shot(page, "programs-empty");
+
+    // Too large: refused in the browser, nothing sent.
+    const before = posts.length;
+    await dropFile(page, "huge.py", "#".repeat(cfg.tooLarge));
+    const fileError = page.getByTestId("file-error");
+    await fileError.waitFor({ timeout: T });
+    out.sizeError = ((await fileError.textContent()) ?? "").trim();
+    await page.getByRole("button", { name: "Upload", exact: true }).click();
+    await page.waitForTimeout(300);
+    out.postsForHugeFile = posts.slice(before).filter((p) => p === "/api/v1/programs").length;
+
+    // A name with "/" is refused next to the Name field.
+    await dropFile(page, "ok.py", "def main(args):\n    return 1\n");
+    await page.getByText("Selected: ok.py").waitFor({ timeout: T });
+    await page.getByLabel("Name", { exact: true }).fill("team/ok");
+    await page.getByRole("button", { name: "Upload", exact: true }).click();
+    const nameError = page.locator("#program-name-error");
+    await nameError.filter({ hasText: /must not contain/ }).waitFor({ timeout: T });
+    out.nameError = ((await nameError.textContent()) ?? "").trim();
+
+    // Try an example: its run form opens with the declared arguments.
+    await page.getByRole("button", { name: "Try an example" }).first().click();
+    await page.getByRole("heading", { level: 1, name: "completion-example" }).waitFor({ timeout: T });
+    await page.getByText("This is the example program").waitFor({ timeout: T });
+    out.exampleArgs = JSON.parse(await page.getByLabel(/Arguments/).inputValue());
+    await page.getByText("def main(args):").first().waitFor({ timeout: T });
+    out.lineNumberContrast = await contrast(page, ".code-ln", ".code pre");
+    await shot(page, "program-example");
+
+    // A plan limit, in words next to the field; no run was created.
+    await page.getByLabel("Max tokens").fill("100000");
+    await page.getByRole("button", { name: "Run program" }).click();
+    const maxError = page.locator("#run-max-tokens-error");
+    await maxError.filter({ hasText: /at most/ }).waitFor({ timeout: T });
+    out.maxTokensError = ((await maxError.textContent()) ?? "").trim();
+    check(new URL(page.url()).pathname.startsWith("/programs/"), "stayed on the program page");
+    await shot(page, "run-limit-error");
+
+    // A phone: the program page's Run card and source fit.
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.reload();
+    await page.getByRole("heading", { level: 1, name: "completion-example" }).waitFor({ timeout: T });
+    await page.getByText("def main(args):").first().waitFor({ timeout: T });
+    await noOverflow(page, "program page at 390 px");
+    const runCard = page.getByRole("form", { name: "Run" });
+    await withinWidth(page, runCard, "Run card");
+    await withinWidth(page, page.getByLabel(/Arguments/), "arguments box");
+    await shot(page, "program-mobile");
+    await gotoNavMobile(page, "Programs");
+    await noOverflow(page, "programs at 390 px");
+    await shot(page, "programs-mobile", { fullPage: false });
+    return out;
+  },
+
+  /** Seeded runs: the list shows program names, filters, and follows a run that is cancelled
+   * meanwhile; a run page shows stdout recorded after its end without a reload, the same first
+   * token time live and after a reload, KV time labels; a failed run's traceback is kept as
+   * printed; at 390 px the KV table's long names truncate and row actions stay on screen. */
+  async follow(page) {
+    const out = {};
+    await login(page, cfg.email, cfg.password);
+    await gotoNav(page, "Runs");
+    const table = page.getByRole("table", { name: "Runs" });
+    const running = table.getByRole("row").filter({ has: page.getByRole("link", { name: cfg.runningId.slice(0, 8) }) });
+    await running.getByText("running").waitFor({ timeout: T });
+    out.programCell = ((await running.getByRole("cell").nth(1).textContent()) ?? "").trim();
+    writeFileSync(cfg.cancelFile, "now"); // the test cancels the run through the API now
+    const t0 = Date.now();
+    await running.getByText("cancelled").waitFor({ timeout: 8000 });
+    out.listUpdatedMs = Date.now() - t0;
+    await page.getByLabel("Status").selectOption("failed");
+    await table.getByRole("row").filter({ hasText: "failed" }).first().waitFor({ timeout: T });
+    await page.waitForTimeout(300);
+    out.filteredStatuses = await table.locator("tbody tr").evaluateAll((rows) => rows.map((r) => r.cells[2].textContent.trim()));
+    await page.getByLabel("Program").selectOption({ label: cfg.otherProgram });
+    await page.getByText("No runs match these filters.").waitFor({ timeout: T });
+    await shot(page, "runs-filtered");
+    await page.getByLabel("Status").selectOption("");
+    await page.getByLabel("Program").selectOption("");
+
+    // A failed run: the traceback as printed, with copy.
+    await page.goto(`${base}/runs/${cfg.failedId}`);
+    const tb = page.getByTestId("run-traceback");
+    await tb.waitFor({ timeout: T });
+    out.traceback = await tb.textContent();
+    out.tracebackWhiteSpace = await tb.evaluate((el) => getComputedStyle(el).whiteSpace);
+    await page.getByRole("button", { name: "Copy error" }).waitFor();
+    await shot(page, "run-failed");
+    // Its run tree links to the run it spawned, and to the runs list filtered by parent.
+    await page.getByTestId("run-children").getByRole("link", { name: cfg.childId.slice(0, 8) }).waitFor({ timeout: T });
+    await page.getByRole("link", { name: "in the runs list" }).click();
+    await page.getByTestId("parent-filter").waitFor({ timeout: T });
+    await table.getByRole("link", { name: cfg.childId.slice(0, 8) }).waitFor({ timeout: T });
+    out.spawnedByParent = await table.locator("tbody tr").evaluateAll((rows) => rows.map((r) => r.cells[0].textContent.trim()));
+
+    // A live run: tokens, then the test cancels it here and records its output a moment later.
+    await page.goto(`${base}/runs/${cfg.liveId}`);
+    await page.getByRole("heading", { level: 1, name: /^Run / }).waitFor({ timeout: T });
+    writeFileSync(cfg.readyFile, "ready");
+    await page.getByTestId("first-token").filter({ hasText: /after the run started/ }).waitFor({ timeout: 30000 });
+    await page.waitForFunction(() => Number(document.querySelector('[data-testid="token-count"]')?.textContent) >= 5, null, { timeout: 30000 });
+    out.firstTokenLive = ((await page.getByTestId("first-token").textContent()) ?? "").trim();
+    await page.getByRole("button", { name: "Cancel run" }).click();
+    await page.getByTestId("run-status").filter({ hasText: "cancelled" }).waitFor({ timeout: T });
+    writeFileSync(cfg.cancelledFile, "cancelled"); // the test records the run's output now
+    await page.getByTestId("run-stdout").filter({ hasText: cfg.stdout }).waitFor({ timeout: 10000 });
+    out.xTicks = await page.locator(".x-tick").allTextContents();
+    await shot(page, "run-cancelled");
+    await page.reload();
+    await page.getByTestId("first-token").filter({ hasText: /after the run started/ }).waitFor({ timeout: T });
+    out.firstTokenReloaded = ((await page.getByTestId("first-token").textContent()) ?? "").trim();
+
+    // Phones: the KV table stacks, a long name truncates with a title, actions are on screen.
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.goto(`${base}/kv-files`);
+    const name = page.locator(".truncate", { hasText: cfg.longKvName.slice(0, 20) });
+    await name.waitFor({ timeout: T });
+    out.kvTitle = await name.getAttribute("title");
+    out.kvNameWidth = (await name.boundingBox())?.width ?? 0;
+    await noOverflow(page, "KV files at 390 px");
+    await withinWidth(page, page.getByRole("button", { name: `Delete ${cfg.longKvName}` }), "Delete of the long-named file");
+    await shot(page, "kv-files-mobile");
+    await gotoNavMobile(page, "Runs");
+    await noOverflow(page, "runs at 390 px");
+    await shot(page, "runs-mobile", { fullPage: false });
+    await gotoNavMobile(page, "API keys");
+    await page.getByLabel("Name", { exact: true }).fill("phone-key");
+    await page.getByRole("button", { name: "Create key" }).click();
+    await page.getByRole("button", { name: "I have stored it" }).click();
+    await withinWidth(page, page.getByRole("button", { name: "Revoke phone-key" }), "Revoke");
+    await noOverflow(page, "API keys at 390 px");
+    await shot(page, "api-keys-mobile", { fullPage: false });
+    await gotoNavMobile(page, "Team");
+    await withinWidth(page, page.getByRole("button", { name: "Leave tenant" }), "Leave");
+    await noOverflow(page, "team at 390 px");
+    await gotoNavMobile(page, "Usage & billing");
+    await noOverflow(page, "usage at 390 px");
+    await shot(page, "usage-mobile", { fullPage: false });
+    return out;
   },
 };
 
@@ -437,6 +714,13 @@ const context = await chromium.launchPersistentContext(cfg.userDataDir, {
 });
 let result;
 const page = await context.newPage();
+// Every Content-Security-Policy violation of every page a scenario visits, for the checks below.
+await page.addInitScript(() => {
+  window.__cspViolations = [];
+  document.addEventListener("securitypolicyviolation", (e) =>
+    window.__cspViolations.push({ directive: e.effectiveDirective, blocked: e.blockedURI, source: e.sourceFile }),
+  );
+});
 const consoleErrors = [];
 page.on("console", (m) => m.type() === "error" && consoleErrors.push(m.text()));
 page.on("pageerror", (e) => consoleErrors.push(String(e)));
@@ -444,6 +728,9 @@ try {
   const fn = scenarios[scenarioName];
   if (!fn) throw new Error(`unknown scenario ${scenarioName}`);
   result = { ok: true, ...(await fn(page)), consoleErrors };
+  // A page the policy broke says so in the console; only the csp scenario provokes that on purpose.
+  const refused = consoleErrors.filter((m) => m.includes("Content Security Policy"));
+  if (scenarioName !== "csp" && refused.length) throw new Error(`Content-Security-Policy refused: ${refused.join(" | ")}`);
 } catch (err) {
   if (cfg.artifacts) {
     mkdirSync(cfg.artifacts, { recursive: true });

@@ -152,7 +152,7 @@ def test_a_forgotten_password_is_reset_in_the_console_through_the_mailed_link(ma
     import requests
     from django.contrib.auth import get_user_model
 
-    from tests.plugins.mail import link_in, signed_up
+    from tests.plugins.mail import link_in, login_status, signed_up
 
     url, smtp = mail_stack.url, mail_stack.smtp
     email = f"curie-{uuid.uuid4().hex[:8]}@example.com"
@@ -172,10 +172,8 @@ def test_a_forgotten_password_is_reset_in_the_console_through_the_mailed_link(ma
 
     user = get_user_model().objects.get(email=email)
     assert user.check_password(new_password)
-    login = f"{url}/api/v1/auth/login"
-    refused = requests.post(login, json={"email": email, "password": old_password}, timeout=10)
-    assert refused.status_code == 401, refused.text
-    assert requests.post(login, json={"email": email, "password": new_password}, timeout=10).status_code == 200
+    assert login_status(url, email, old_password) == 401
+    assert login_status(url, email, new_password) == 200
     # The link worked once: the token died with the old password.
     again = requests.post(
         f"{url}/api/v1/auth/password-reset/confirm",
@@ -198,7 +196,7 @@ def test_a_signed_in_user_changes_their_email_through_the_link_mailed_to_the_new
     import requests
     from django.contrib.auth import get_user_model
 
-    from tests.plugins.mail import link_in, signed_up
+    from tests.plugins.mail import link_in, login_status, signed_up
 
     url, smtp = mail_stack.url, mail_stack.smtp
     suffix = uuid.uuid4().hex[:8]
@@ -222,10 +220,8 @@ def test_a_signed_in_user_changes_their_email_through_the_link_mailed_to_the_new
     user.refresh_from_db()
     assert (user.email, user.username) == (new, new)
     assert user.check_password(password)
-    login = f"{url}/api/v1/auth/login"
-    assert requests.post(login, json={"email": new, "password": password}, timeout=10).status_code == 200
-    refused = requests.post(login, json={"email": old, "password": password}, timeout=10)
-    assert refused.status_code == 401, refused.text
+    assert login_status(url, new, password) == 200
+    assert login_status(url, old, password) == 401
 
     told = smtp.wait_for(old, "Your Symphony account has a new email address")
     assert new in told.get_body(preferencelist=("plain",)).get_content()
@@ -235,6 +231,16 @@ def test_a_signed_in_user_changes_their_email_through_the_link_mailed_to_the_new
     assert "already used" in again.json()["error"]["detail"]["token"][0]
     assert len([m for m in smtp.to(new) if "Confirm" in m["Subject"]]) == 1
     assert not [m for m in smtp.to(old) if "Confirm" in m["Subject"]]
+
+
+def test_the_content_security_policy_blocks_injected_script_and_breaks_no_page(console_server, browser):
+    """Real Chromium: the console, the admin's login page, Swagger UI and DRF's browsable API
+    load with no policy violation (each scenario also fails on any CSP console error), and a
+    script injected inline into the console is refused instead of run (web/csp.py)."""
+    result = browser("csp", baseUrl=console_server)
+    assert result["inlineRan"] is False
+    assert result["blocked"] == ["script-src-elem"], result
+    assert result["visited"] == {"admin": [], "swagger": [], "browsable": []}, result
 
 
 def test_staff_sees_admin_page(console_server, browser):
@@ -338,6 +344,7 @@ def _publish_run(run_id: str, ready_file, stop: threading.Event) -> None:
     """What the worker and executor do during a run: token and kv events on the run's Redis
     stream, then finish_run (status + end events, usage)."""
     from api.services.runs import RunOutcome, finish_run, publish_event
+    from gpu_worker.contracts import KvEvent, TokenEvent
 
     deadline = time.monotonic() + 60
     while not ready_file.exists() and time.monotonic() < deadline and not stop.is_set():
@@ -345,17 +352,16 @@ def _publish_run(run_id: str, ready_file, stop: threading.Event) -> None:
     for i, word in enumerate(WORDS):
         if stop.is_set():
             return
-        publish_event(run_id, "token", {"text": word})
+        publish_event(run_id, TokenEvent(word))
         publish_event(
             run_id,
-            "kv",
-            {
-                "device_pages": 40 + 3 * i,
-                "host_pages": 8 + i // 3,
-                "disk_pages": 2,
-                "tenant_device_pages": 6 + i,
-                "tokens": 5 + i,
-            },
+            KvEvent(
+                device_pages=40 + 3 * i,
+                host_pages=8 + i // 3,
+                disk_pages=2,
+                tenant_device_pages=6 + i,
+                tokens=5 + i,
+            ),
         )
         time.sleep(0.15)
     finish_run(

@@ -12,9 +12,11 @@ import pytest
 import redis
 
 from gpu_worker import events as events_module
-from gpu_worker.events import EventPublisher, stream_key
+from gpu_worker.contracts import MessageEvent, TokenEvent, run_stream_key
+from gpu_worker.events import EventPublisher
+from tests.conftest import redis_db_url
 
-REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL = redis_db_url(0)
 
 
 @pytest.fixture
@@ -41,17 +43,17 @@ def test_a_burst_of_events_arrives_in_order_once_in_few_round_trips(client: redi
     try:
         for i in range(per_run):
             for run in runs:
-                publisher.publish(run, "token", {"text": f"{run}:{i}"})
+                publisher.publish(run, TokenEvent(f"{run}:{i}"))
         _wait_published(publisher, per_run * len(runs))
         execs = _exec_calls(client) - execs_before
         for run in runs:
-            entries = client.xrange(stream_key(run))
+            entries = client.xrange(run_stream_key(run))
             texts = [json.loads(fields[b"data"])["text"] for _, fields in entries]
             assert texts == [f"{run}:{i}" for i in range(per_run)]
             assert all(fields[b"type"] == b"token" for _, fields in entries)
     finally:
         publisher.close()
-        client.delete(*[stream_key(run) for run in runs])
+        client.delete(*[run_stream_key(run) for run in runs])
     # 600 events queued faster than one round trip: sent in transactions, far fewer than one per
     # event. (Other processes' workers may EXEC meanwhile, hence the margin.)
     assert 1 <= execs <= per_run * len(runs) // 4, execs
@@ -62,7 +64,7 @@ def test_unreachable_redis_drops_events_after_the_retry_window_without_raising(m
     publisher = EventPublisher("redis://127.0.0.1:1/0")  # nothing listens on port 1
     try:
         for i in range(5):
-            publisher.publish("test-events-down", "token", {"text": str(i)})
+            publisher.publish("test-events-down", TokenEvent(str(i)))
         publisher.heartbeat("test-events-down", {"ok": True})
         until = time.monotonic() + 10
         while publisher.dropped < 5 and time.monotonic() < until:
@@ -76,10 +78,10 @@ def test_close_flushes_what_is_queued(client: redis.Redis) -> None:
     run = f"test-events-{uuid.uuid4().hex[:8]}"
     publisher = EventPublisher(REDIS_URL)
     for i in range(50):
-        publisher.publish(run, "message", {"data": i})
+        publisher.publish(run, MessageEvent(i))
     publisher.close(timeout=10)
     try:
         assert publisher.published == 50
-        assert client.xlen(stream_key(run)) == 50
+        assert client.xlen(run_stream_key(run)) == 50
     finally:
-        client.delete(stream_key(run))
+        client.delete(run_stream_key(run))

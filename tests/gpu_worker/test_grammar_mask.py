@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from gpu_worker import protocol
 from gpu_worker.dists import restrict
 from gpu_worker.grammar import GrammarCompiler, Matcher
 from gpu_worker.protocol import ErrorCode, ProtocolError
@@ -21,6 +23,15 @@ SCHEMA = {
 }
 
 
+async def _compile(compiler: GrammarCompiler, schema: dict) -> object:
+    """One compile the worker's way (in a child process), then the children stopped."""
+    await compiler.start()
+    try:
+        return await compiler.compile(protocol.Grammar(json_schema=schema))
+    finally:
+        await compiler.close()
+
+
 def test_restrict_matches_xgrammar_along_a_valid_answer(default_model_dir: Path) -> None:
     """At every step of a valid answer (sparse masks between keys, dense ones inside the
     string) the worker's mask keeps exactly the logits xgrammar's apply keeps."""
@@ -29,8 +40,7 @@ def test_restrict_matches_xgrammar_along_a_valid_answer(default_model_dir: Path)
 
     tokenizer = AutoTokenizer.from_pretrained(str(default_model_dir))
     vocab = len(tokenizer)
-    compiler = GrammarCompiler(str(default_model_dir), vocab)
-    matcher = Matcher(compiler.compile({"json_schema": SCHEMA}), vocab)
+    matcher = Matcher(asyncio.run(_compile(GrammarCompiler(str(default_model_dir), vocab), SCHEMA)), vocab)
     answer = tokenizer(json.dumps({"name": "Ada Lovelace", "age": 36}, separators=(",", ":")))["input_ids"]
     generator = torch.Generator().manual_seed(0)
     kept = []
@@ -60,3 +70,20 @@ def test_restrict_sparse_dense_empty_and_none() -> None:
     with pytest.raises(ValueError):
         restrict(logits, np.ones(7, dtype=bool))
     assert restrict(logits, None) is logits
+
+
+def test_a_compiled_grammar_over_the_size_budget_is_refused_naming_it(default_model_dir: Path) -> None:
+    """The child measures what it compiled (xgrammar's own size) against ``grammar_max_bytes``
+    and answers an error instead of the grammar."""
+    import xgrammar as xgr
+    from transformers import AutoTokenizer
+
+    from gpu_worker.grammar_child import compile_one
+
+    info = xgr.TokenizerInfo.from_huggingface(AutoTokenizer.from_pretrained(str(default_model_dir)))
+    compiler = xgr.GrammarCompiler(info, max_threads=1)
+    source = json.dumps(SCHEMA)
+    fits = compile_one(compiler, "json_schema", source, 64 * 1024 * 1024)
+    assert isinstance(fits.get("ok"), str)
+    refused = compile_one(compiler, "json_schema", source, 1024)
+    assert "grammar_max_bytes" in refused["err"] and "over the grammar budget of 1024" in refused["err"], refused

@@ -1,4 +1,4 @@
-"""The task-free ``pred`` path (``gpu_worker.pred_relay``): replies, deadline, abandonment and
+"""The task-free ``pred`` path (``gpu_worker.ops.pred``): replies, deadline, abandonment and
 the session's reservations, with a stand-in scheduler whose futures the test settles (from
 another thread, as the engine thread does). The real worker's ``pred`` runs through this path
 in every SDK, sandbox and benchmark test; these cover the cases those cannot time."""
@@ -16,10 +16,10 @@ import pytest
 from gpu_worker import protocol
 from gpu_worker.config import SchedulerConfig
 from gpu_worker.kvfs.errors import NotFound
-from gpu_worker.pred_relay import PredRelay
+from gpu_worker.ops.pred import PredRelay
 from gpu_worker.protocol import ErrorCode
 from gpu_worker.scheduler import PredCall
-from gpu_worker.sessions import Session, SessionLimits
+from gpu_worker.sessions import SessionLimits, WorkerSession
 
 
 class StandInScheduler:
@@ -32,15 +32,12 @@ class StandInScheduler:
 
 
 @dataclass
-class StandInWorker:
+class StandInContext:
+    """The part of ``ops.context.OpContext`` the relay uses (``ops.pred.PredContext``)."""
+
     scheduler: StandInScheduler = field(default_factory=StandInScheduler)
     vocab_size: int = 100
-
-    @dataclass
-    class _Config:
-        scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
-
-    config: _Config = field(default_factory=_Config)
+    max_inflight_preds: int = SchedulerConfig().max_inflight_preds_per_session
 
 
 class RecordingWriter:
@@ -53,8 +50,8 @@ def _send(writer: RecordingWriter, reply: dict[str, Any]) -> None:
     writer.replies.append(reply)
 
 
-def _session(**limits: Any) -> Session:
-    return Session("s1", "tenant-a", "run-1", SessionLimits(**limits), "/nonexistent.sock", max_dists=16)
+def _session(**limits: Any) -> WorkerSession:
+    return WorkerSession("s1", "tenant-a", "run-1", SessionLimits(**limits), "/nonexistent.sock", max_dists=16)
 
 
 async def _until(predicate, timeout: float = 5.0) -> None:
@@ -64,8 +61,8 @@ async def _until(predicate, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def _relay(session: Session) -> tuple[PredRelay, StandInWorker, RecordingWriter]:
-    worker, writer = StandInWorker(), RecordingWriter()
+def _relay(session: WorkerSession) -> tuple[PredRelay, StandInContext, RecordingWriter]:
+    worker, writer = StandInContext(), RecordingWriter()
     return PredRelay(worker, session, writer, _send), worker, writer
 
 

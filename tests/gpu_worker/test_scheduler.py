@@ -26,8 +26,8 @@ import torch
 from gpu_worker.batch import Batch
 from gpu_worker.config import SchedulerConfig
 from gpu_worker.kvfs import Owner
-from gpu_worker.protocol import ErrorCode, ProtocolError
-from gpu_worker.scheduler import FairQueue, PredCall, Scheduler
+from gpu_worker.scheduler import ContextFull, FairQueue, PredCall, Scheduler
+from gpu_worker.usage import Usage
 from tests.kvfs.memio import BLOCK, make_fs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,13 +44,17 @@ class FakeSession:
     swapped: bool = False
     run_id: str = "run"
     tokens: int = 0
+    usage: Usage = field(default_factory=Usage)
     owner: Owner = field(init=False)
 
     def __post_init__(self) -> None:
         self.owner = Owner(self.tenant, self.session_id)
 
-    def on_tokens(self, n: int) -> None:
+    def on_tokens(self, n: int, prefill: bool | None = None) -> None:
         self.tokens += n
+
+    def on_cached_tokens(self, n: int) -> None:
+        self.usage.cached_tokens += n
 
 
 class RecordingEngine:
@@ -69,7 +73,7 @@ class RecordingEngine:
     def forward(self, batch: Batch) -> list[torch.Tensor]:
         self.batches.append(batch)
         time.sleep(self.forward_s)  # the scheduler's bounded wait is about one forward
-        self.io.copy_pages(batch.page_copies)
+        self.io.apply_copies(batch.page_copies)
         out = []
         for item in batch.items:
             rows = torch.zeros(len(item.logits_rows), VOCAB)
@@ -149,6 +153,40 @@ def test_contended_decode_seats_go_to_the_least_served_tenant() -> None:
     even = FairQueue(quantum=64)
     a, b = FakeSession("sa", "a"), FakeSession("sb", "b")
     assert sorted(_contended_decode_seats(even, a, b)) == ["a"] * 4 + ["b"] * 4
+
+
+def test_a_tenant_takes_at_most_its_contended_seats_while_another_is_served() -> None:
+    """A flood of 64 one-token calls (or two-token ones, which go through the prefill pass)
+    from one tenant fills a forward alone; while a narrow tenant has a call queued, or queued
+    one within ``idle_reset_s``, it gets ``contended_seats`` and the forward stays short."""
+    for tokens in (1, 2):
+        q = FairQueue(quantum=256, idle_reset_s=5.0, contended_seats=8)
+        flood, canary = FakeSession("sf", "flood"), FakeSession("sc", "canary")
+        for _ in range(64):
+            q.push(_call(flood, tokens))
+        alone = q.select(budget=2048, max_seqs=64, skip=lambda c: False)
+        assert len(alone) == 64, "alone, a tenant fills the batch"
+        for _ in range(64):
+            q.push(_call(flood, tokens))
+        q.push(_call(canary, 1))
+        picked = [c.tenant for c, _ in q.select(budget=2048, max_seqs=64, skip=lambda c: False)]
+        assert picked.count("flood") == 8 and picked.count("canary") == 1, picked
+        # The canary's call is in the running forward, its next not queued yet: still contended.
+        picked = [c.tenant for c, _ in q.select(budget=2048, max_seqs=64, skip=lambda c: False)]
+        assert picked == ["flood"] * 8, picked
+    uncapped = FairQueue(quantum=256)
+    for _ in range(64):
+        uncapped.push(_call(flood, 1))
+    uncapped.push(_call(canary, 1))
+    assert len(uncapped.select(budget=2048, max_seqs=64, skip=lambda c: False)) == 64
+    # Two wide tenants are not capped below each other's width: they fill the batch together.
+    q = FairQueue(quantum=256, idle_reset_s=5.0, contended_seats=8)
+    wide = FakeSession("sw", "wide")
+    for _ in range(40):
+        q.push(_call(flood, 1))
+        q.push(_call(wide, 1))
+    picked = [c.tenant for c, _ in q.select(budget=2048, max_seqs=64, skip=lambda c: False)]
+    assert picked.count("flood") == 32 and picked.count("wide") == 32, picked
 
 
 def test_a_prefill_only_tenant_gets_a_seat_when_decodes_fill_them() -> None:
@@ -425,9 +463,8 @@ def test_a_prompt_past_max_model_len_fails_before_any_chunk_lands(sched) -> None
     scheduler.start()
     scheduler.submit(PredCall(s, h, (1, 2, 3), (2,))).result(timeout=10)
     engine.batches.clear()
-    with pytest.raises(ProtocolError) as info:
+    with pytest.raises(ContextFull, match="210 tokens > 200"):
         scheduler.submit(PredCall(s, h, tuple(range(1, 208)), (206,))).result(timeout=10)
-    assert info.value.code == ErrorCode.NO_SPACE and "210 tokens > 200" in info.value.message
     assert engine.batches == [] and fs.tokens(s.owner, h) == [1, 2, 3]
     scheduler.submit(PredCall(s, h, tuple(range(4, 201)), (196,))).result(timeout=10)
     assert fs.length(s.owner, h) == 200, "a call that fills the limit exactly still runs"
@@ -490,13 +527,18 @@ REAL_ENGINE_SCRIPT = textwrap.dedent(
     from gpu_worker.engine import Engine, EngineConfig
     from gpu_worker.kvfs import KVFS, LocalKVStore, Owner
     from gpu_worker.scheduler import PredCall, Scheduler
+    from gpu_worker.usage import Usage
 
     class S:
         def __init__(self, sid, tenant):
             self.session_id, self.tenant, self.run_id = sid, tenant, "r"
             self.owner, self.weight, self.swapped = Owner(tenant, sid), 1.0, False
-        def on_tokens(self, n):
+            self.usage = Usage()
+        def on_tokens(self, n, prefill=None):
             pass
+
+        def on_cached_tokens(self, n):
+            self.usage.cached_tokens += n
 
     model_dir, store = sys.argv[1], sys.argv[2]
     engine = Engine(EngineConfig(model_dir=model_dir, dtype="float32", num_pages=32, max_model_len=512))
@@ -557,3 +599,37 @@ def test_real_engine_batches_sessions_and_matches_solo_runs(default_model_dir: P
     assert out["multi_before"] == 0, "solo runs must not share forwards"
     assert out["multi_after"] > 0 and out["max_sessions"] >= 2, out
     assert out["together"] == out["solo"], "batching changed what a session generated"
+
+
+def test_a_fresh_files_first_pred_maps_the_cached_prefix_and_computes_only_the_tail(tmp_path: Path) -> None:
+    """The second conversation with the same prompt computes only the tokens past its cached
+    whole pages (chunked prefill included), gets the same logits, and meters them as cached."""
+    fs, io = make_fs(tmp_path, num_pages=64, prefix_cache=True)
+    engine = RecordingEngine(io)
+    config = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_batch_wait_s=0.01)
+    scheduler = Scheduler(engine, fs, config, max_model_len=200)
+    first, second = FakeSession("s1", "a"), FakeSession("s2", "a")
+    scheduler.active_sessions = lambda: [first.session_id, second.session_id]
+    prompt = tuple(range(1, 51))  # 50 tokens: 12 full pages of 4, chunked over 2 forwards
+    scheduler.start()
+    try:
+        h1 = fs.create(first.owner)
+        want = scheduler.submit(PredCall(first, h1, prompt, (49,))).result(timeout=10)
+        engine.batches.clear()
+        h2 = fs.create(second.owner)
+        got = scheduler.submit(PredCall(second, h2, prompt, (49,))).result(timeout=10)
+        assert torch.equal(got[0], want[0])
+        computed = [t for b in engine.batches for item in b.items for t in item.new_token_ids]
+        assert computed == list(prompt[48:])  # only the partial last page's tokens
+        assert engine.batches[0].items[0].num_computed_tokens == 48
+        assert second.usage.cached_tokens == 48 and second.tokens == 2
+        assert scheduler.snapshot()["prefix_cached_tokens"] == 48
+        # A row asked inside the cached prefix caps the mapping there.
+        engine.batches.clear()
+        third = FakeSession("s3", "a")
+        h3 = fs.create(third.owner)
+        scheduler.submit(PredCall(third, h3, prompt, (9, 49))).result(timeout=10)
+        assert engine.batches[0].items[0].num_computed_tokens == 8
+    finally:
+        scheduler.stop()
+    fs.check()

@@ -8,7 +8,7 @@ import uuid
 import pytest
 import redis
 
-from tests.conftest import wait_for
+from tests.conftest import redis_db_url, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
@@ -26,7 +26,7 @@ def test_a_run_shorter_than_the_kv_tick_still_reports_the_kv_it_held(gpu_worker_
     sdk.close()
     gpu_worker_process.end_session(info.session_id)  # well within the first tick
 
-    events = redis.Redis.from_url("redis://127.0.0.1:6379/0")
+    events = redis.Redis.from_url(redis_db_url(0))
     stream = f"run:{run_id}"
 
     def kv_events() -> list[dict]:

@@ -108,6 +108,22 @@ def test_compose_worker_variants_and_health(compose):
     assert "/api/v1/health" in (DEPLOY / "healthcheck.py").read_text()
 
 
+def test_compose_scaleout_profile_adds_a_second_worker_on_the_same_store(compose):
+    services = compose["services"]
+    worker, celery = services["gpu1-cpu"], services["celery-gpu1"]
+    assert worker["profiles"] == celery["profiles"] == ["scaleout"]
+    assert worker["environment"]["SYMPHONY_WORKER_NAME"] == celery["environment"]["SYMPHONY_WORKER_NAME"] == "gpu1"
+    assert "--name gpu1" in worker["command"][-1]
+    assert celery["command"][celery["command"].index("-Q") + 1] == "worker.gpu1"  # not the shared queue
+    # One store for both workers: the same volume and the same default path as gpu0's.
+    assert worker["environment"]["SYMPHONY_KV_STORE"] == services["gpu0-cpu"]["environment"]["SYMPHONY_KV_STORE"]
+    assert "kvstore:/var/lib/symphony/kv" in worker["volumes"]
+    # Its own admin socket volume, shared only with its own executor.
+    run_volume = "gpu1-run:/var/lib/symphony/run"
+    assert run_volume in worker["volumes"] and run_volume in celery["volumes"]
+    assert worker["environment"]["SYMPHONY_SESSIONS_DIR"].endswith("/sessions/gpu1")
+
+
 def test_compose_celery_reaches_dockerd_and_shares_sockets_with_its_worker(compose):
     services = compose["services"]
     celery_vols = services["celery-gpu0"]["volumes"]

@@ -10,17 +10,11 @@ import uuid
 import pytest
 import requests
 
-from tests.plugins.mail import link_in, signed_up
+from tests.plugins.mail import link_in, login_status, signed_up
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 OLD, NEW = "pw-old-horse-1", "pw-new-battery-2"
-
-
-def _login_status(url: str, email: str, password: str) -> int:
-    return requests.post(
-        f"{url}/api/v1/auth/login", json={"email": email, "password": password}, timeout=10
-    ).status_code
 
 
 def test_forgotten_password_is_reset_through_the_mailed_link(mail_stack):
@@ -44,8 +38,8 @@ def test_forgotten_password_is_reset_through_the_mailed_link(mail_stack):
 
     confirm = {"uid": uid, "token": token, "new_password": NEW}
     assert requests.post(f"{url}/api/v1/auth/password-reset/confirm", json=confirm, timeout=10).status_code == 204
-    assert _login_status(url, email, NEW) == 200
-    assert _login_status(url, email, OLD) == 401
+    assert login_status(url, email, NEW) == 200
+    assert login_status(url, email, OLD) == 401
     assert other_device.get(f"{url}/api/v1/auth/me", timeout=10).status_code in (401, 403)  # signed out
     reused = requests.post(f"{url}/api/v1/auth/password-reset/confirm", json=confirm, timeout=10)
     assert reused.status_code == 400 and "token" in reused.json()["error"]["detail"]
@@ -76,8 +70,9 @@ def test_an_invitation_is_mailed_and_its_link_opens_the_invitation(mail_stack):
 
     # The invitee signs up through the mailed link and lands in the tenant.
     joined = requests.Session()
+    token = joined.get(f"{url}/api/v1/auth/csrf", timeout=10).json()["csrftoken"]
     body = {"email": invitee, "password": NEW, "invite": link.rsplit("/", 1)[1]}
-    signup = joined.post(f"{url}/api/v1/auth/signup", json=body, timeout=10)
+    signup = joined.post(f"{url}/api/v1/auth/signup", json=body, headers={"X-CSRFToken": token}, timeout=10)
     assert signup.status_code == 201, signup.text
     assert [t["name"] for t in signup.json()["tenants"]] == ["Difference Engines"]
 
@@ -92,11 +87,11 @@ def test_a_new_email_address_is_confirmed_through_the_link_mailed_to_it(mail_sta
     assert asked.status_code == 202, asked.text
     message = smtp.wait_for(new, "Confirm your new Symphony email address")
     token = link_in(message, url, "/confirm-email/").rsplit("/", 1)[1]
-    assert _login_status(url, old, OLD) == 200  # nothing changed yet
+    assert login_status(url, old, OLD) == 200  # nothing changed yet
 
     confirmed = requests.post(f"{url}/api/v1/auth/email/confirm", json={"token": token}, timeout=10)
     assert confirmed.status_code == 200 and confirmed.json() == {"email": new}
-    assert _login_status(url, new, OLD) == 200 and _login_status(url, old, OLD) == 401
+    assert login_status(url, new, OLD) == 200 and login_status(url, old, OLD) == 401
     assert session.get(f"{url}/api/v1/auth/me", timeout=10).json()["user"]["email"] == new
     notice = smtp.wait_for(old, "Your Symphony account has a new email address")
     assert new in notice.get_body(preferencelist=("plain",)).get_content()

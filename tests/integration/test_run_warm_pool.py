@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.launcher import LABEL_OWNER, LABEL_POOL
+from sandbox.spec import LABEL_OWNER, LABEL_POOL
 from tests.conftest import container_names, wait_for
 from tests.plugins.worker import RunningWorker, start_worker
 

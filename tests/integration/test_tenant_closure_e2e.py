@@ -86,7 +86,13 @@ def _console_session(stack, email: str) -> httpx.Client:
     return http
 
 
+#: What one named file leaves in a directory store: its blob, its lease and the lease's lock
+#: file (gpu_worker/kvfs/lease.py, gpu_worker/kvfs/store.py).
+STORED_NOTES = [".lock-notes.lease", "notes.lease", "notes.safetensors"]
+
+
 def _stored(worker, slug: str) -> list[str]:
+    """Every file of the tenant's folder in the store, hidden ones included."""
     folder = Path(worker.kv_store) / slug
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
@@ -103,7 +109,7 @@ def test_closing_a_tenant_stops_it_and_deletes_its_data_on_the_worker(stack, sta
         _write_notes(stack, owner, notes)
     for owner in (closing, staying):
         assert [f["name"] for f in stack_worker.admin.kv_list(owner.tenant.slug)] == ["notes"]
-        assert _stored(stack_worker, owner.tenant.slug) == ["notes.safetensors"]
+        assert _stored(stack_worker, owner.tenant.slug) == STORED_NOTES
 
     client = Client(stack, closing.key_secret, timeout=60)
     endless = tmp_path / "endless.py"
@@ -141,6 +147,6 @@ def test_closing_a_tenant_stops_it_and_deletes_its_data_on_the_worker(stack, sta
 
     # The other tenant's file of the same name, its programs and its key are untouched.
     assert [f["name"] for f in stack_worker.admin.kv_list(staying.tenant.slug)] == ["notes"]
-    assert _stored(stack_worker, staying.tenant.slug) == ["notes.safetensors"]
+    assert _stored(stack_worker, staying.tenant.slug) == STORED_NOTES
     other = Client(stack, staying.key_secret, timeout=60)
     assert [p["name"] for p in other.list_programs()] == ["notes"]

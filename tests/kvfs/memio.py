@@ -25,13 +25,14 @@ class MemPageIO:
     def write_pages(self, page_ids: Sequence[int], data: torch.Tensor) -> None:
         self.pages[list(page_ids)] = data
 
-    def copy_pages(self, pairs: Sequence[tuple[int, int]]) -> None:
+    def apply_copies(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """The copy-on-write page copies a forward applies before it runs (``Batch.page_copies``)."""
         for src, dst in pairs:
             self.pages[dst] = self.pages[src]
 
     def run(self, plan: AppendPlan) -> None:
         """Play the engine: apply COW copies, then write each run token's KV at its position."""
-        self.copy_pages(plan.page_copies)
+        self.apply_copies(plan.page_copies)
         for i, tok in enumerate(plan.run_token_ids):
             pos = plan.num_computed_tokens + i
             page = plan.page_ids[pos // BLOCK]
@@ -50,7 +51,9 @@ def expected_kv(tokens: Sequence[int]) -> list[float]:
     return [float(t * 1000 + p) for p, t in enumerate(tokens)]
 
 
-def make_fs(tmp_path: Path, num_pages: int = 32, host_pages: int = 8, **limits: int) -> tuple[KVFS, MemPageIO]:
+def make_fs(
+    tmp_path: Path, num_pages: int = 32, host_pages: int = 8, prefix_cache: bool = False, **limits: float
+) -> tuple[KVFS, MemPageIO]:
     io = MemPageIO(num_pages)
     fs = KVFS(
         num_pages=num_pages,
@@ -60,6 +63,7 @@ def make_fs(tmp_path: Path, num_pages: int = 32, host_pages: int = 8, **limits: 
         store=LocalKVStore(tmp_path / "kvstore"),
         host_pages=host_pages,
         limits=KVFSLimits(**limits),
+        prefix_cache=prefix_cache,
     )
     return fs, io
 
@@ -69,3 +73,8 @@ def append(fs: KVFS, io: MemPageIO, owner: Owner, h: int, tokens: Sequence[int])
     io.run(plan)
     fs.commit_append(plan)
     return plan
+
+
+def stored_blobs(store, prefix: str = "") -> list[str]:
+    """The store's KV file blobs (leases beside them left out: gpu_worker/kvfs/lease.py)."""
+    return sorted(k for k in store.list(prefix) if k.endswith(".safetensors"))

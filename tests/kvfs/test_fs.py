@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpu_worker.kvfs import Busy, Exists, InvalidArgument, NoSpace, NotFound, Owner
+from gpu_worker.ops.errors import wire_error
 from gpu_worker.protocol import ErrorCode
-from tests.kvfs.memio import BLOCK, append, expected_kv, make_fs
+from tests.kvfs.memio import BLOCK, append, expected_kv, make_fs, stored_blobs
 
 A = Owner("acme", "s1")
 A2 = Owner("acme", "s2")
@@ -144,7 +145,7 @@ def test_handles_are_scoped_to_session_and_tenant(tmp_path):
         ):
             with pytest.raises(NotFound) as exc:
                 call(intruder)
-            assert exc.value.code == ErrorCode.NOT_FOUND
+            assert wire_error(exc.value, "kv", "s").code == ErrorCode.NOT_FOUND
             assert str(h) in exc.value.message  # same answer as an id that never existed
     with pytest.raises(NotFound) as exc:
         fs.length(A, h + 1)
@@ -164,11 +165,11 @@ def test_names_are_per_tenant_and_validated(tmp_path):
     assert fs.length(B, hb) == 0
     with pytest.raises(Exists) as exc:
         fs.create(A, "system-prompt.v1")
-    assert exc.value.code == ErrorCode.EXISTS
+    assert wire_error(exc.value, "kv", "s").code == ErrorCode.EXISTS
     for bad in ["", "..", "a/../b", "../acme/x", "/etc", "a/b", ".hidden", "x" * 129, "a b", "ü", "a\x00"]:
         with pytest.raises(InvalidArgument) as exc:
             fs.create(A, bad)
-        assert exc.value.code == ErrorCode.BAD_ARGS
+        assert wire_error(exc.value, "kv", "s").code == ErrorCode.BAD_ARGS
     assert [(r.tenant, r.name, r.tokens) for r in fs.list_files()] == [
         ("acme", "system-prompt.v1", 3),
         ("bravo", "system-prompt.v1", 0),
@@ -226,7 +227,7 @@ def test_pool_exhaustion_is_enospc(tmp_path):
     append(fs, io, A, h, list(range(3 * BLOCK)))
     with pytest.raises(NoSpace) as exc:
         fs.plan_append(A, h, [1])
-    assert exc.value.code == ErrorCode.NO_SPACE and "KV cache full" in exc.value.message
+    assert wire_error(exc.value, "kv", "s").code == ErrorCode.NO_SPACE and "KV cache full" in exc.value.message
     assert fs.length(A, h) == 3 * BLOCK
 
 
@@ -334,10 +335,10 @@ def test_remove_tenant_deletes_its_files_even_those_another_worker_wrote_to_a_sh
     h = first.create(A, "c")  # written after the second worker read the store: not in its catalogue
     append(first, io1, A, h, [4, 5])
     first.close(A, h)
-    assert sorted(second.store.list("acme/")) == ["acme/a.safetensors", "acme/b.safetensors", "acme/c.safetensors"]
+    assert stored_blobs(second.store, "acme/") == ["acme/a.safetensors", "acme/b.safetensors", "acme/c.safetensors"]
 
     assert second.remove_tenant("acme") == ["a", "b", "c"]
     assert second.store.list("acme/") == [] and [f.name for f in second.list_files("acme")] == []
-    assert sorted(second.store.list()) == ["acme-2/y.safetensors", "bravo/x.safetensors"]  # a prefix is not a tenant
+    assert stored_blobs(second.store) == ["acme-2/y.safetensors", "bravo/x.safetensors"]  # a prefix is not a tenant
     assert second.remove_tenant("acme") == []  # idempotent
     second.check()

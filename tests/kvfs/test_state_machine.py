@@ -3,7 +3,9 @@
 After every step: allocator invariants hold, every page's refcount equals the references from
 live files, each file's tokens match the model, and the KV in its pages is exactly what was
 computed for those tokens at those positions (so writing to a fork never changed another
-file's pages). At teardown everything is closed/removed and every page is free again.
+file's pages), and no tenant's pinned files hold more pages than its share of the device pool
+(pins and appends past it fail with EDQUOT). At teardown everything is closed/removed and every
+page is free again.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
-from gpu_worker.kvfs import Busy, NoSpace, Owner
+from gpu_worker.kvfs import Busy, NoSpace, Owner, QuotaExceeded
 from tests.kvfs.memio import expected_kv, make_fs
 
 OWNERS = [Owner("acme", "s1"), Owner("acme", "s2"), Owner("bravo", "s1")]
@@ -24,11 +26,20 @@ TOKENS = st.lists(st.integers(0, 50), min_size=1, max_size=9)
 
 class KVFSMachine(RuleBasedStateMachine):
     handles = Bundle("handles")
+    #: The prefix cache on (``PrefixKVFSMachine``): cached pages must never change any file's KV.
+    PREFIX = False
 
     def __init__(self) -> None:
         super().__init__()
         self._tmp = tempfile.TemporaryDirectory()
-        self.fs, self.io = make_fs(Path(self._tmp.name), num_pages=24, host_pages=4, device_pages_per_tenant=16)
+        self.fs, self.io = make_fs(
+            Path(self._tmp.name),
+            num_pages=24,
+            host_pages=4,
+            prefix_cache=self.PREFIX,
+            device_pages_per_tenant=16,
+            pinned_device_share=0.25,
+        )
         self.model: dict[int, tuple[Owner, list[int]]] = {}
         self.names: dict[tuple[str, str], list[int]] = {}
 
@@ -56,6 +67,23 @@ class KVFSMachine(RuleBasedStateMachine):
         except NoSpace:
             return self._add(owner, self.fs.create(owner), [])
         return self._add(owner, h, self.names[(owner.tenant, name)])
+
+    @rule(
+        target=handles,
+        owner=st.sampled_from(OWNERS),
+        head=st.sampled_from([[], [1, 2, 3, 4], [1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9, 9, 9, 1, 2, 3, 4]]),
+        tail=st.lists(st.integers(0, 9), min_size=1, max_size=6),
+    )
+    def create_and_first_pred(self, owner, head, tail):
+        """What the scheduler does for a ``pred`` on a fresh file: map the cached whole-page
+        prefix (a no-op with the cache off), compute the rest. Shared heads: many hits."""
+        toks = head + tail
+        h = self.fs.create(owner)
+        ref = self._add(owner, h, [])
+        mapped = self.fs.map_cached_prefix(owner, h, toks, len(toks) - 1)
+        self.model[h][1].extend(toks[:mapped])
+        self._append(ref, toks[mapped:], True)
+        return ref
 
     @rule(target=handles, ref=handles)
     def fork(self, ref):
@@ -89,7 +117,7 @@ class KVFSMachine(RuleBasedStateMachine):
             return
         try:
             plan = self.fs.plan_append(owner, h, toks)
-        except NoSpace:
+        except (NoSpace, QuotaExceeded):
             return
         if not commit:
             self.fs.abort_append(plan)
@@ -168,6 +196,16 @@ class KVFSMachine(RuleBasedStateMachine):
                 pass
 
     @precondition(lambda self: self.names)
+    @rule(data=st.data(), pinned=st.booleans())
+    def pin(self, data, pinned):
+        key = data.draw(st.sampled_from(sorted(self.names)))
+        before = self.fs._named[key].pinned
+        try:
+            self.fs.pin(*key, pinned)
+        except QuotaExceeded:
+            assert pinned and not before and not self.fs._named[key].pinned
+
+    @precondition(lambda self: self.names)
     @rule(data=st.data())
     def remove(self, data):
         key = data.draw(st.sampled_from(sorted(self.names)))
@@ -184,6 +222,8 @@ class KVFSMachine(RuleBasedStateMachine):
                 assert self.io.kv_of(self.fs, owner, h) == expected_kv(toks[: file.computed])
         for (tenant, name), toks in self.names.items():
             assert self.fs._named[(tenant, name)].tokens == toks
+        for tenant in ("acme", "bravo"):
+            assert self.fs._pinned_pages(tenant) <= 23 // 4, tenant
 
     def teardown(self):
         for h, (owner, _) in list(self.model.items()):
@@ -192,7 +232,8 @@ class KVFSMachine(RuleBasedStateMachine):
             self.fs.remove(*key)
         self.fs.check()
         stats = self.fs.stats()
-        assert stats.used_pages == 0 and stats.host_pages == 0 and stats.open_handles == 0
+        # Only pages the prefix cache alone holds are left (none with the cache off).
+        assert stats.used_pages == stats.prefix_cached_pages and stats.host_pages == 0 and stats.open_handles == 0
         self._tmp.cleanup()
 
 
@@ -200,3 +241,11 @@ KVFSMachine.TestCase.settings = settings(
     max_examples=60, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)
 )
 TestKVFSMachine = KVFSMachine.TestCase
+
+
+class PrefixKVFSMachine(KVFSMachine):
+    PREFIX = True
+
+
+PrefixKVFSMachine.TestCase.settings = KVFSMachine.TestCase.settings
+TestPrefixKVFSMachine = PrefixKVFSMachine.TestCase

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from gpu_worker.kvfs import KVFS, KVFSLimits, LocalKVStore, NoSpace, Owner
+from gpu_worker.kvfs import KVFS, KVFSLimits, LocalKVStore, NoSpace, Owner, TenantQuota
 from gpu_worker.kvfs.tiers import decode_data
-from tests.kvfs.memio import BLOCK, PAGE_SHAPE, MemPageIO, append, expected_kv, make_fs
+from tests.kvfs.memio import BLOCK, PAGE_SHAPE, MemPageIO, append, expected_kv, make_fs, stored_blobs
 
 A = Owner("acme", "s1")
 B = Owner("bravo", "s1")
@@ -115,7 +115,7 @@ def test_plan_stored_bytes_budget_is_per_tenant_and_overrides_the_default(tmp_pa
     fs, io = make_fs(tmp_path)
     page_bytes = fs.page_bytes
     fs.limits = KVFSLimits(stored_bytes_per_tenant=page_bytes)
-    fs.set_tenant_stored_limit("acme", 3 * page_bytes)  # acme's plan allows more
+    fs.set_tenant_quota("acme", TenantQuota(stored_bytes=3 * page_bytes))  # acme's plan allows more
     h = fs.create(A, "doc")
     append(fs, io, A, h, list(range(3 * BLOCK)))
     with pytest.raises(NoSpace):
@@ -123,7 +123,7 @@ def test_plan_stored_bytes_budget_is_per_tenant_and_overrides_the_default(tmp_pa
     b = fs.create(B, "doc")
     with pytest.raises(NoSpace):  # bravo keeps the worker default of one page
         append(fs, io, B, b, list(range(2 * BLOCK)))
-    fs.set_tenant_stored_limit("acme", None)
+    fs.set_tenant_quota("acme", None)
     with pytest.raises(NoSpace):  # back to the default
         fs.plan_append(A, h, [1])
     fs.close_session(A)
@@ -183,10 +183,10 @@ def test_named_file_is_written_through_when_its_last_handle_closes(tmp_path):
     fs, io = make_fs(tmp_path)
     h = fs.create(A, "doc")
     append(fs, io, A, h, [3, 1, 4, 1, 5])
-    assert fs.store.list() == []
+    assert stored_blobs(fs.store) == []
     reader = fs.fork(A, h)
     fs.close(A, h)  # the file itself has no handle left: persisted now, still on device
-    assert fs.store.list() == ["acme/doc.safetensors"]
+    assert stored_blobs(fs.store) == ["acme/doc.safetensors"]
     assert _residency(fs)["acme/doc"] == "device"
     fs.close(A, reader)
     again = fs.open(A, "doc", "r")
@@ -213,7 +213,7 @@ def test_full_store_on_close_loses_nothing_and_is_retried(tmp_path):
     fs.flush()
     r = fs.open(A, "doc", "r")
     assert fs.tokens(A, r) == list(range(2 * BLOCK + 1))
-    assert real_store.list() == ["acme/doc.safetensors"]
+    assert stored_blobs(real_store) == ["acme/doc.safetensors"]
     fs.close(A, r)
     fs.check()
 

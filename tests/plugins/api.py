@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import pytest
 from rest_framework.test import APIClient
 
+from tests.conftest import redis_db_url
+
 
 @dataclass
 class ApiTenant:
@@ -63,20 +65,19 @@ def api_asgi_server() -> Iterator[str]:
 
 @pytest.fixture
 def worker_heartbeats(settings) -> Iterator:
-    """``beat(info)`` writes a worker heartbeat in the worker's own format (gpu_worker.events)
+    """``beat(info)`` writes a worker heartbeat in the contract's format (gpu_worker.contracts)
     to a private Redis database, so workers running elsewhere on this machine stay out."""
-    import json
-
     import redis
 
-    from gpu_worker.events import HEARTBEAT_PREFIX
+    from gpu_worker import contracts
 
-    settings.REDIS_URL = "redis://127.0.0.1:6379/9"
+    settings.REDIS_URL = redis_db_url(9)
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
 
     def beat(info: dict) -> None:
-        client.set(HEARTBEAT_PREFIX + info["name"], json.dumps(info), ex=10)
+        key = contracts.heartbeat_key(info["name"])
+        client.set(key, contracts.encode_heartbeat(info), ex=contracts.HEARTBEAT_TTL_S)
 
     yield beat
     client.flushdb()

@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,13 +49,15 @@ def start_uvicorn(env: dict[str, str], port: int | None = None) -> tuple[subproc
     """Start the ASGI app under uvicorn with ``env`` (on ``port``, else a free one); return the
     process and its base URL."""
     port = port or free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "web.asgi:application", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    # As scripts/run_stack.py: Django alone reads X-Forwarded-For (api/client_address.py).
+    server = ["web.asgi:application", "--port", str(port), "--no-proxy-headers", "--log-level", "warning"]
+    # Its log goes to a file, not a pipe nobody reads: a pipe fills up and then blocks the server.
+    log_path = Path(tempfile.mkdtemp(prefix="uvicorn-")) / "uvicorn.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", *server], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log
+        )
+    proc.log_path = log_path  # type: ignore[attr-defined]
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         try:
@@ -62,7 +65,7 @@ def start_uvicorn(env: dict[str, str], port: int | None = None) -> tuple[subproc
             return proc, f"http://127.0.0.1:{port}"
         except OSError:
             if proc.poll() is not None:
-                pytest.fail(f"uvicorn exited: {proc.stderr.read().decode()[-2000:]}")
+                pytest.fail(f"uvicorn exited: {log_path.read_text(errors='replace')[-2000:]}")
             time.sleep(0.2)
     proc.kill()
     pytest.fail("uvicorn did not listen within 30 s")
@@ -145,7 +148,7 @@ def browser(chromium_bin, tmp_path) -> Callable[..., dict]:
 @pytest.fixture
 def symphony_stack(transactional_db, console_dist, gpu_worker_process, sandbox_image, tmp_path) -> Iterator[str]:
     """The whole stack on the test database: the session's gpu_worker (tiny model), a Celery
-    worker consuming that worker's queue (runs execute in gVisor through sandbox.launcher), and
+    worker consuming that worker's queue (runs execute in gVisor through sandbox.run), and
     uvicorn. Yields the console's base URL."""
     name = "test"  # the name tests/plugins/worker.py gives its gpu_worker
     env = {

@@ -78,6 +78,15 @@ def link_in(message: EmailMessage, base_url: str, path: str) -> str:
     return found.group(0)
 
 
+def login_status(url: str, email: str, password: str) -> int:
+    """The status of signing in over HTTP the way the console does it (CSRF cookie, then the
+    header): 200 for the right password, 401 for a wrong one."""
+    session = requests.Session()
+    token = session.get(f"{url}/api/v1/auth/csrf", timeout=10).json()["csrftoken"]
+    body = {"email": email, "password": password}
+    return session.post(f"{url}/api/v1/auth/login", json=body, headers={"X-CSRFToken": token}, timeout=10).status_code
+
+
 def signed_up(url: str, email: str, password: str, tenant: str) -> requests.Session:
     """A new account and tenant, signed up over HTTP the way the console does it (CSRF cookie,
     then the header); the session stays signed in, with the rotated CSRF token as its header."""

@@ -17,17 +17,18 @@ import pytest
 class LIPRun:
     """A finished run: the launcher's result and the worker's end-of-session record."""
 
-    result: Any  # sandbox.launcher.SandboxResult
+    result: Any  # sandbox.spec.SandboxResult
     session_end: Any  # gpu_worker.admin_client.SessionEnd
     tenant: str
 
 
 @pytest.fixture(scope="session")
 def docker_client() -> Any:
-    from sandbox.launcher import SandboxUnavailable, _docker_client
+    from sandbox import containers
+    from sandbox.spec import SandboxUnavailable
 
     try:
-        return _docker_client()
+        return containers.docker_client()
     except SandboxUnavailable as exc:
         pytest.fail(f"docker with the runsc runtime is required for this test: {exc}")
 
@@ -45,7 +46,7 @@ def sandbox_image(docker_client: Any) -> str:
 
 @pytest.fixture(scope="session")
 def launcher(docker_client: Any, sandbox_image: str) -> Any:
-    from sandbox.launcher import SandboxLauncher
+    from sandbox.cold import SandboxLauncher
 
     return SandboxLauncher(client=docker_client, image=sandbox_image)
 
@@ -64,12 +65,15 @@ class LIPRunner:
         *,
         tenant: str | None = None,
         session_limits: dict[str, Any] | None = None,
+        run_id: str | None = None,
+        tree: str | None = None,
         **spec_kw: Any,
     ) -> LIPRun:
-        from sandbox.launcher import SandboxSpec
+        """``tree``: the run tree the session joins (its channels; default: a tree of its own)."""
+        from sandbox.spec import SandboxSpec
 
         tenant = tenant or f"t-{uuid.uuid4().hex[:8]}"
-        info = self.worker.create_session(tenant, **(session_limits or {}))
+        info = self.worker.create_session(tenant, run_id, tree=tree, **(session_limits or {}))
         with tempfile.TemporaryDirectory(prefix="lip-src-") as tmp:
             if isinstance(program, Path):
                 path = program

@@ -3,7 +3,8 @@ both on the test database and routed to the worker a test module provides as ``s
 
 A module that uses ``stack`` defines ``stack_worker`` (a ``RunningWorker``): the real model for
 end-to-end checks, the tiny one where the model does not matter, a private one to kill. It may
-override ``stack_env`` to give the control plane more settings (e.g. a warm sandbox pool).
+override ``stack_env`` to give the control plane more settings (e.g. a warm sandbox pool), and
+``stack_concurrency`` to have Celery execute that many runs at once (load tests).
 """
 
 from __future__ import annotations
@@ -32,7 +33,15 @@ def stack_env() -> dict[str, str]:
 
 
 @pytest.fixture
-def stack(stack_worker, stack_env, sandbox_image, settings, monkeypatch, request) -> Iterator[StackURL]:
+def stack_concurrency() -> int | None:
+    """Runs the stack's Celery worker executes at once; ``None``: one (``--pool solo``)."""
+    return None
+
+
+@pytest.fixture
+def stack(
+    stack_worker, stack_env, stack_concurrency, sandbox_image, settings, monkeypatch, request
+) -> Iterator[StackURL]:
     """Yields the base URL of the API; runs go through Celery to ``stack_worker``."""
     db = settings.DATABASES["default"]
     # The worker's own name, as in production: runs record it, and the reaper finds its heartbeat.
@@ -53,5 +62,5 @@ def stack(stack_worker, stack_env, sandbox_image, settings, monkeypatch, request
     settings.SYMPHONY_ROUTING = "static"
     url = StackURL(request.getfixturevalue("api_asgi_server"))
     url.queue, url.env = f"worker.{name}", env
-    with celery_worker(url.queue, env) as url.celery:
+    with celery_worker(url.queue, env, stack_concurrency) as url.celery:
         yield url

@@ -15,12 +15,14 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.conftest import redis_db_url
 
 ROOT = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 240.0
@@ -47,10 +49,13 @@ class RunningWorker:
         except OSError:
             return ""
 
-    def create_session(self, tenant: str | None = None, run_id: str | None = None, **limits: Any) -> Any:
-        """A session with ``limits`` (create_session's map); ended by :meth:`end_session`."""
+    def create_session(
+        self, tenant: str | None = None, run_id: str | None = None, *, tree: str | None = None, **limits: Any
+    ) -> Any:
+        """A session with ``limits`` (create_session's map) in run tree ``tree`` (default: its
+        own); ended by :meth:`end_session`."""
         tenant = tenant or f"t-{uuid.uuid4().hex[:8]}"
-        info = self.admin.create_session(tenant, run_id or f"r-{uuid.uuid4().hex[:8]}", limits)
+        info = self.admin.create_session(tenant, run_id or f"r-{uuid.uuid4().hex[:8]}", limits, tree=tree)
         self._sessions.append(info.session_id)
         return info
 
@@ -76,7 +81,7 @@ def _redis_up() -> bool:
     import redis
 
     try:
-        return bool(redis.Redis(host="127.0.0.1", port=6379, socket_connect_timeout=1).ping())
+        return bool(redis.Redis.from_url(redis_db_url(0), socket_connect_timeout=1).ping())
     except Exception:
         return False
 
@@ -89,14 +94,16 @@ def start_worker(
     name: str = "test",
     num_pages: int = 64,
     kv_store: Path | None = None,
-    redis_url: str = "redis://127.0.0.1:6379/0",
+    redis_url: str | None = None,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[RunningWorker]:
     """Run ``python -m gpu_worker`` on ``model_dir`` until the block exits; fail (not skip) if it
-    does not become healthy. ``kv_store`` (default: a private temp dir) outlives the worker."""
+    does not become healthy. ``kv_store`` (default: a private temp dir) outlives the worker;
+    ``extra_args`` are more worker flags (e.g. ``["--max-connections", "24"]``)."""
     from gpu_worker.admin_client import AdminClient
 
     if not _redis_up():
-        pytest.fail("Redis is not reachable at 127.0.0.1:6379 (run `make bootstrap`)")
+        pytest.fail(f"Redis is not reachable at {redis_db_url(0)} (run `make bootstrap`)")
     base = Path(tempfile.mkdtemp(prefix="symw-", dir="/tmp"))
     admin_socket = str(base / "admin.sock")
     sessions_dir = str(base / "s")
@@ -105,7 +112,7 @@ def start_worker(
     cmd = [sys.executable, "-m", "gpu_worker", "--model", str(model_dir), "--dtype", dtype]
     cmd += ["--admin-socket", admin_socket, "--sessions-dir", sessions_dir, "--kv-store", kv_store]
     cmd += ["--num-pages", str(num_pages), "--max-model-len", "2048", "--name", name]
-    cmd += ["--redis-url", redis_url]
+    cmd += ["--redis-url", redis_url or redis_db_url(0), *extra_args]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log_path, "wb") as log_fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_fh, stderr=subprocess.STDOUT)

@@ -85,7 +85,7 @@ def _stream(run_id: str) -> list[bytes]:
 
 def test_dockerd_restart_fails_the_run_clearly_and_leaks_nothing(stack, api_tenant_a, docker_client, tmp_path):
     from api.models import Run, UsageRecord
-    from sandbox.launcher import LABEL_RUN
+    from sandbox.spec import LABEL_RUN
     from symphony_client import Client
 
     lip = tmp_path / "slow.py"

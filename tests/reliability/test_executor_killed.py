@@ -54,7 +54,7 @@ def _stream(run_id: str) -> list[bytes]:
 def test_killed_executor_fails_the_run_once_and_clearly(stack, api_tenant_a, docker_client, monkeypatch, tmp_path):
     from api.models import Run
     from api.services import executor_liveness, runs
-    from sandbox.launcher import LABEL_RUN
+    from sandbox.spec import LABEL_RUN
     from symphony_client import Client
 
     lip = tmp_path / "slow.py"

@@ -1,9 +1,10 @@
 """Fault injection: the worker's KV store (its disk) fills up.
 
 The store is a real 4 MiB tmpfs. A file persisted before the disk filled must stay byte for byte
-intact; persisting another file must fail with a clear ``ENOSPC`` ("the KV store is full") and
-leave no partial blob, while the file stays usable on device; once space is freed the same file
-persists, and after a restart both reload.
+intact; creating a file must fail with ``ENOSPC`` (not even its lease fits); persisting another
+file must fail with a clear ``ENOSPC`` ("the KV store is full") and leave no partial blob, while
+the file stays usable on device; once space is freed the same file persists, and after a
+restart both reload.
 """
 
 from __future__ import annotations
@@ -61,8 +62,10 @@ def test_full_kv_store_gives_enospc_and_corrupts_nothing(tiny_model_dir: Path, s
         blob = small_disk / "acme" / "first.safetensors"
         before = blob.read_bytes()
 
+        second = sdk.kv_create("second")  # its write lease (gpu_worker/kvfs/lease.py) still fits
         filler = _fill(small_disk)
-        second = sdk.kv_create("second")
+        with pytest.raises(symphony.NoSpace, match="KV store is full"):
+            sdk.kv_create("third")  # not even its lease fits: refused, nothing half-created
         sdk.pred(second, PROMPT)[-1].release()
         second.close()  # write-through fails: logged, the file stays on device
         with pytest.raises(ProtocolError) as refused:

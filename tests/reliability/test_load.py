@@ -1,9 +1,8 @@
-"""Load: 50 runs from 5 tenants at once through the real stack (issue 11, part 2).
+"""Load: 50 runs from 5 tenants at once through the real stack.
 
 uvicorn (ASGI) takes the submissions over HTTP on 127.0.0.1, a Celery worker with a thread pool
-of ``CELERY_CONCURRENCY`` executes them (the shared ``stack`` fixture uses ``--pool solo``, one
-run at a time, which would make this a sequential test; so this module starts its own Celery
-process the same way but with ``--pool threads``), each run is a gVisor container talking to a
+of ``CELERY_CONCURRENCY`` executes them (the shared ``stack`` fixture with ``stack_concurrency``;
+its default, one run at a time, would make this a sequential test), each run is a gVisor container talking to a
 private gpu_worker (tiny model) that batches their ``pred`` calls.
 
 After everything finished:
@@ -21,9 +20,6 @@ the module is ``slow`` (``make test-all``), a few minutes on 2 cores.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 import uuid
 from collections import defaultdict
@@ -48,7 +44,6 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-ROOT = Path(__file__).resolve().parents[2]
 TENANTS = 5
 RUNS_PER_TENANT = 10
 DECODE_TOKENS = 16
@@ -81,45 +76,14 @@ def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
 
 
 @pytest.fixture
-def load_stack(stack_worker, sandbox_image, settings, monkeypatch, request) -> Iterator[str]:
-    """Like tests/plugins/stack.py's ``stack``, but Celery runs ``CELERY_CONCURRENCY`` tasks at once."""
-    db = settings.DATABASES["default"]
-    name = f"ld{uuid.uuid4().hex[:6]}"
-    env = {
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "SYMPHONY_WORKER_NAME": name,
-        "SYMPHONY_WORKER_ADMIN_SOCKET": stack_worker.admin_socket,
-        "SYMPHONY_SANDBOX_IMAGE": sandbox_image,
-        "SYMPHONY_ROUTING": "static",
-        # Cold containers only, so "no container left" is exact (a warm pool keeps some on purpose).
-        "SYMPHONY_SANDBOX_POOL_SIZE": "0",
-    }
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    settings.SYMPHONY_WORKER_NAME = name
-    settings.SYMPHONY_ROUTING = "static"
-    base_url = request.getfixturevalue("api_asgi_server")
-    cmd = [sys.executable, "-m", "celery", "-A", "web", "worker", "-Q", f"worker.{name}", "--pool", "threads"]
-    cmd += ["--concurrency", str(CELERY_CONCURRENCY), "--loglevel", "WARNING", "--hostname", f"{name}@%h"]
-    cmd += ["--without-gossip", "--without-mingle"]
-    log_path = Path(stack_worker.log_path).with_name("celery-load.log")
-    with open(log_path, "wb") as log:
-        celery = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env={**os.environ, "DJANGO_SETTINGS_MODULE": "web.settings", **env},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        yield base_url
-    finally:
-        celery.terminate()
-        try:
-            celery.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            celery.kill()
-            celery.wait()
+def stack_env() -> dict[str, str]:
+    """Cold containers only, so "no container left" is exact (a warm pool keeps some on purpose)."""
+    return {"SYMPHONY_SANDBOX_POOL_SIZE": "0"}
+
+
+@pytest.fixture
+def stack_concurrency() -> int:
+    return CELERY_CONCURRENCY
 
 
 def _token_times(events: redis.Redis, run_id: str) -> list[float]:
@@ -127,9 +91,9 @@ def _token_times(events: redis.Redis, run_id: str) -> list[float]:
     return [int(eid.split(b"-")[0]) for eid, f in events.xrange(f"run:{run_id}") if f.get(b"type") == b"token"]
 
 
-def test_fifty_concurrent_runs_from_five_tenants(load_stack, stack_worker, docker_client, tmp_path) -> None:
+def test_fifty_concurrent_runs_from_five_tenants(stack, stack_worker, docker_client, tmp_path) -> None:
     from api.models import Plan, Run, UsageRecord
-    from sandbox.launcher import LABEL_RUN
+    from sandbox.spec import LABEL_RUN
     from symphony_client import Client
 
     Plan.objects.update_or_create(
@@ -146,7 +110,7 @@ def test_fifty_concurrent_runs_from_five_tenants(load_stack, stack_worker, docke
         t = _make_tenant(f"load{i}-{uuid.uuid4().hex[:4]}")
         t.tenant.plan = "loadtest"
         t.tenant.save(update_fields=["plan"])
-        client = Client(load_stack, t.key_secret, timeout=60)
+        client = Client(stack, t.key_secret, timeout=60)
         tenants.append((t, client, client.upload_program(lip, name="load")["id"]))
 
     # Interleaved submission from 5 client threads, one per tenant, all at once.

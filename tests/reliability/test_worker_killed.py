@@ -51,7 +51,7 @@ def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
 
 def test_killed_worker_fails_the_run_clearly_and_bills_it(stack, stack_worker, api_tenant_a, docker_client, tmp_path):
     from api.models import Run, UsageRecord
-    from sandbox.launcher import LABEL_RUN
+    from sandbox.spec import LABEL_RUN
     from symphony_client import Client
 
     lip = tmp_path / "slow.py"

@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 
 from gpu_worker import protocol
+from symphony.admission import Admission
 from symphony.api import Session
 from symphony.connection import Connection
-from symphony.errors import ConnectionLost, KVNotFound
+from symphony.errors import Busy, ConnectionLost, KVNotFound
 
 
 class Peer:
@@ -30,6 +31,10 @@ class Peer:
         self.requests: queue.Queue[int] = queue.Queue()
         self.reads = 0
         self._send_lock = threading.Lock()
+        #: Requests not yet answered, and the most there were; past the cap: EBUSY, as the worker.
+        self.outstanding = 0
+        self.max_outstanding = 0
+        self._count_lock = threading.Lock()
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -51,6 +56,12 @@ class Peer:
                 buf = buf[protocol.HEADER_BYTES + n :]
                 req_id, op, args = protocol.parse_request(msg)
                 self.requests.put(req_id)
+                with self._count_lock:
+                    if self.outstanding >= protocol.MAX_IN_FLIGHT:
+                        args = {"busy": True}
+                    else:
+                        self.outstanding += 1
+                        self.max_outstanding = max(self.max_outstanding, self.outstanding)
                 if op == "pred":  # a fused pred: "choose" the file's id as the next token
                     args = {"echo": {"tokens": [args["kv"]]}}
                 if not args.get("never"):
@@ -58,6 +69,13 @@ class Peer:
 
     def _answer(self, req_id: int, args: dict[str, Any]) -> None:
         time.sleep(args.get("delay", 0))
+        if args.get("busy"):
+            error = protocol.ProtocolError(protocol.ErrorCode.BUSY, "too many requests in flight")
+            with self._send_lock:
+                self.sock.sendall(protocol.pack(protocol.err_reply(req_id, error)))
+            return
+        with self._count_lock:
+            self.outstanding -= 1
         if args.get("fail"):
             reply = protocol.err_reply(req_id, protocol.ProtocolError(protocol.ErrorCode.NOT_FOUND, "no such file"))
         else:
@@ -171,9 +189,10 @@ def test_call_many_shares_the_connection_with_threads_calling_one_by_one(pair) -
 
 def test_pred_token_many_sends_no_more_than_the_in_flight_cap_per_write(pair) -> None:
     conn, peer, _ = pair
-    n = protocol.MAX_IN_FLIGHT + 6
+    n = conn.admission.cap + 6
+    assert conn.admission.cap == protocol.MAX_IN_FLIGHT - 1  # one slot kept for dist_release
     assert Session(conn).pred_token_many([(kv, [1, 2]) for kv in range(n)]) == list(range(n))
-    assert peer.reads == 2  # 64 calls, their replies, then the other 6
+    assert peer.reads == 2  # 63 calls, their replies, then the other 6
 
 
 def test_fire_and_forget_replies_are_read_by_the_next_caller(pair) -> None:
@@ -200,3 +219,60 @@ def test_the_peer_closing_fails_every_waiting_caller(pair) -> None:
     assert all(isinstance(r, ConnectionLost) for r in results), results
     with pytest.raises(ConnectionLost):
         conn.call("op", {"echo": 1})
+
+
+def test_threads_past_the_in_flight_cap_queue_instead_of_getting_busy(pair) -> None:
+    """256 threads, more than the worker's 64 calls in flight: each waits its turn for a slot."""
+    conn, peer, _ = pair
+    fns = [lambda i=i: [conn.call("op", {"echo": (i, k), "delay": 0.005}) for k in range(3)] for i in range(256)]
+    assert run_threads(fns, timeout=60) == [[[i, k] for k in range(3)] for i in range(256)]
+    assert 1 < peer.max_outstanding <= protocol.MAX_IN_FLIGHT  # concurrent, never past the cap
+    assert conn.admission.in_flight == 0 and conn._pending == {}
+
+
+def test_a_caller_that_will_not_wait_gets_busy_at_once_without_sending(pair) -> None:
+    conn, peer, _ = pair
+    futures = [conn.submit("op", {"never": True}) for _ in range(conn.admission.cap)]
+    sent = peer.requests.qsize()
+    t0 = time.monotonic()
+    with pytest.raises(Busy, match="wait=True to queue"):
+        conn.call("op", {"echo": 1}, wait=False)
+    conn.wait_for_room = False
+    with pytest.raises(Busy):
+        conn.call("op", {"echo": 1})
+    assert time.monotonic() - t0 < 1 and peer.requests.qsize() == sent
+    conn.wait_for_room = True
+    with pytest.raises(TimeoutError, match="no room"):
+        conn.call("op", {"echo": 1}, timeout=0.2)  # waiting for room counts against the timeout
+    conn.close()
+    for f in futures:
+        assert isinstance(f.exception(5), ConnectionLost)
+
+
+def test_waiters_for_room_fail_when_the_connection_closes(pair) -> None:
+    conn, _, _ = pair
+    for _ in range(conn.admission.cap):
+        conn.submit("op", {"never": True})
+    threading.Timer(0.2, conn.close).start()
+    with pytest.raises(ConnectionLost):
+        conn.call("op", {"echo": 1})
+
+
+def test_room_is_handed_out_in_the_order_threads_asked() -> None:
+    gate = Admission(1)
+    gate.acquire()
+    order: list[int] = []
+    threads = []
+    for i in range(5):
+        t = threading.Thread(target=lambda i=i: (gate.acquire(), order.append(i), gate.release()))
+        t.start()
+        threads.append(t)
+        deadline = time.monotonic() + 5
+        while sum(len(q) for q in gate._queue.values()) < i + 1 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    gate.release()
+    for t in threads:
+        t.join(5)
+    assert order == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="exceed the in-flight cap"):
+        gate.acquire(2)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from sandbox import launcher as launcher_module
-from sandbox.launcher import SandboxLauncher
+from sandbox import cold
+from sandbox.cold import SandboxLauncher
 
 
 class RecordingContainer:
@@ -22,7 +22,7 @@ class RecordingContainer:
 def test_containers_are_removed_and_the_remover_thread_ends_when_idle(monkeypatch) -> None:
     """The Celery executor makes a launcher per run: its remover thread must not outlive the
     work, and a container queued after it ended starts a new one."""
-    monkeypatch.setattr(launcher_module, "REMOVER_IDLE_S", 0.05)
+    monkeypatch.setattr(cold, "REMOVER_IDLE_S", 0.05)
     launcher = SandboxLauncher(client=object())
     first = [RecordingContainer(f"symphony-lip-{i}") for i in range(3)]
     for c in first:

@@ -13,11 +13,11 @@ def record(obj) -> bytes:
 
 
 def test_marker_and_exit_statuses_are_the_runners() -> None:
-    from sandbox import launcher
+    from sandbox import cold
     from symphony import run
 
     assert RUNNER_MARKER.encode() == RESULT_MARKER
-    assert (launcher.RUNNER_EXIT_OK, launcher.RUNNER_EXIT_PROGRAM_FAILED, launcher.RUNNER_EXIT_SETUP_FAILED) == (
+    assert (cold.RUNNER_EXIT_OK, cold.RUNNER_EXIT_PROGRAM_FAILED, cold.RUNNER_EXIT_SETUP_FAILED) == (
         run.EXIT_OK,
         run.EXIT_PROGRAM_FAILED,
         run.EXIT_SETUP_FAILED,

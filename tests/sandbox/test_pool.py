@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from sandbox.launcher import LABEL, LABEL_OWNER, LABEL_POOL, LABEL_SLOT_DIR, SandboxLimits, SandboxSpec, reap
 from sandbox.pool import SandboxPool
+from sandbox.reaper import reap
+from sandbox.spec import LABEL, LABEL_OWNER, LABEL_POOL, LABEL_SLOT_DIR, SandboxLimits, SandboxSpec
 from tests.conftest import container_names
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.vllm, pytest.mark.timeout(300)]

@@ -8,7 +8,8 @@ import time
 
 import docker.errors
 
-from sandbox.launcher import LABEL, LABEL_EXPIRES, reap
+from sandbox.reaper import reap
+from sandbox.spec import LABEL, LABEL_EXPIRES
 
 
 class StandInContainer:

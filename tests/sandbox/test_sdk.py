@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import symphony as sy
+from gpu_worker import protocol
 from symphony import aio
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(180)]
@@ -159,6 +160,9 @@ def test_pred_token_many_steps_files_in_lock_step_like_one_by_one(session, gpu_w
     calls of a step are batched into shared forwards."""
     prompts = [session.tokenize(f"{PROMPT} {word}") for word in ("Paris", "and", "the river", "1")]
     kvs = [session.kv_create() for _ in prompts]
+    # A tenant served in the last second (the previous test's) still counts as contending, and
+    # the scheduler then caps this one's seats per forward (SchedulerConfig.contended_seats_per_tenant).
+    time.sleep(1.1)
     before = gpu_worker_process.admin.stats()["scheduler"]
     toks = session.pred_token_many(list(zip(kvs, prompts, strict=True)))
     out = [[t] for t in toks]
@@ -345,7 +349,7 @@ def test_connection_lost_fails_waiting_calls(gpu_worker_process) -> None:
 def test_asyncio_flavour_gathers_concurrent_calls(gpu_worker_process) -> None:
     info = gpu_worker_process.create_session()
 
-    async def run() -> tuple[list[list[int]], list[int], list[int]]:
+    async def run() -> tuple[list[list[int]], list[int], list[int], int]:
         s = await aio.connect(info.socket_path, info.token)
         ids = await s.tokenize(PROMPT)
         root = await s.kv_create()
@@ -354,15 +358,17 @@ def test_asyncio_flavour_gathers_concurrent_calls(gpu_worker_process) -> None:
         outs = await asyncio.gather(*(s.generate(k, ids[-1:], 5, stop=[]) for k in forks))
         ref = await s.generate(await s.kv_create(), ids, 5, stop=[])
         firsts = await s.pred_token_many([(await s.kv_create(), ids) for _ in range(3)])
+        fused = await s.pred_token(await s.kv_create(), ids)
         s.close()
-        return list(outs), ref, firsts
+        return list(outs), ref, firsts, fused
 
     try:
-        outs, ref, firsts = asyncio.run(run())
+        outs, ref, firsts, fused = asyncio.run(run())
     finally:
         gpu_worker_process.end_session(info.session_id)
     assert all(o == ref for o in outs)
     assert firsts == [ref[0]] * 3
+    assert fused == ref[0]
 
 
 def test_the_worker_tick_meters_page_seconds_of_every_live_session(gpu_worker_process) -> None:
@@ -379,3 +385,160 @@ def test_the_worker_tick_meters_page_seconds_of_every_live_session(gpu_worker_pr
             s.close()
         small, big = (gpu_worker_process.end_session(i.session_id).usage["page_seconds"] for i in infos)
     assert 0 < small < big, (small, big)
+
+
+def test_generate_continues_a_prefilled_fork_from_an_empty_prompt(session) -> None:
+    """The common case of a shared prefix: prefill once, fork, generate with no new tokens."""
+    ids = session.tokenize(PROMPT)
+    root = session.kv_create()
+    session.pred(root, ids)[0].release()
+    fork = session.kv_fork(root)
+    got = session.generate(fork, [], max_tokens=6, stop=[])
+    want = session.generate(session.kv_create(), ids, max_tokens=6, stop=[])
+    assert got == want
+    assert session.kv_tokens(fork) == ids + got
+    with pytest.raises(sy.InvalidArgument, match="needs a prompt or a file that already holds tokens"):
+        session.generate(session.kv_create(), [], max_tokens=3)
+
+
+def test_generate_takes_a_grammar_state_as_well_as_a_grammar(session) -> None:
+    g = session.grammar(regex="(yes|no)")
+    ids = session.apply_chat_template([{"role": "user", "content": "Answer yes or no: is water wet?"}])
+    by_state = session.detokenize(session.generate(session.kv_create(), ids, max_tokens=4, grammar=g.state()))
+    by_grammar = session.detokenize(session.generate(session.kv_create(), ids, max_tokens=4, grammar=g))
+    assert by_state == by_grammar and by_state in ("yes", "no")
+    with pytest.raises(sy.InvalidArgument, match="grammar= takes a Grammar or a GrammarState"):
+        session.generate(session.kv_create(), ids, max_tokens=4, grammar="(yes|no)")
+
+
+def test_common_slips_get_errors_that_say_what_to_do(session) -> None:
+    kv = session.kv_create()
+    ids = session.tokenize(PROMPT)
+    g = session.grammar(regex="[0-9]+")
+    (dist,) = session.pred(kv, ids)
+    with pytest.raises(sy.InvalidArgument, match=r"not the compiled grammar: pass grammar.state\(\)"):
+        dist.sample(mask=g)
+    with pytest.raises(sy.InvalidArgument, match=r"not the compiled grammar"):
+        session.pred_token(kv, [ids[-1]], mask=g)
+    assert session.detokenize([dist.sample(mask=g.state(), temperature=0)]).strip().isdigit()
+    with pytest.raises(sy.InvalidArgument, match=r"not str: tokenize text first"):
+        session.generate(kv, "some text", max_tokens=2)
+    with pytest.raises(sy.InvalidArgument, match=r"not str: tokenize text first"):
+        session.pred(kv, "text")
+    with pytest.raises(sy.InvalidArgument, match=r"must be ints"):
+        session.pred(kv, [1, "2"])
+    with pytest.raises(sy.InvalidArgument, match=r"takes a file name, not an open handle .*use kv_close for handles"):
+        session.kv_remove(kv)
+    with pytest.raises(sy.InvalidArgument, match=r"kv_open takes a file name"):
+        session.kv_open(kv)
+    assert len(kv) == len(ids)  # none of the refused calls reached the worker
+
+
+def test_asyncio_flavour_refuses_the_same_slips_and_continues_a_fork(gpu_worker_process) -> None:
+    async def go() -> None:
+        info = gpu_worker_process.create_session()
+        s = await aio.connect(info.socket_path, info.token)
+        try:
+            ids = await s.tokenize(PROMPT)
+            root = await s.kv_create()
+            await s.release(await s.pred(root, ids))
+            got = await s.generate(await s.kv_fork(root), [], max_tokens=4, stop=[])
+            assert got == await s.generate(await s.kv_create(), ids, max_tokens=4, stop=[])
+            with pytest.raises(sy.InvalidArgument, match="tokenize text first"):
+                await s.generate(root, "text", max_tokens=2)
+            with pytest.raises(sy.InvalidArgument, match="use kv_close for handles"):
+                await s.kv_remove(root)
+        finally:
+            s.close()
+            gpu_worker_process.end_session(info.session_id)
+
+    asyncio.run(go())
+
+
+def test_bias_vectors_steer_choices_combine_with_a_mask_and_are_capped(session) -> None:
+    """A worker-side bias over half the vocabulary (far past the 4,096 entries of a sparse map)
+    set up once and named by handle: it moves argmax, sampling and ``pred_token`` into its token
+    set, a mask still decides what is allowed, and the session's caps answer NoSpace."""
+    vocab = session.info.vocab_size
+    prompt = session.tokenize(PROMPT)
+    d = session.pred(session.kv_create(), prompt)[0]
+    base = d.argmax()
+    odd = base % 2 == 1
+    half = [t for t in range(vocab) if (t % 2 == 1) != odd]  # the parity the argmax lacks
+    assert len(half) > protocol.MAX_MAP_ENTRIES
+    with session.bias_set(half, 50.0) as green:
+        assert d.argmax(bias=green) % 2 != base % 2
+        assert all(d.sample(temperature=1.0, seed=s, bias=green) % 2 != base % 2 for s in range(5))
+        assert session.pred_token(session.kv_create(), prompt, bias=green) % 2 != base % 2
+        # The mask decides what may be chosen; the bias ranks what it allows.
+        other = next(t for t in d.topk(50).ids if t % 2 != base % 2)
+        assert d.argmax(mask=[base, other], bias=green) == other
+        assert d.argmax(mask=[base, base + 2], bias=green) == base
+    with pytest.raises(sy.KVNotFound):  # released: the handle is gone
+        d.argmax(bias=green)
+    values = [0.0] * vocab
+    values[other] = 1000.0
+    dense = session.bias_vector(values)
+    assert d.argmax(bias=dense) == other and d.argmax() == base  # the row itself is untouched
+    dense.release()
+    with pytest.raises(sy.InvalidArgument):
+        session.bias_vector([0.0] * (vocab - 1))
+    with pytest.raises(sy.InvalidArgument):  # the worker's own check, past the SDK's
+        session.conn.call("bias_create", {"values": [float("nan")] * vocab})
+    with pytest.raises(sy.InvalidArgument):
+        session.conn.call("bias_create", {"ids": [vocab], "value": 1.0})
+    held = [session.bias_set([1], 1.0) for _ in range(protocol.MAX_BIAS_HANDLES)]
+    with pytest.raises(sy.NoSpace):
+        session.bias_set([1], 1.0)
+    for b in held:
+        b.release()
+    session.bias_set([1], 1.0).release()  # room again
+    d.release()
+
+
+def test_asyncio_flavour_biases_choices_with_a_bias_vector(gpu_worker_process) -> None:
+    async def go() -> None:
+        info = gpu_worker_process.create_session()
+        s = await aio.connect(info.socket_path, info.token)
+        try:
+            ids = await s.tokenize(PROMPT)
+            base = await s.pred_token(await s.kv_create(), ids)
+            values = [0.0] * s.info.vocab_size
+            values[base + 1] = 1000.0
+            async with await s.bias_vector(values) as bias:
+                assert await s.pred_token(await s.kv_create(), ids, bias=bias) == base + 1
+                (dist,) = await s.pred(await s.kv_create(), ids)
+                assert await dist.argmax(bias=bias) == base + 1
+                assert await dist.sample(temperature=0.0, bias=bias, mask=[base, base + 2]) == base
+            with pytest.raises(sy.KVNotFound):
+                await dist.argmax(bias=bias)
+            with pytest.raises(sy.InvalidArgument, match="bias= takes"):
+                await dist.argmax(bias=[1.0, 2.0])
+        finally:
+            s.close()
+            gpu_worker_process.end_session(info.session_id)
+
+    asyncio.run(go())
+
+
+def test_a_bias_vector_ranks_what_a_grammar_state_allows(session) -> None:
+    """``mask=`` a grammar state and ``bias=`` a bias vector in one choice: the bias picks
+    between the grammar's alternatives and cannot pick outside them."""
+    g = session.grammar(regex="(yes|no)")
+    (yes,), (no,) = session.tokenize("yes"), session.tokenize("no")
+    d = session.pred(session.kv_create(), session.tokenize("Answer yes or no:"))[0]
+
+    def allowed(t: int) -> bool:
+        text = session.detokenize([t])
+        return bool(text) and ("yes".startswith(text) or "no".startswith(text))
+
+    outside = next(t for t in d.topk(20).ids if not allowed(t))
+    for wanted in (yes, no):
+        with session.bias_set([wanted], 100.0) as bias:
+            assert d.argmax(mask=g.state(), bias=bias) == wanted
+            assert d.sample(temperature=1.0, seed=1, mask=g.state(), bias=bias) == wanted
+    with session.bias_set([outside], 1000.0) as bias:
+        assert d.argmax(bias=bias) == outside
+        chosen = d.argmax(mask=g.state(), bias=bias)
+        assert chosen != outside and allowed(chosen), session.detokenize([chosen])
+    d.release()

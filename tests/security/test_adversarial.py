@@ -1,4 +1,4 @@
-"""Hostile LIPs (DESIGN.md §6): each attempt is contained with a clear error on its own run,
+"""Hostile LIPs (docs/ARCHITECTURE.md §7): each attempt is contained with a clear error on its own run,
 while a well-behaved run of another tenant, running at the same time, completes correctly and
 the worker stays healthy."""
 
@@ -274,9 +274,12 @@ def test_syscall_flood_is_bounded(lip_runner, good_tokens, gpu_worker_process) -
     prog = """
     import threading
     import symphony as sy
+    from symphony.admission import Admission
 
     def main(args):
         s = sy.session()
+        # A hostile program skips the SDK's queue (admission.py) so the flood reaches the worker.
+        s.conn.admission = Admission(100_000)
         counts = {"ok": 0, "busy": 0}
         lock = threading.Lock()
 

@@ -1,4 +1,4 @@
-"""Property-based fuzzing of the REST API against its own OpenAPI schema (issue 11, part 3).
+"""Property-based fuzzing of the REST API against its own OpenAPI schema.
 
 Schemathesis derives requests from ``/api/schema/`` (what drf-spectacular publishes, so a route
 added later is fuzzed without touching this file) and sends them in-process to the WSGI
@@ -59,8 +59,12 @@ def wsgi_app():
 
 @pytest.fixture
 def api_schema(wsgi_app):
-    """The live schema served by the app itself (not a copy), loaded through schemathesis."""
-    return schemathesis.openapi.from_wsgi("/api/schema/?format=json", wsgi_app)
+    """The live schema served by the app itself (not a copy), loaded through schemathesis.
+    Without the plain views the schema describes too (api/openapi_extra.py): ``/v1/*`` answer in
+    OpenAI's envelope and are fuzzed by test_openai_fuzz.py, and the events stream never ends
+    for a live run, which a request-per-example fuzzer cannot read."""
+    schema = schemathesis.openapi.from_wsgi("/api/schema/?format=json", wsgi_app)
+    return schema.exclude(path_regex=r"^/v1/|/events$")
 
 
 @pytest.fixture
@@ -193,8 +197,6 @@ def test_session_writes_without_csrf_token_are_refused(api_schema, seeded):
         operation = result.ok()
         if operation.method.upper() not in ("POST", "PUT", "PATCH", "DELETE"):
             continue
-        if operation.path in ("/api/v1/auth/login", "/api/v1/auth/signup"):
-            continue  # public, csrf-exempt by design: they create the session
         if operation.path.startswith("/api/v1/auth/password-reset") or operation.path == "/api/v1/auth/email/confirm":
             continue  # no session is read at all: the email or the link's token is the whole request
         path = operation.path.replace("{id}", "1").replace("{number}", "1").replace("{month}", "2026-11")

@@ -74,6 +74,26 @@ VALID = {
     "seed": st.integers(min_value=0, max_value=2**31),
     "stream": st.booleans(),
     "stream_options": st.none() | st.fixed_dictionaries({}, optional={"include_usage": st.booleans()}),
+    "top_k": st.integers(min_value=-1, max_value=100),
+    "min_p": st.floats(min_value=0, max_value=1),
+    "presence_penalty": st.floats(min_value=-2, max_value=2),
+    "frequency_penalty": st.floats(min_value=-2, max_value=2),
+    "logit_bias": st.dictionaries(st.integers(0, 50_000).map(str), st.floats(-100, 100), max_size=3),
+    "stop_token_ids": st.lists(st.integers(0, 50_000), max_size=3),
+    "user": _text,
+    "tools": st.lists(
+        st.fixed_dictionaries(
+            {
+                "type": st.just("function"),
+                "function": st.fixed_dictionaries(
+                    {"name": st.from_regex(r"[a-z_]{1,12}", fullmatch=True)},
+                    optional={"parameters": st.dictionaries(_text, ANY_JSON, max_size=3)},
+                ),
+            }
+        ),
+        max_size=2,
+    ),
+    "tool_choice": st.sampled_from(["none", "auto", "required", {"type": "function", "function": {"name": "f"}}]),
     "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}])
     | st.fixed_dictionaries(
         {
@@ -141,9 +161,10 @@ OPTIONAL = (
     "stream",
     "response_format",
 )
+SAMPLING = ("top_k", "min_p", "presence_penalty", "frequency_penalty", "logit_bias", "stop_token_ids", "user")
 SHAPES = {
-    "/v1/chat/completions": _body(("model", "messages"), OPTIONAL),
-    "/v1/completions": _body(("model", "prompt"), OPTIONAL),
+    "/v1/chat/completions": _body(("model", "messages"), (*OPTIONAL, *SAMPLING, "tools", "tool_choice")),
+    "/v1/completions": _body(("model", "prompt"), (*OPTIONAL, *SAMPLING)),
 }
 
 
@@ -180,8 +201,10 @@ def _store_as_run(path: str, body: bytes, tenant) -> None:
 
 
 @pytest.fixture
-def saturated(api_tenant_a):
-    """Tenant A at its plan's concurrent-run limit: a valid request ends at the quota check."""
+def saturated(api_tenant_a, settings):
+    """Tenant A at its plan's concurrent-run limit: a valid request ends at the quota check
+    (at once: no queueing for a slot)."""
+    settings.SYMPHONY_OPENAI_QUEUE_S = 0
     plan = Plan.objects.get(name=api_tenant_a.tenant.plan)
     prog = Program.objects.create(tenant=api_tenant_a.tenant, name="holder")
     programs.add_version(prog, "p.py", b"def main(a):\n    return 1\n")

@@ -1,4 +1,4 @@
-"""Hypothesis fuzzing of the worker's session socket (issue 11, part 4; DESIGN.md §3, §6).
+"""Hypothesis fuzzing of the worker's session socket (docs/ARCHITECTURE.md §4, §9).
 
 A LIP is hostile code and its session socket is the only thing it can reach, so this drives the
 real worker (tests/plugins/worker.py, tiny model) with raw frames instead of the SDK: random
@@ -43,16 +43,11 @@ from gpu_worker.protocol import ErrorCode
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(300)]
 
 KNOWN_CODES = {v for k, v in vars(ErrorCode).items() if k.isupper()}
-FUZZ_OPS = sorted(protocol.LIP_OPS - {"hello"})
-#: Argument names any op reads (from lip_ops.py): fuzzed maps mostly use these keys so that the
-#: values reach the validators instead of being ignored as unknown keys.
-ARG_NAMES = [
-    "kv", "tokens", "positions", "returns", "then", "dist", "temperature", "top_p", "top_k", "seed",
-    "mask", "bias", "k", "token_ids", "dists", "name", "mode", "n", "start", "end", "a", "b",
-    "pinned", "text", "add_special_tokens", "ids", "skip_special_tokens", "messages",
-    "add_generation_prompt", "data", "url", "method", "headers", "body", "timeout", "seconds",
-    "json_schema", "regex", "ebnf", "grammar", "token", "result", "error",
-]  # fmt: skip
+FUZZ_OPS = sorted(set(protocol.LIP_OPS) - {"hello"})
+#: Argument names the ops declare (their classes in protocol.py, the choice fields of ``then``
+#: included): fuzzed maps mostly use these keys so that the values reach the checks instead of
+#: being ignored as unknown keys.
+ARG_NAMES = sorted({f.name for cls in (*protocol.LIP_OPS.values(), protocol.Sample) for f in cls.FIELDS})
 SETTINGS = settings(
     deadline=None,
     database=None,
@@ -241,8 +236,19 @@ def _args(handles: list[int]) -> st.SearchStrategy[dict[str, Any]]:
     return st.dictionaries(key, value, max_size=6)
 
 
+#: Ops that wait for a message: a missing or long timeout would legitimately block.
+WAITING_OPS = {"channel_recv", "channel_next"}
+
+
 def _safe(op: str, args: dict[str, Any]) -> dict[str, Any]:
-    """Keep the one op that would legitimately block (sleep) within a fraction of a second."""
+    """Keep the ops that would legitimately block (sleep, channel reads) within a fraction of a
+    second."""
+    if op in WAITING_OPS:
+        timeout = args.get("timeout")
+        if timeout is None:
+            args = {**args, "timeout": 0.01}
+        elif isinstance(timeout, int | float) and not isinstance(timeout, bool) and 0 <= timeout <= 3600:
+            args = {**args, "timeout": min(timeout, 0.01)}  # out-of-range values stay refused
     if op == "sleep" and isinstance(args.get("seconds"), int | float) and not isinstance(args["seconds"], bool):
         seconds = args["seconds"]
         if not math.isnan(seconds) and 0 < seconds <= 3600:
@@ -387,16 +393,21 @@ def test_random_envelopes(gpu_worker_process, bystander, fuzzer) -> None:
             frame = protocol.pack(msg)
         except (protocol.ProtocolError, ValueError, TypeError, OverflowError):
             return
-        if isinstance(msg, dict) and msg.get("op") == "sleep":
-            return  # covered with bounded seconds above
+        if isinstance(msg, dict) and isinstance(msg.get("op"), str) and msg["op"] in {"sleep", *WAITING_OPS}:
+            return  # covered with bounded waits above
         conn.send_bytes(frame)
         reply = conn.recv()
         assert reply is not None, f"worker closed the connection on a decodable frame {msg!r}"
         try:
             req_id, _, _ = protocol.parse_request(msg)
         except protocol.ProtocolError:
-            # A bad envelope: the reply is EBADFRAME with no id, and the connection lives on.
-            assert reply == {"id": None, "err": reply["err"]} and reply["err"]["code"] == ErrorCode.BAD_FRAME, reply
+            # A bad envelope: the reply is EBADFRAME, to the request's id if it has a valid one
+            # (so the call that sent it fails at once), and the connection lives on.
+            sent_id = msg.get("id") if isinstance(msg, dict) else None
+            valid = isinstance(sent_id, int) and not isinstance(sent_id, bool) and 0 <= sent_id < 2**63
+            expected_id = sent_id if valid else None
+            assert reply == {"id": expected_id, "err": reply["err"]}, reply
+            assert reply["err"]["code"] == ErrorCode.BAD_FRAME, reply
             fuzzer.count("bad_envelope")
             return
         check_reply(reply, req_id, bystander, fuzzer, msg.get("op", ""), msg.get("args"))

@@ -33,7 +33,10 @@ class Command(BaseCommand):
         user.set_password(password)
         user.save()
         creds_path.parent.mkdir(parents=True, exist_ok=True)
-        creds_path.write_text(f"Admin user: {username}\nAdmin password: {password}\n")
+        # The first line is what to type in the console's and Django admin's sign-in forms.
+        creds_path.write_text(
+            f"Sign in as: {username} (or {user.email})\nAdmin user: {username}\nAdmin password: {password}\n"
+        )
         creds_path.chmod(0o600)
         verb = "created" if created else "updated"
         self.stdout.write(f"demo: admin user '{username}' {verb}; credentials in {creds_path}")

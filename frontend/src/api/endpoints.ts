@@ -125,6 +125,15 @@ export async function setMemberRole(id: number, role: Role): Promise<Member> {
 export async function removeMember(id: number): Promise<void> {
   await unwrap(http.DELETE("/api/v1/members/{id}", { params: { path: { id } } }));
 }
+/** The tenant's tool-host allowlist (`http_fetch`) and its plan's bound on it. */
+export type ToolHosts = { hosts: string[]; max_hosts: number };
+export async function getToolHosts(): Promise<ToolHosts> {
+  return (await unwrap(http.GET("/api/v1/tool-hosts"))) as unknown as ToolHosts;
+}
+/** Replace the whole list (owners); the server normalizes it and says why an entry is refused. */
+export async function setToolHosts(hosts: string[]): Promise<ToolHosts> {
+  return (await unwrap(http.PUT("/api/v1/tool-hosts", { body: { hosts } }))) as unknown as ToolHosts;
+}
 export async function listAuditLog(): Promise<AuditEntry[]> {
   const page = await unwrap(http.GET("/api/v1/audit-log", { params: { query: PAGE } }));
   return page.results;
@@ -197,8 +206,13 @@ export async function createRun(
     http.POST("/api/v1/runs", { body: { program, version, args, limits } as never }),
   )) as unknown as Run;
 }
-export async function listRuns(program?: number): Promise<Run[]> {
-  const query = program === undefined ? PAGE : { ...PAGE, program };
+export async function listRuns(program?: number, status?: string, parent?: string): Promise<Run[]> {
+  const query = {
+    ...PAGE,
+    ...(program === undefined ? {} : { program }),
+    ...(status ? { status } : {}),
+    ...(parent ? { parent } : {}),
+  };
   const page = await unwrap(http.GET("/api/v1/runs", { params: { query: query as typeof PAGE } }));
   return page.results;
 }
@@ -220,11 +234,16 @@ export interface KVListing {
   files: KVFile[];
   /** True when the worker was unreachable and the last mirror was served. */
   stale: boolean;
+  /** Every file of the tenant; `files` is the page from `offset` (a plan allows up to 10,000). */
+  count: number;
+  offset: number;
 }
-export async function listKVFiles(): Promise<KVListing> {
-  const { data, error, response } = await http.GET("/api/v1/kv-files", { params: { query: PAGE } });
+export const KV_PAGE_SIZE = 100;
+export async function listKVFiles(offset = 0): Promise<KVListing> {
+  const query = { limit: KV_PAGE_SIZE, offset };
+  const { data, error, response } = await http.GET("/api/v1/kv-files", { params: { query } });
   if (!response.ok || !data) throw new ApiError(response.status, "error", errorText(error, response));
-  return { files: data.results, stale: response.headers.get("X-Symphony-Stale") === "1" };
+  return { files: data.results, stale: response.headers.get("X-Symphony-Stale") === "1", count: data.count, offset };
 }
 export async function pinKVFile(id: number, pinned: boolean): Promise<KVFile> {
   return unwrap(http.POST("/api/v1/kv-files/{id}/pin", { params: { path: { id } }, body: { pinned } }));
@@ -274,6 +293,24 @@ export async function evictKVFile(id: number): Promise<void> {
 }
 export async function listTenants(): Promise<AdminTenant[]> {
   return (await unwrap(http.GET("/api/v1/admin/tenants"))) as unknown as AdminTenant[];
+}
+export async function listPlans(): Promise<string[]> {
+  return ((await (await rawFetch("/api/v1/admin/plans")).json()) as { plans: string[] }).plans;
+}
+export async function setTenantPlan(id: number, plan: string): Promise<void> {
+  await rawFetch(`/api/v1/admin/tenants/${id}`, {
+    method: "PATCH",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ plan }),
+  });
+}
+/** Staff close a tenant they do not own; `confirm` is its slug, as for an owner. */
+export async function staffCloseTenant(id: number, confirm: string): Promise<void> {
+  await rawFetch(`/api/v1/admin/tenants/${id}/close`, {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify({ confirm }),
+  });
 }
 export async function getServiceHealth(): Promise<ServiceHealth> {
   const response = await globalThis.fetch(new URL("/api/v1/health", window.location.origin));

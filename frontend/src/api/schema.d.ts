@@ -38,6 +38,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/admin/plans": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["v1_admin_plans_retrieve"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/admin/tenants": {
         parameters: {
             query?: never;
@@ -49,6 +65,40 @@ export interface paths {
         get: operations["v1_admin_tenants_retrieve"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/admin/tenants/{tenant_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        /** @description ``PATCH {"plan": name}``: move the tenant to another plan. */
+        patch: operations["v1_admin_tenants_partial_update"];
+        trace?: never;
+    };
+    "/api/v1/admin/tenants/{tenant_id}/close": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** @description ``POST {"confirm": slug}``: close a tenant staff do not own (as the Django admin's action). */
+        post: operations["v1_admin_tenants_close_create"];
         delete?: never;
         options?: never;
         head?: never;
@@ -446,8 +496,9 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * @description The tenant's KV files. Listing refreshes the mirror from the worker first; when the worker
-         *     cannot be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
+         * @description The tenant's KV files, paginated (``?limit=`` at most 500). The first page refreshes the
+         *     mirror from the worker, so the pages after it are of the same listing; when the worker cannot
+         *     be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
          */
         get: operations["v1_kv_files_list"];
         put?: never;
@@ -466,15 +517,17 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * @description The tenant's KV files. Listing refreshes the mirror from the worker first; when the worker
-         *     cannot be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
+         * @description The tenant's KV files, paginated (``?limit=`` at most 500). The first page refreshes the
+         *     mirror from the worker, so the pages after it are of the same listing; when the worker cannot
+         *     be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
          */
         get: operations["v1_kv_files_retrieve"];
         put?: never;
         post?: never;
         /**
-         * @description The tenant's KV files. Listing refreshes the mirror from the worker first; when the worker
-         *     cannot be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
+         * @description The tenant's KV files, paginated (``?limit=`` at most 500). The first page refreshes the
+         *     mirror from the worker, so the pages after it are of the same listing; when the worker cannot
+         *     be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
          */
         delete: operations["v1_kv_files_destroy"];
         options?: never;
@@ -492,8 +545,9 @@ export interface paths {
         get?: never;
         put?: never;
         /**
-         * @description The tenant's KV files. Listing refreshes the mirror from the worker first; when the worker
-         *     cannot be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
+         * @description The tenant's KV files, paginated (``?limit=`` at most 500). The first page refreshes the
+         *     mirror from the worker, so the pages after it are of the same listing; when the worker cannot
+         *     be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
          */
         post: operations["v1_kv_files_pin_create"];
         delete?: never;
@@ -720,6 +774,30 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/tool-hosts": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description The tenant's tool-host allowlist: members and ``runs`` keys read it, owners (console)
+         *     replace it within the plan's ``max_tool_hosts``.
+         */
+        get: operations["v1_tool_hosts_retrieve"];
+        /**
+         * @description The tenant's tool-host allowlist: members and ``runs`` keys read it, owners (console)
+         *     replace it within the plan's ``max_tool_hosts``.
+         */
+        put: operations["v1_tool_hosts_update"];
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/usage": {
         parameters: {
             query?: never;
@@ -736,10 +814,166 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/chat/completions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** OpenAI chat completion (served by the built-in LIP) */
+        post: operations["openai_chat_completions"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/completions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** OpenAI text completion (served by the built-in LIP) */
+        post: operations["openai_completions"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/models": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["openai_models"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/models/{model_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["openai_model"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/runs/{run_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The run's events as Server-Sent Events (token, message, status, end), resumable */
+        get: operations["runs_events"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/responses": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** OpenAI Responses API: create (served by the built-in LIP; stored turns keep their KV) */
+        post: operations["openai_responses_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/responses/{response_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** A stored response */
+        get: operations["openai_responses_retrieve"];
+        put?: never;
+        post?: never;
+        /** Delete a stored response */
+        delete: operations["openai_responses_delete"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/responses/{response_id}/cancel": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /** Cancel a background response */
+        post: operations["openai_responses_cancel"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/responses/{response_id}/input_items": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /** The response's own input items */
+        get: operations["openai_responses_input_items"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        /**
+         * @description An API key. A new one needs at least one scope (all four when ``scopes`` is left out) and
+         *     an ``expires_at`` in the future, if any: a key without either could only ever be refused.
+         */
         ApiKey: {
             readonly id: number;
             name: string;
@@ -812,13 +1046,18 @@ export interface components {
             readonly bytes: number;
             readonly residency: string;
             readonly pinned: boolean;
-            /** Format: double */
-            readonly last_used: number | null;
+            /** Format: date-time */
+            readonly last_used: string | null;
             /** Format: date-time */
             readonly synced_at: string;
         };
+        /**
+         * @description Sign-in with an email address or a username (the operator's ``admin`` from ``make up``
+         *     has a username; console users sign up with their email, which is also their username).
+         *     ``email`` keeps its name for existing clients; it becomes the username to authenticate.
+         */
         Login: {
-            /** Format: email */
+            /** @description email address or username */
             email: string;
             password: string;
         };
@@ -970,6 +1209,9 @@ export interface components {
         PatchedMemberRole: {
             role?: components["schemas"]["RoleEnum"];
         };
+        PatchedStaffTenantPlan: {
+            plan?: string;
+        };
         Pin: {
             pinned: boolean;
         };
@@ -990,10 +1232,16 @@ export interface components {
          * @enum {string}
          */
         RoleEnum: "owner" | "member";
+        /**
+         * @description A run. One run (not a list of them) also has ``usage`` (``null`` until it has ended),
+         *     ``timings`` and ``children`` (the runs it spawned, oldest first); ``parent`` is the run
+         *     that spawned it (``null`` for a run a client started).
+         */
         Run: {
             /** Format: uuid */
             readonly id: string;
             readonly program: number;
+            readonly program_name: string;
             readonly version: number;
             readonly status: string;
             readonly args: unknown;
@@ -1002,12 +1250,36 @@ export interface components {
             readonly error: string;
             readonly exit_code: number | null;
             readonly worker: string;
+            /** Format: uuid */
+            readonly parent: string | null;
+            readonly depth: number;
+            readonly entry: string;
             /** Format: date-time */
             readonly created_at: string;
             /** Format: date-time */
             readonly started_at: string | null;
             /** Format: date-time */
             readonly finished_at: string | null;
+            readonly usage: components["schemas"]["RunUsage"] | null;
+            readonly timings: components["schemas"]["RunTimings"];
+            readonly children: components["schemas"]["RunChild"][];
+        };
+        /** @description A run a run spawned (``symphony.spawn``), as its parent lists it. */
+        RunChild: {
+            /** Format: uuid */
+            id: string;
+            status: string;
+            /** @description module:function of the bundle; empty: the program's main */
+            entry: string;
+        };
+        RunCost: {
+            currency: string;
+            /** @description USD, to the micro-dollar */
+            total: string;
+            /** @description amount per billed counter (non-zero) */
+            lines: {
+                [key: string]: string;
+            };
         };
         RunCreate: {
             /** Format: int64 */
@@ -1034,7 +1306,6 @@ export interface components {
             allowed_hosts?: string[];
             memory_mb?: number;
             pids?: number;
-            /** Format: int64 */
             output_limit_bytes?: number;
         };
         RunLogs: {
@@ -1044,6 +1315,32 @@ export interface components {
             readonly stdout: string;
             readonly stderr: string;
             readonly truncated: boolean;
+        };
+        RunTimings: {
+            /** Format: double */
+            queue_wait_s: number | null;
+            /** Format: double */
+            run_s: number | null;
+            /** Format: double */
+            time_to_first_token_s: number | null;
+        };
+        /** @description Shape of a run's ``usage`` (documentation only: ``run_report.usage`` builds it). */
+        RunUsage: {
+            prefill_tokens: number;
+            /** @description prompt tokens not computed: served from the tenant's prefix cache or stored KV files the run opened (billed at the plan's cached_token_price_ratio of a prefill token) */
+            cached_tokens: number;
+            decode_tokens: number;
+            pred_calls: number;
+            /** @description forward passes that carried the run's pred calls */
+            forwards: number;
+            /** Format: double */
+            page_seconds: number;
+            /** Format: double */
+            sandbox_seconds: number;
+            io_calls: number;
+            streamed_events: number;
+            streamed_bytes: number;
+            cost: components["schemas"]["RunCost"];
         };
         /**
          * @description * `programs` - programs
@@ -1070,6 +1367,10 @@ export interface components {
         };
         TenantCreate: {
             name: string;
+        };
+        /** @description ``PUT /tool-hosts``: the whole list (``host`` or ``host:port`` entries). */
+        ToolHosts: {
+            hosts: string[];
         };
     };
     responses: never;
@@ -1128,6 +1429,27 @@ export interface operations {
             };
         };
     };
+    v1_admin_plans_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
     v1_admin_tenants_retrieve: {
         parameters: {
             query?: never;
@@ -1136,6 +1458,64 @@ export interface operations {
             cookie?: never;
         };
         requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_admin_tenants_partial_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["PatchedStaffTenantPlan"];
+                "application/x-www-form-urlencoded": components["schemas"]["PatchedStaffTenantPlan"];
+                "multipart/form-data": components["schemas"]["PatchedStaffTenantPlan"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_admin_tenants_close_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                tenant_id: number;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TenantClose"];
+                "application/x-www-form-urlencoded": components["schemas"]["TenantClose"];
+                "multipart/form-data": components["schemas"]["TenantClose"];
+            };
+        };
         responses: {
             200: {
                 headers: {
@@ -2119,6 +2499,8 @@ export interface operations {
                 limit?: number;
                 /** @description The initial index from which to return the results. */
                 offset?: number;
+                /** @description only the runs this run spawned */
+                parent?: string;
                 program?: number;
                 /**
                  * @description * `queued` - queued
@@ -2150,7 +2532,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description Same key within a tenant returns the first run (200) instead of a new one (201). */
+                /** @description Same key and body within a tenant returns the first run (200) instead of a new one (201); the same key with another body is a 422 idempotency_mismatch. */
                 "Idempotency-Key"?: string;
             };
             path?: never;
@@ -2310,6 +2692,54 @@ export interface operations {
             };
         };
     };
+    v1_tool_hosts_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_tool_hosts_update: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ToolHosts"];
+                "application/x-www-form-urlencoded": components["schemas"]["ToolHosts"];
+                "multipart/form-data": components["schemas"]["ToolHosts"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
     v1_usage_retrieve: {
         parameters: {
             query?: {
@@ -2333,6 +2763,1028 @@ export interface operations {
                 content: {
                     "application/json": {
                         [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    openai_chat_completions: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    model: string;
+                    max_tokens?: number;
+                    temperature?: number;
+                    top_p?: number;
+                    top_k?: number;
+                    min_p?: number;
+                    presence_penalty?: number;
+                    frequency_penalty?: number;
+                    logit_bias?: {
+                        [key: string]: number;
+                    };
+                    n?: number;
+                    stop?: string | string[];
+                    stop_token_ids?: number[];
+                    seed?: number;
+                    stream?: boolean;
+                    stream_options?: {
+                        include_usage?: boolean;
+                    };
+                    user?: string;
+                    messages: {
+                        /** @enum {string} */
+                        role: "system" | "developer" | "user" | "assistant" | "tool";
+                        content?: (string | Record<string, never>[]) | null;
+                        name?: string;
+                        tool_calls?: Record<string, never>[];
+                        tool_call_id?: string;
+                    }[];
+                    max_completion_tokens?: number;
+                    logprobs?: boolean;
+                    top_logprobs?: number;
+                    response_format?: Record<string, never>;
+                    tools?: Record<string, never>[];
+                    tool_choice?: ("none" | "auto" | "required") | Record<string, never>;
+                    parallel_tool_calls?: boolean;
+                };
+            };
+        };
+        responses: {
+            /** @description the completion, or its chunks as Server-Sent Events when stream=true */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        id?: string;
+                        object?: string;
+                        created?: number;
+                        model?: string;
+                        choices?: Record<string, never>[];
+                        usage?: Record<string, never>;
+                    };
+                    "text/event-stream": unknown;
+                };
+            };
+            /** @description error */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            405: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+        };
+    };
+    openai_completions: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    model: string;
+                    max_tokens?: number;
+                    temperature?: number;
+                    top_p?: number;
+                    top_k?: number;
+                    min_p?: number;
+                    presence_penalty?: number;
+                    frequency_penalty?: number;
+                    logit_bias?: {
+                        [key: string]: number;
+                    };
+                    n?: number;
+                    stop?: string | string[];
+                    stop_token_ids?: number[];
+                    seed?: number;
+                    stream?: boolean;
+                    stream_options?: {
+                        include_usage?: boolean;
+                    };
+                    user?: string;
+                    prompt: string | string[] | number[] | number[][];
+                    logprobs?: number;
+                    echo?: boolean;
+                    response_format?: Record<string, never>;
+                };
+            };
+        };
+        responses: {
+            /** @description the completion, or its chunks as Server-Sent Events when stream=true */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        id?: string;
+                        object?: string;
+                        created?: number;
+                        model?: string;
+                        choices?: Record<string, never>[];
+                        usage?: Record<string, never>;
+                    };
+                    "text/event-stream": unknown;
+                };
+            };
+            /** @description error */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            405: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+        };
+    };
+    openai_models: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the served model */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        object?: string;
+                        data?: {
+                            id?: string;
+                            object?: string;
+                            created?: number;
+                            owned_by?: string;
+                        }[];
+                    };
+                };
+            };
+            /** @description error */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            405: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+        };
+    };
+    openai_model: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                model_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the model */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        id?: string;
+                        object?: string;
+                        created?: number;
+                        owned_by?: string;
+                    };
+                };
+            };
+            /** @description error */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            405: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+        };
+    };
+    runs_events: {
+        parameters: {
+            query?: {
+                last_event_id?: string;
+            };
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description an event stream */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": unknown;
+                };
+            };
+            /** @description the stream had ended before Last-Event-ID */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description a malformed Last-Event-ID */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description no or a wrong API key */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description no such run of this tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description too many open streams (Retry-After) */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    openai_responses_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    model: string;
+                    /** @description text, or message / function_call / function_call_output items */
+                    input: string | Record<string, never>[];
+                    instructions?: string;
+                    previous_response_id?: string;
+                    /** @default true */
+                    store?: boolean;
+                    background?: boolean;
+                    stream?: boolean;
+                    /** @description function tools */
+                    tools?: Record<string, never>[];
+                    tool_choice?: ("none" | "auto" | "required") | Record<string, never>;
+                    parallel_tool_calls?: boolean;
+                    max_output_tokens?: number;
+                    temperature?: number;
+                    top_p?: number;
+                    /** @description format: text, json_object or json_schema */
+                    text?: Record<string, never>;
+                    metadata?: {
+                        [key: string]: string;
+                    };
+                    user?: string;
+                    /** @enum {string} */
+                    truncation?: "disabled";
+                    include?: unknown[];
+                };
+            };
+        };
+        responses: {
+            /** @description the response, or its events as Server-Sent Events when stream=true */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        id?: string;
+                        /** @enum {string} */
+                        object?: "response";
+                        status?: string;
+                        output?: Record<string, never>[];
+                        usage?: Record<string, never> | null;
+                        previous_response_id?: string | null;
+                    };
+                    "text/event-stream": unknown;
+                };
+            };
+            /** @description error */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            405: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            408: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            429: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+        };
+    };
+    openai_responses_retrieve: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                response_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        id?: string;
+                        /** @enum {string} */
+                        object?: "response";
+                        status?: string;
+                        output?: Record<string, never>[];
+                        usage?: Record<string, never> | null;
+                        previous_response_id?: string | null;
+                    };
+                };
+            };
+            /** @description error */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+        };
+    };
+    openai_responses_delete: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                response_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description response.deleted */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description error */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+        };
+    };
+    openai_responses_cancel: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                response_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        id?: string;
+                        /** @enum {string} */
+                        object?: "response";
+                        status?: string;
+                        output?: Record<string, never>[];
+                        usage?: Record<string, never> | null;
+                        previous_response_id?: string | null;
+                    };
+                };
+            };
+            /** @description error */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+        };
+    };
+    openai_responses_input_items: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                response_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description a list of items */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description error */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
+                    };
+                };
+            };
+            /** @description error */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        error: {
+                            message: string;
+                            type: string;
+                            param?: string | null;
+                            code?: string | null;
+                        };
                     };
                 };
             };

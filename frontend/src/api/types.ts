@@ -77,6 +77,8 @@ export interface UsageGroup {
   prefix?: string | null;
   runs: number;
   prefill_tokens: number;
+  /** Prompt tokens served from the prefix cache or stored KV files (billed at the plan's ratio). */
+  cached_tokens?: number;
   decode_tokens: number;
   sandbox_seconds: number;
   kv_gib_hours: number;
@@ -85,6 +87,8 @@ export interface UsageGroup {
 /** `GET /quota`. Fields beyond the first version of the API are optional (null = unlimited). */
 export interface Quota {
   plan: string;
+  /** The largest program file an upload may be (bytes); the console checks it before sending. */
+  max_program_bytes?: number;
   limits: {
     max_concurrent_runs: number;
     max_tokens_per_run: number;
@@ -96,8 +100,12 @@ export interface Quota {
     kv_bytes_stored?: number | null;
     /** Shared by all of the tenant's keys and members; null = unlimited. */
     api_requests_per_minute?: number | null;
+    /** Fractions of each worker's device pool (pinned KV files) and host tier (spilled ones). */
+    kv_pinned_device_share?: number | null;
+    kv_host_share?: number | null;
+    max_kv_files?: number | null;
   };
-  use: { active_runs: number; tokens_this_month?: number; kv_bytes_stored?: number };
+  use: { active_runs: number; tokens_this_month?: number; kv_bytes_stored?: number; kv_files?: number };
   allowed_tool_hosts?: string[];
 }
 

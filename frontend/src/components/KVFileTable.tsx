@@ -1,6 +1,6 @@
 import type { ReactNode } from "react";
 import type { KVFile } from "../api/types";
-import { formatBytes, formatEpoch, formatNumber } from "../lib/format";
+import { formatBytes, formatDate, formatNumber } from "../lib/format";
 import { Empty } from "./Status";
 
 interface KVFileTableProps {
@@ -11,7 +11,13 @@ interface KVFileTableProps {
 }
 
 export function KVFileTable({ files, showTenant = false, actions, caption }: KVFileTableProps) {
-  if (!files.length) return <Empty>No persistent KV files.</Empty>;
+  if (!files.length)
+    return (
+      <Empty>
+        No persistent KV files. A run keeps one when its program names it, <code>kv_create("name")</code>, and does not
+        delete it; the next run can open it again with the same name.
+      </Empty>
+    );
   return (
     <div className="table-wrap">
       <table>
@@ -34,14 +40,18 @@ export function KVFileTable({ files, showTenant = false, actions, caption }: KVF
           {files.map((f) => (
             <tr key={f.id}>
               {showTenant && <td>{f.tenant}</td>}
-              <td className="mono">{f.name}</td>
+              <td className="mono">
+                <span className="truncate" title={f.name}>
+                  {f.name}
+                </span>
+              </td>
               <td>{formatNumber(f.tokens)}</td>
               <td>{formatBytes(f.bytes)}</td>
               <td>
                 <span className={`badge badge-res-${f.residency}`}>{f.residency}</span>
               </td>
               <td>{f.pinned ? "yes" : "no"}</td>
-              <td>{formatEpoch(f.last_used)}</td>
+              <td>{formatDate(f.last_used)}</td>
               <td className="actions">{actions(f)}</td>
             </tr>
           ))}

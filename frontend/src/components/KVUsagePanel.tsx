@@ -5,7 +5,7 @@ import { Empty } from "./Status";
 export const KV_COLORS = { device: "#2563eb", host: "#d97706", disk: "#7c3aed", tenant: "#059669" };
 
 /** Live KV pages of the worker (device/host/disk) and of this tenant, from `kv` events. */
-export function KVUsagePanel({ samples, live }: { samples: KVSample[]; live: boolean }) {
+export function KVUsagePanel({ samples, origin, live }: { samples: KVSample[]; origin: number; live: boolean }) {
   const last = samples[samples.length - 1];
   return (
     <section className="card" aria-labelledby="kv-title">
@@ -19,8 +19,9 @@ export function KVUsagePanel({ samples, live }: { samples: KVSample[]; live: boo
         <>
           <LineChart
             title="KV pages over time"
-            xs={samples.map((s) => s.t / 1000)}
-            xLabel="seconds since opened"
+            xs={samples.map((s) => Math.max(0, s.t - origin) / 1000)}
+            xLabel="seconds since the run started"
+            xFormat={(x) => `${x.toFixed(x < 10 ? 1 : 0)} s`}
             series={[
               { key: "device", label: "Device pages", color: KV_COLORS.device, values: samples.map((s) => s.device_pages) },
               { key: "host", label: "Host pages", color: KV_COLORS.host, values: samples.map((s) => s.host_pages) },

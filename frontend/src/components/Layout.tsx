@@ -1,5 +1,5 @@
 import { useState } from "react";
-import { NavLink, Outlet, useLocation, useNavigate } from "react-router";
+import { Navigate, NavLink, Outlet, useLocation, useNavigate } from "react-router";
 import { useAuth } from "../auth/AuthContext";
 import { NoTenantPage } from "../pages/NoTenantPage";
 import { TenantSwitcher } from "./TenantSwitcher";
@@ -12,9 +12,10 @@ const LINKS = [
   { to: "/api-keys", label: "API keys" },
   { to: "/team", label: "Team" },
 ];
-const ADMIN_LINK = { to: "/admin", label: "Admin" };
+/** The staff page lives at /staff: /admin is Django's admin, which a reload would open. */
+const STAFF_LINK = { to: "/staff", label: "Staff" };
 /** Pages that work without an active tenant (the rest are tenant-scoped and would answer 403). */
-const TENANTLESS_PATHS = new Set(["/account", "/admin"]);
+const TENANTLESS_PATHS = new Set(["/account", "/staff"]);
 
 export function Layout() {
   const { me, isStaff, logout, activeTenant } = useAuth();
@@ -25,7 +26,7 @@ export function Layout() {
   // of tenant pages that could only fail.
   const stranded = me?.active_tenant === null;
   const tenantLinks = stranded ? [] : LINKS;
-  const links = isStaff ? [...tenantLinks, ADMIN_LINK] : tenantLinks;
+  const links = isStaff ? [...tenantLinks, STAFF_LINK] : tenantLinks;
   return (
     <div className="shell">
       <a className="skip-link" href="#main">
@@ -72,7 +73,12 @@ export function Layout() {
         </div>
       </header>
       <main id="main" className="content" tabIndex={-1}>
-        {stranded && !TENANTLESS_PATHS.has(pathname) ? <NoTenantPage /> : <Outlet />}
+        {stranded && !TENANTLESS_PATHS.has(pathname) ? (
+          // Staff without a tenant (the operator's admin) have the staff page to go to.
+          isStaff ? <Navigate to="/staff" replace /> : <NoTenantPage />
+        ) : (
+          <Outlet />
+        )}
       </main>
     </div>
   );

@@ -1,5 +1,14 @@
 import type { ReactNode } from "react";
-import { errorMessage } from "../api/errors";
+import { ApiError, errorMessage } from "../api/errors";
+
+/** A field's own error, under it; `id` is what the input's aria-describedby names. */
+export function FieldError({ id, message }: { id: string; message: string | null }) {
+  return (
+    <span className="field-error" id={id} role={message ? "alert" : undefined}>
+      {message ?? ""}
+    </span>
+  );
+}
 
 export function Loading({ label = "Loading…" }: { label?: string }) {
   return (
@@ -9,11 +18,14 @@ export function Loading({ label = "Loading…" }: { label?: string }) {
   );
 }
 
-export function ErrorBanner({ error, onRetry }: { error: unknown; onRetry?: () => void }) {
+/** `inline`: the form shows each field's message next to the field (FieldError), so a 400
+ * naming fields only says so here. */
+export function ErrorBanner({ error, onRetry, inline = false }: { error: unknown; onRetry?: () => void; inline?: boolean }) {
   if (!error) return null;
+  const text = inline && error instanceof ApiError && error.hasFieldErrors ? "Please fix the fields marked below." : errorMessage(error);
   return (
     <div className="banner banner-error" role="alert">
-      <span>{errorMessage(error)}</span>
+      <span>{text}</span>
       {onRetry && (
         <button type="button" className="btn btn-small" onClick={onRetry}>
           Retry
@@ -32,7 +44,7 @@ export function Notice({ children, tone = "info" }: { children: ReactNode; tone?
 }
 
 export function Empty({ children }: { children: ReactNode }) {
-  return <p className="empty">{children}</p>;
+  return <div className="empty">{children}</div>;
 }
 
 interface AsyncBlockProps<T> {

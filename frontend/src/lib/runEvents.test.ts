@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { initialStreamState, MAX_KV_SAMPLES, reduceRunEvent, type StreamEvent } from "./runEvents";
+import { initialStreamState, MAX_CHANNEL_EVENTS, MAX_KV_SAMPLES, reduceRunEvent, type StreamEvent } from "./runEvents";
 
 const ev = (type: string, data: unknown, t = 0, id = "1-0"): StreamEvent => ({ type, data: JSON.stringify(data), t, id });
 
@@ -32,6 +32,16 @@ describe("reduceRunEvent", () => {
     expect(s.error).toBe("boom");
     expect(s.ended).toBe(true);
     expect(s.result).toBeNull();
+  });
+
+  it("keeps the latest channel messages the run sent", () => {
+    let s = reduceRunEvent(initialStreamState, ev("channel", { channel: "votes", op: "send", data: { agent: 1 }, bytes: 11 }));
+    expect(s.channel).toEqual([{ channel: "votes", op: "send", data: { agent: 1 }, bytes: 11 }]);
+    for (let i = 0; i < MAX_CHANNEL_EVENTS + 3; i++) {
+      s = reduceRunEvent(s, ev("channel", { channel: "news", op: "publish", data: i, bytes: 1 }));
+    }
+    expect(s.channel).toHaveLength(MAX_CHANNEL_EVENTS);
+    expect(s.channel[s.channel.length - 1].data).toBe(MAX_CHANNEL_EVENTS + 2);
   });
 
   it("ignores malformed payloads and unknown event types", () => {

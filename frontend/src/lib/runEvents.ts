@@ -1,13 +1,15 @@
 // Pure state of a run's live event stream (GET /api/v1/runs/<id>/events), so the reducer is
-// testable without EventSource. Event types and payloads (api/events.py, gpu_worker):
+// testable without EventSource. Event types and payloads (api/run_events_view.py, gpu_worker):
 //   token   {text}                         text the LIP sent with send_to_user(str)
 //   message {data}                         JSON the LIP sent with send_to_user(obj)
 //   kv      {device_pages, host_pages, disk_pages, tenant_device_pages, tokens}
+//   channel {channel, op, data, bytes}     a message this run sent to a run of its tree
+//                                          (op "send": one receiver, "publish": subscribers)
 //   status  {status, error?}
 //   end     {status, result?}              last event; the stream closes after it
 
 export interface KVSample {
-  t: number; // ms since the stream opened
+  t: number; // when the server published it (epoch ms: hooks/useRunEvents.ts eventTime)
   device_pages: number;
   host_pages: number;
   disk_pages: number;
@@ -15,10 +17,18 @@ export interface KVSample {
   tokens: number;
 }
 
+export interface ChannelSent {
+  channel: string;
+  op: string;
+  data: unknown;
+  bytes: number;
+}
+
 export interface RunStreamState {
   text: string;
   tokens: number;
   messages: unknown[];
+  channel: ChannelSent[];
   kv: KVSample[];
   status: string | null;
   error: string | null;
@@ -32,6 +42,7 @@ export const initialStreamState: RunStreamState = {
   text: "",
   tokens: 0,
   messages: [],
+  channel: [],
   kv: [],
   status: null,
   error: null,
@@ -49,6 +60,8 @@ export interface StreamEvent {
 }
 
 export const MAX_KV_SAMPLES = 600;
+/** Channel messages kept for display: the latest ones (a run may send thousands). */
+export const MAX_CHANNEL_EVENTS = 200;
 
 function num(v: unknown): number {
   return typeof v === "number" && Number.isFinite(v) ? v : 0;
@@ -75,6 +88,15 @@ export function reduceRunEvent(state: RunStreamState, ev: StreamEvent): RunStrea
     }
     case "message":
       return { ...next, messages: [...state.messages, payload.data] };
+    case "channel": {
+      const sent: ChannelSent = {
+        channel: typeof payload.channel === "string" ? payload.channel : "",
+        op: typeof payload.op === "string" ? payload.op : "send",
+        data: payload.data,
+        bytes: num(payload.bytes),
+      };
+      return { ...next, channel: [...state.channel, sent].slice(-MAX_CHANNEL_EVENTS) };
+    }
     case "kv": {
       const sample: KVSample = {
         t: ev.t,

@@ -1,6 +1,15 @@
 import { useState } from "react";
 import { Navigate } from "react-router";
-import { evictKVFile, getServiceHealth, listAllKVFiles, listTenants, listWorkers } from "../api/endpoints";
+import {
+  evictKVFile,
+  getServiceHealth,
+  listAllKVFiles,
+  listPlans,
+  listTenants,
+  listWorkers,
+  setTenantPlan,
+  staffCloseTenant,
+} from "../api/endpoints";
 import type { AdminTenant, WorkerHealth } from "../api/types";
 import { useAuth } from "../auth/AuthContext";
 import { ConfirmButton } from "../components/ConfirmButton";
@@ -66,40 +75,113 @@ function WorkersSection() {
   );
 }
 
-function TenantTable({ tenants }: { tenants: AdminTenant[] }) {
+/** Change plan: a select and Save, inline in the row. */
+function PlanCell({ tenant, plans, onChanged }: { tenant: AdminTenant; plans: string[]; onChanged: (msg: string) => void }) {
+  const [plan, setPlan] = useState(tenant.plan);
+  const [error, setError] = useState<unknown>(null);
+  const [busy, setBusy] = useState(false);
+  if (tenant.closed_at) return <>{tenant.plan}</>;
+  const options = plans.includes(tenant.plan) ? plans : [tenant.plan, ...plans];
   return (
-    <div className="table-wrap">
-      <table>
-        <caption className="visually-hidden">Tenants</caption>
-        <thead>
-          <tr>
-            <th scope="col">Tenant</th>
-            <th scope="col">Plan</th>
-            <th scope="col" className="num">Members</th>
-            <th scope="col" className="num">Programs</th>
-            <th scope="col" className="num">Active runs</th>
-          </tr>
-        </thead>
-        <tbody>
-          {tenants.map((t) => (
-            <tr key={t.id}>
-              <td>
-                {t.name} <span className="muted mono">{t.slug}</span>{" "}
-                {t.closed_at && (
-                  <span className="badge badge-bad" title={`closed ${formatDate(t.closed_at)}`}>
-                    {t.purged_at ? "closed, data deleted" : "closed, deleting data"}
-                  </span>
-                )}
-              </td>
-              <td>{t.plan}</td>
-              <td className="num">{t.members}</td>
-              <td className="num">{t.programs}</td>
-              <td className="num">{t.active_runs}</td>
+    <form
+      className="inline-form"
+      onSubmit={async (e) => {
+        e.preventDefault();
+        setBusy(true);
+        try {
+          await setTenantPlan(tenant.id, plan);
+          setError(null);
+          onChanged(`${tenant.slug} is on the ${plan} plan now.`);
+        } catch (err) {
+          setError(err);
+        } finally {
+          setBusy(false);
+        }
+      }}
+    >
+      <label className="visually-hidden" htmlFor={`plan-${tenant.id}`}>
+        Plan of {tenant.slug}
+      </label>
+      <select id={`plan-${tenant.id}`} value={plan} onChange={(e) => setPlan(e.target.value)}>
+        {options.map((p) => (
+          <option key={p} value={p}>
+            {p}
+          </option>
+        ))}
+      </select>
+      <button type="submit" className="btn btn-small" disabled={busy || plan === tenant.plan}>
+        {busy ? "Saving…" : "Change plan"}
+      </button>
+      <ErrorBanner error={error} />
+    </form>
+  );
+}
+
+function TenantTable({ tenants, plans, onChanged }: { tenants: AdminTenant[]; plans: string[]; onChanged: (msg: string) => void }) {
+  const [error, setError] = useState<unknown>(null);
+  if (!tenants.length) return <Empty>No tenants yet. One is made for every sign-up.</Empty>;
+  return (
+    <>
+      <ErrorBanner error={error} />
+      <div className="table-wrap">
+        <table className="stack-narrow">
+          <caption className="visually-hidden">Tenants</caption>
+          <thead>
+            <tr>
+              <th scope="col">Tenant</th>
+              <th scope="col">Plan</th>
+              <th scope="col" className="num">Members</th>
+              <th scope="col" className="num">Programs</th>
+              <th scope="col" className="num">Active runs</th>
+              <th scope="col">Actions</th>
             </tr>
-          ))}
-        </tbody>
-      </table>
-    </div>
+          </thead>
+          <tbody>
+            {tenants.map((t) => (
+              <tr key={t.id}>
+                <td data-label="Tenant">
+                  {t.name} <span className="muted mono">{t.slug}</span>{" "}
+                  {t.closed_at && (
+                    <span className="badge badge-bad" title={`closed ${formatDate(t.closed_at)}`}>
+                      {t.purged_at ? "closed, data deleted" : "closed, deleting data"}
+                    </span>
+                  )}
+                </td>
+                <td data-label="Plan">
+                  <PlanCell tenant={t} plans={plans} onChanged={onChanged} />
+                </td>
+                <td data-label="Members" className="num">{t.members}</td>
+                <td data-label="Programs" className="num">{t.programs}</td>
+                <td data-label="Active runs" className="num">{t.active_runs}</td>
+                <td data-label="Actions" className="actions">
+                  {/* Everything about one tenant (members, keys, limits) is in Django's admin. */}
+                  <a className="btn btn-small" href={`/admin/api/tenant/${t.id}/change/`} aria-label={`Open ${t.slug} in the Django admin`}>
+                    Open
+                  </a>{" "}
+                  {!t.closed_at && (
+                    <ConfirmButton
+                      ariaLabel={`Close ${t.slug}`}
+                      confirmLabel={`Close ${t.slug} and delete its data`}
+                      onConfirm={async () => {
+                        try {
+                          await staffCloseTenant(t.id, t.slug);
+                          setError(null);
+                          onChanged(`Closed ${t.slug}: its runs were cancelled and its data is being deleted.`);
+                        } catch (err) {
+                          setError(err);
+                        }
+                      }}
+                    >
+                      Close
+                    </ConfirmButton>
+                  )}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
+      </div>
+    </>
   );
 }
 
@@ -107,17 +189,31 @@ export function AdminPage() {
   const { isStaff } = useAuth();
   const files = useAsync(() => (isStaff ? listAllKVFiles() : Promise.resolve([])), [isStaff]);
   const tenants = useAsync(() => (isStaff ? listTenants() : Promise.resolve([])), [isStaff]);
+  const plans = useAsync(() => (isStaff ? listPlans() : Promise.resolve([])), [isStaff]);
+  const [changed, setChanged] = useState<string | null>(null);
   const [error, setError] = useState<unknown>(null);
   const [evicted, setEvicted] = useState<string | null>(null);
   if (!isStaff) return <Navigate to="/programs" replace />;
   return (
     <>
-      <PageHeader title="Admin">Staff view across all tenants.</PageHeader>
+      <PageHeader title="Staff">
+        Operator view across all tenants. Users, plans and audit rows in full are in the <a href="/admin/">Django admin</a>.
+      </PageHeader>
       <WorkersSection />
       <section aria-labelledby="tenants-title">
         <h2 id="tenants-title">Tenants</h2>
+        {changed && <Notice tone="ok">{changed}</Notice>}
         <AsyncBlock state={tenants} label="Loading tenants…">
-          {(list) => <TenantTable tenants={list} />}
+          {(list) => (
+            <TenantTable
+              tenants={list}
+              plans={plans.data ?? []}
+              onChanged={(msg) => {
+                setChanged(msg);
+                tenants.reload();
+              }}
+            />
+          )}
         </AsyncBlock>
       </section>
       <section aria-labelledby="allkv-title">

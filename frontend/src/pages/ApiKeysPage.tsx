@@ -68,7 +68,7 @@ function CreateKeyForm({ onCreated }: { onCreated: (key: NewApiKey) => void }) {
 }
 
 function KeyTable({ keys, onRevoke }: { keys: ApiKey[]; onRevoke: (k: ApiKey) => Promise<void> }) {
-  if (!keys.length) return <Empty>No API keys yet.</Empty>;
+  if (!keys.length) return <Empty>No API keys yet. Create one above to call the REST API or the symphony CLI from a script.</Empty>;
   return (
     <div className="table-wrap">
       <table>

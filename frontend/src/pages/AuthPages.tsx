@@ -1,13 +1,18 @@
 import { useState, type FormEvent } from "react";
 import { Link, Navigate, useLocation, useNavigate } from "react-router";
 import { useAuth } from "../auth/AuthContext";
-import { ErrorBanner, Notice } from "../components/Status";
+import { fieldError } from "../api/errors";
+import { ErrorBanner, FieldError, Notice } from "../components/Status";
 
 export function AuthCard({ title, children }: { title: string; children: React.ReactNode }) {
   return (
     <main className="auth-page" id="main">
       <section className="card auth-card" aria-labelledby="auth-title">
         <p className="brand">Symphony</p>
+        <p className="tagline" data-testid="tagline">
+          Run LLM inference programs: Python that drives the model token by token, streamed live, with KV files you keep
+          and usage you can see.
+        </p>
         <h1 id="auth-title">{title}</h1>
         {children}
       </section>
@@ -52,8 +57,16 @@ export function LoginPage() {
         {notice && <Notice tone="ok">{notice}</Notice>}
         <ErrorBanner error={error} />
         <label className="field">
-          Email
-          <input type="email" autoComplete="email" required value={email} onChange={(e) => setEmail(e.target.value)} />
+          Email or username
+          <input
+            type="text"
+            autoComplete="username"
+            autoCapitalize="none"
+            spellCheck={false}
+            required
+            value={email}
+            onChange={(e) => setEmail(e.target.value)}
+          />
         </label>
         <label className="field">
           Password
@@ -64,8 +77,8 @@ export function LoginPage() {
         </button>
       </form>
       <p>
-        {/* Passes on the address typed so far, so it need not be typed twice. */}
-        <Link to="/forgot-password" state={{ email }}>
+        {/* Passes on the address typed so far (not a username), so it need not be typed twice. */}
+        <Link to="/forgot-password" state={{ email: email.includes("@") ? email : "" }}>
           Forgot your password?
         </Link>
       </p>
@@ -84,6 +97,9 @@ export function SignupPage() {
   const [tenant, setTenant] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [busy, setBusy] = useState(false);
+  const emailError = fieldError(error, "email");
+  const passwordError = fieldError(error, "password");
+  const tenantError = fieldError(error, "tenant_name");
   // Signing in sets `me`, which re-renders this page before done() runs: go to the same place.
   if (me) return <Navigate to={target} replace />;
   const submit = async (e: FormEvent) => {
@@ -100,19 +116,49 @@ export function SignupPage() {
   return (
     <AuthCard title="Create an account">
       <form onSubmit={submit} className="form">
-        <ErrorBanner error={error} />
+        <ErrorBanner error={error} inline />
         <label className="field">
           Email
-          <input type="email" autoComplete="email" required value={email} onChange={(e) => setEmail(e.target.value)} />
+          <input
+            type="email"
+            autoComplete="email"
+            required
+            value={email}
+            aria-invalid={emailError ? true : undefined}
+            aria-describedby="signup-email-error"
+            onChange={(e) => setEmail(e.target.value)}
+          />
+          <FieldError id="signup-email-error" message={emailError} />
         </label>
         <label className="field">
           Password
-          <input type="password" autoComplete="new-password" minLength={8} required value={password} onChange={(e) => setPassword(e.target.value)} />
-          <span className="hint">At least 8 characters.</span>
+          <input
+            type="password"
+            autoComplete="new-password"
+            minLength={8}
+            required
+            value={password}
+            aria-invalid={passwordError ? true : undefined}
+            aria-describedby="signup-password-hint signup-password-error"
+            onChange={(e) => setPassword(e.target.value)}
+          />
+          <span className="hint" id="signup-password-hint">
+            At least 8 characters; not a common password, not only digits, not close to your address.
+          </span>
+          <FieldError id="signup-password-error" message={passwordError} />
         </label>
         <label className="field">
           Organisation (tenant) name
-          <input type="text" required maxLength={200} value={tenant} onChange={(e) => setTenant(e.target.value)} />
+          <input
+            type="text"
+            required
+            maxLength={200}
+            value={tenant}
+            aria-invalid={tenantError ? true : undefined}
+            aria-describedby="signup-tenant-error"
+            onChange={(e) => setTenant(e.target.value)}
+          />
+          <FieldError id="signup-tenant-error" message={tenantError} />
         </label>
         <button className="btn btn-primary" type="submit" disabled={busy}>
           {busy ? "Creating…" : "Sign up"}

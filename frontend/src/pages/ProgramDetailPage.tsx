@@ -1,15 +1,17 @@
 import { useEffect, useId, useState, type FormEvent } from "react";
-import { Link, useNavigate, useParams } from "react-router";
+import { Link, useLocation, useNavigate, useParams } from "react-router";
+import { ApiError, fieldError } from "../api/errors";
 import { createRun, deleteProgram, getProgram, getSource, listRuns, listVersions, sourceUrl, uploadVersion } from "../api/endpoints";
 import type { Program, ProgramVersion } from "../api/types";
 import { CodeViewer } from "../components/CodeViewer";
 import { ConfirmButton } from "../components/ConfirmButton";
 import { FileDrop } from "../components/FileDrop";
 import { PageHeader } from "../components/PageHeader";
-import { AsyncBlock, ErrorBanner, Loading } from "../components/Status";
+import { AsyncBlock, ErrorBanner, FieldError, Loading, Notice } from "../components/Status";
+import { useUploadLimit } from "../hooks/useUploadLimit";
 import { useAsync } from "../hooks/useAsync";
 import { formatBytes, formatDate } from "../lib/format";
-import { RunTable } from "./RunsPage";
+import { hasActiveRuns, RunTable, usePolling } from "./RunsPage";
 
 export function parseJsonObject(text: string): Record<string, unknown> {
   const trimmed = text.trim();
@@ -28,6 +30,11 @@ function RunForm({ program, versions }: { program: Program; versions: ProgramVer
   const [deadline, setDeadline] = useState("60");
   const [error, setError] = useState<unknown>(null);
   const [busy, setBusy] = useState(false);
+  // Each refusal next to its field, in words ("Max tokens can be at most 4,096 tokens …").
+  const argsError = fieldError(error, "args") ?? (error instanceof Error && !(error instanceof ApiError) ? error.message : null);
+  const maxTokensError = fieldError(error, "limits", "max_tokens");
+  const deadlineError = fieldError(error, "limits", "deadline_s");
+  const versionError = fieldError(error, "version");
   const submit = async (e: FormEvent) => {
     e.preventDefault();
     let parsed: Record<string, unknown>;
@@ -52,11 +59,16 @@ function RunForm({ program, versions }: { program: Program; versions: ProgramVer
   return (
     <form className="card form" onSubmit={submit} aria-labelledby="run-title">
       <h2 id="run-title">Run</h2>
-      <ErrorBanner error={error} />
+      {!argsError && <ErrorBanner error={error} inline />}
       <div className="row">
         <label className="field">
           Version
-          <select value={version} onChange={(e) => setVersion(e.target.value)}>
+          <select
+            value={version}
+            aria-invalid={versionError ? true : undefined}
+            aria-describedby="run-version-error"
+            onChange={(e) => setVersion(e.target.value)}
+          >
             <option value="">latest (v{program.latest_version})</option>
             {versions.map((v) => (
               <option key={v.number} value={v.number}>
@@ -64,19 +76,46 @@ function RunForm({ program, versions }: { program: Program; versions: ProgramVer
               </option>
             ))}
           </select>
+          <FieldError id="run-version-error" message={versionError} />
         </label>
         <label className="field">
           Max tokens
-          <input type="number" min={1} value={maxTokens} onChange={(e) => setMaxTokens(e.target.value)} />
+          <input
+            type="number"
+            min={1}
+            value={maxTokens}
+            aria-invalid={maxTokensError ? true : undefined}
+            aria-describedby="run-max-tokens-error"
+            onChange={(e) => setMaxTokens(e.target.value)}
+          />
+          <FieldError id="run-max-tokens-error" message={maxTokensError} />
         </label>
         <label className="field">
           Deadline (s)
-          <input type="number" min={1} value={deadline} onChange={(e) => setDeadline(e.target.value)} />
+          <input
+            type="number"
+            min={1}
+            value={deadline}
+            aria-invalid={deadlineError ? true : undefined}
+            aria-describedby="run-deadline-error"
+            onChange={(e) => setDeadline(e.target.value)}
+          />
+          <FieldError id="run-deadline-error" message={deadlineError} />
         </label>
       </div>
       <div className="field">
         <label htmlFor={argsId}>Arguments (JSON object passed to main(args))</label>
-        <textarea id={argsId} className="mono" rows={5} value={args} onChange={(e) => setArgs(e.target.value)} spellCheck={false} />
+        <textarea
+          id={argsId}
+          className="mono"
+          rows={5}
+          value={args}
+          aria-invalid={argsError ? true : undefined}
+          aria-describedby="run-args-error"
+          onChange={(e) => setArgs(e.target.value)}
+          spellCheck={false}
+        />
+        <FieldError id="run-args-error" message={argsError} />
       </div>
       <button type="submit" className="btn btn-primary" disabled={busy}>
         {busy ? "Starting…" : "Run program"}
@@ -123,6 +162,7 @@ function SourcePanel({ program, versions }: { program: Program; versions: Progra
 }
 
 function VersionsPanel({ program, versions, onChange }: { program: Program; versions: ProgramVersion[]; onChange: () => void }) {
+  const maxBytes = useUploadLimit();
   const [file, setFile] = useState<File | null>(null);
   const [error, setError] = useState<unknown>(null);
   const [busy, setBusy] = useState(false);
@@ -170,7 +210,7 @@ function VersionsPanel({ program, versions, onChange }: { program: Program; vers
       </div>
       <form className="form" onSubmit={upload}>
         <ErrorBanner error={error} />
-        <FileDrop file={file} onFile={setFile} label="New version (.py or .zip)" />
+        <FileDrop file={file} onFile={setFile} label="New version (.py or .zip)" maxBytes={maxBytes} />
         <button className="btn" type="submit" disabled={busy || !file}>
           {busy ? "Uploading…" : "Upload new version"}
         </button>
@@ -185,7 +225,9 @@ export function ProgramDetailPage() {
   const program = useAsync(() => getProgram(id), [id]);
   const versions = useAsync(() => listVersions(id), [id]);
   const runs = useAsync(() => listRuns(id), [id]);
+  usePolling(runs.reload, hasActiveRuns(runs.data));
   const [deleteError, setDeleteError] = useState<unknown>(null);
+  const fromExample = Boolean((useLocation().state as { example?: boolean } | null)?.example);
   useEffect(() => setDeleteError(null), [id]);
   const reloadAll = () => {
     program.reload();
@@ -216,6 +258,11 @@ export function ProgramDetailPage() {
             {p.description || "No description."} <Link to="/programs">All programs</Link>
           </PageHeader>
           <ErrorBanner error={deleteError} />
+          {fromExample && (
+            <Notice tone="ok">
+              This is the example program, with its example arguments filled in below. Press Run program to watch it stream.
+            </Notice>
+          )}
           {versions.data ? (
             <div className="grid-2">
               <RunForm program={p} versions={versions.data} />

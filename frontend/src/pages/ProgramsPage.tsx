@@ -1,12 +1,44 @@
 import { useState, type FormEvent } from "react";
 import { Link, useNavigate } from "react-router";
 import { listPrograms, uploadProgram } from "../api/endpoints";
+import { ApiError, fieldError } from "../api/errors";
 import type { Program } from "../api/types";
 import { FileDrop } from "../components/FileDrop";
 import { PageHeader } from "../components/PageHeader";
-import { AsyncBlock, Empty, ErrorBanner } from "../components/Status";
+import { AsyncBlock, Empty, ErrorBanner, FieldError } from "../components/Status";
 import { useAsync } from "../hooks/useAsync";
+import { useUploadLimit } from "../hooks/useUploadLimit";
+import { uploadExample } from "../lib/example";
 import { formatDate } from "../lib/format";
+
+/** Uploads the example LIP and opens its page, where the run form has its arguments filled in. */
+function TryExampleButton({ primary = false }: { primary?: boolean }) {
+  const navigate = useNavigate();
+  const [busy, setBusy] = useState(false);
+  const [error, setError] = useState<unknown>(null);
+  return (
+    <>
+      <button
+        type="button"
+        className={primary ? "btn btn-primary" : "btn"}
+        disabled={busy}
+        onClick={async () => {
+          setBusy(true);
+          try {
+            const program = await uploadExample();
+            navigate(`/programs/${program.id}`, { state: { example: true } });
+          } catch (err) {
+            setError(err);
+            setBusy(false);
+          }
+        }}
+      >
+        {busy ? "Uploading the example…" : "Try an example"}
+      </button>
+      <ErrorBanner error={error} />
+    </>
+  );
+}
 
 export function programNameFromFile(file: File): string {
   return file.name.replace(/\.(py|zip)$/i, "").replace(/[^A-Za-z0-9_.-]+/g, "-").slice(0, 100) || "program";
@@ -18,6 +50,10 @@ function UploadForm({ onUploaded }: { onUploaded: (p: Program) => void }) {
   const [description, setDescription] = useState("");
   const [error, setError] = useState<unknown>(null);
   const [busy, setBusy] = useState(false);
+  const maxBytes = useUploadLimit();
+  // A program the server refused (syntax, no main, a bad zip) is about the file.
+  const fileError = error instanceof ApiError && error.code === "invalid_program" ? error.message : fieldError(error, "file");
+  const nameError = fieldError(error, "name");
   const submit = async (e: FormEvent) => {
     e.preventDefault();
     if (!file) {
@@ -41,9 +77,11 @@ function UploadForm({ onUploaded }: { onUploaded: (p: Program) => void }) {
   return (
     <form className="card form" onSubmit={submit} aria-labelledby="upload-title">
       <h2 id="upload-title">Upload a program</h2>
-      <ErrorBanner error={error} />
+      {!fileError && <ErrorBanner error={error} inline />}
       <FileDrop
         file={file}
+        maxBytes={maxBytes}
+        error={fileError}
         onFile={(f) => {
           setFile(f);
           if (f && !name) setName(programNameFromFile(f));
@@ -52,7 +90,16 @@ function UploadForm({ onUploaded }: { onUploaded: (p: Program) => void }) {
       <div className="row">
         <label className="field">
           Name
-          <input type="text" value={name} required maxLength={100} onChange={(e) => setName(e.target.value)} />
+          <input
+            type="text"
+            value={name}
+            required
+            maxLength={100}
+            aria-invalid={nameError ? true : undefined}
+            aria-describedby="program-name-error"
+            onChange={(e) => setName(e.target.value)}
+          />
+          <FieldError id="program-name-error" message={nameError} />
         </label>
         <label className="field grow">
           Description
@@ -67,7 +114,16 @@ function UploadForm({ onUploaded }: { onUploaded: (p: Program) => void }) {
 }
 
 function ProgramTable({ programs }: { programs: Program[] }) {
-  if (!programs.length) return <Empty>No programs yet. Upload a LIP (a .py with main(args), or a zip).</Empty>;
+  if (!programs.length)
+    return (
+      <Empty>
+        No programs yet. Try the example: it uploads a small completion program and opens its run form, ready to run. Or
+        upload your own LIP above: a .py with <code>main(args)</code>, or a zip.
+        <span className="empty-actions">
+          <TryExampleButton primary />
+        </span>
+      </Empty>
+    );
   return (
     <div className="table-wrap">
       <table>
@@ -84,7 +140,9 @@ function ProgramTable({ programs }: { programs: Program[] }) {
           {programs.map((p) => (
             <tr key={p.id}>
               <td>
-                <Link to={`/programs/${p.id}`}>{p.name}</Link>
+                <Link to={`/programs/${p.id}`} className="truncate" title={p.name}>
+                  {p.name}
+                </Link>
               </td>
               <td>{p.description || "—"}</td>
               <td>v{p.latest_version ?? "—"}</td>
@@ -102,7 +160,9 @@ export function ProgramsPage() {
   const navigate = useNavigate();
   return (
     <>
-      <PageHeader title="Programs">LLM inference programs of this tenant. Upload one, then run it.</PageHeader>
+      <PageHeader title="Programs" actions={<TryExampleButton />}>
+        LLM inference programs of this tenant. Upload one, then run it.
+      </PageHeader>
       <UploadForm
         onUploaded={(p) => {
           programs.reload();

@@ -2,17 +2,30 @@ import { useEffect, useState } from "react";
 import { Link, useParams } from "react-router";
 import { cancelRun, getRun, getRunLogs } from "../api/endpoints";
 import { TERMINAL_STATUSES, type Run, type RunLogs } from "../api/types";
+import { CopyButton } from "../components/CopyButton";
 import { KVUsagePanel } from "../components/KVUsagePanel";
+import { RunUsagePanel } from "../components/RunUsagePanel";
 import { PageHeader } from "../components/PageHeader";
 import { AsyncBlock, ErrorBanner } from "../components/Status";
 import { StatusBadge } from "../components/StatusBadge";
 import { useAsync } from "../hooks/useAsync";
 import { useRunEvents } from "../hooks/useRunEvents";
 import { formatDate, formatDuration } from "../lib/format";
+import type { ChannelSent } from "../lib/runEvents";
 
 const POLL_MS = 2000;
+const LOGS_RETRY_MS = 1000;
+const LOGS_RETRIES = 8;
 
-function Timings({ run, tokens, firstTokenMs }: { run: Run; tokens: number; firstTokenMs: number | null }) {
+/** Seconds from the run's start to its first streamed token, both by the server's clocks (the
+ * run row's started_at, the event's stream id), so it reads the same live and after a reload. */
+export function firstTokenSeconds(run: Run, firstTokenAt: number | null): number | null {
+  if (firstTokenAt === null || !run.started_at) return null;
+  return Math.max(0, firstTokenAt - Date.parse(run.started_at)) / 1000;
+}
+
+function Timings({ run, tokens, firstTokenAt }: { run: Run; tokens: number; firstTokenAt: number | null }) {
+  const firstToken = firstTokenSeconds(run, firstTokenAt);
   const seconds = run.started_at
     ? ((run.finished_at ? new Date(run.finished_at).getTime() : Date.now()) - new Date(run.started_at).getTime()) / 1000
     : 0;
@@ -25,7 +38,7 @@ function Timings({ run, tokens, firstTokenMs }: { run: Run; tokens: number; firs
       <dt>Running time</dt>
       <dd>{run.started_at ? formatDuration(run.started_at, run.finished_at) : "—"}</dd>
       <dt>First token</dt>
-      <dd>{firstTokenMs === null ? "—" : `${(firstTokenMs / 1000).toFixed(2)} s after opening the stream`}</dd>
+      <dd data-testid="first-token">{firstToken === null ? "—" : `${firstToken.toFixed(2)} s after the run started`}</dd>
       <dt>Streamed chunks</dt>
       <dd data-testid="token-count">{tokens}</dd>
       <dt>Chunks / s</dt>
@@ -38,7 +51,50 @@ function Timings({ run, tokens, firstTokenMs }: { run: Run; tokens: number; firs
   );
 }
 
-function Output({ text, messages, live }: { text: string; messages: unknown[]; live: boolean }) {
+/** Where the run sits in its run tree (symphony.spawn): the run that spawned it and the runs
+ * it spawned, as links; nothing for a run with neither. */
+export function RunTree({ run }: { run: Run }) {
+  const children = run.children ?? [];
+  if (!run.parent && children.length === 0) return null;
+  return (
+    <section className="card" aria-labelledby="tree-title" data-testid="run-tree">
+      <h2 id="tree-title">Run tree</h2>
+      {run.parent && (
+        <p>
+          Spawned by <Link to={`/runs/${run.parent}`}>run {run.parent.slice(0, 8)}</Link>
+          {run.entry ? ` · entry ${run.entry}` : ""}
+        </p>
+      )}
+      {children.length > 0 && (
+        <>
+          <h3>
+            Spawned runs ({children.length}) <Link to={`/runs?parent=${run.id}`}>in the runs list</Link>
+          </h3>
+          <ul data-testid="run-children">
+            {children.map((c) => (
+              <li key={c.id}>
+                <Link to={`/runs/${c.id}`}>{c.id.slice(0, 8)}</Link> <StatusBadge status={c.status} />{" "}
+                <span className="mono small">{c.entry || "main"}</span>
+              </li>
+            ))}
+          </ul>
+        </>
+      )}
+    </section>
+  );
+}
+
+function Output({
+  text,
+  messages,
+  channel,
+  live,
+}: {
+  text: string;
+  messages: unknown[];
+  channel: ChannelSent[];
+  live: boolean;
+}) {
   return (
     <section className="card" aria-labelledby="output-title">
       <div className="card-head">
@@ -60,6 +116,21 @@ function Output({ text, messages, live }: { text: string; messages: unknown[]; l
           </ol>
         </>
       )}
+      {channel.length > 0 && (
+        <>
+          <h3>Sent on channels</h3>
+          <ol className="messages" data-testid="channel-messages">
+            {channel.map((m, i) => (
+              <li key={i}>
+                <span className="mono small">
+                  {m.op === "publish" ? "published on" : "sent on"} {m.channel} · {m.bytes} B
+                </span>
+                <pre>{JSON.stringify(m.data, null, 2)}</pre>
+              </li>
+            ))}
+          </ol>
+        </>
+      )}
     </section>
   );
 }
@@ -70,9 +141,28 @@ function ProgramLogs({ runId, finished, streamEnded }: { runId: string; finished
   const [error, setError] = useState<unknown>(null);
   // Fetched when the row is terminal, and again at the stream's `end`: a run cancelled from
   // here is terminal at once, while its executor records the output a moment later.
+  // The output is recorded with the outcome, a moment after a cancel: while both streams are
+  // empty, ask again for a few seconds rather than show "(nothing)" until a reload.
   useEffect(() => {
     if (!finished) return;
-    getRunLogs(runId).then(setLogs, setError);
+    let live = true;
+    let timer = 0;
+    const fetchLogs = (triesLeft: number) => {
+      getRunLogs(runId).then(
+        (got) => {
+          if (!live) return;
+          setLogs(got);
+          setError(null);
+          if (!got.stdout && !got.stderr && triesLeft > 0) timer = window.setTimeout(() => fetchLogs(triesLeft - 1), LOGS_RETRY_MS);
+        },
+        (err) => live && setError(err),
+      );
+    };
+    fetchLogs(LOGS_RETRIES);
+    return () => {
+      live = false;
+      window.clearTimeout(timer);
+    };
   }, [runId, finished, streamEnded]);
   return (
     <section className="card" aria-labelledby="logs-title">
@@ -96,6 +186,26 @@ function ProgramLogs({ runId, finished, streamEnded }: { runId: string; finished
   );
 }
 
+/** A failed run's error: its first line as the summary, the whole (a Python traceback) kept
+ * as printed, with a copy button. */
+function RunError({ error }: { error: string }) {
+  const lines = error.trimEnd().split("\n");
+  const summary = lines.length > 1 ? lines[lines.length - 1] : lines[0];
+  return (
+    <div className="banner banner-error banner-stack" role="alert" data-testid="run-error">
+      <div className="card-head">
+        <strong>Error: {summary}</strong>
+        <CopyButton text={error} label="Copy error" />
+      </div>
+      {lines.length > 1 && (
+        <pre className="traceback mono small" data-testid="run-traceback" tabIndex={0}>
+          {error}
+        </pre>
+      )}
+    </div>
+  );
+}
+
 function RunBody({ initial }: { initial: Run }) {
   const [run, setRun] = useState(initial);
   const [cancelError, setCancelError] = useState<unknown>(null);
@@ -115,6 +225,18 @@ function RunBody({ initial }: { initial: Run }) {
   useEffect(() => {
     if (stream.ended) getRun(run.id).then(setRun).catch(() => undefined);
   }, [stream.ended, run.id]);
+  // A run cancelled from here is terminal at once, while its executor records the exit code
+  // and usage a moment later: ask again for a few seconds, as for the program's output.
+  const outcomePending = terminal && (run.exit_code === null || run.usage === null);
+  useEffect(() => {
+    if (!outcomePending) return;
+    let triesLeft = LOGS_RETRIES;
+    const timer = window.setInterval(() => {
+      if (triesLeft-- <= 0) return window.clearInterval(timer);
+      getRun(run.id).then(setRun).catch(() => undefined);
+    }, LOGS_RETRY_MS);
+    return () => window.clearInterval(timer);
+  }, [outcomePending, run.id]);
 
   // The stream's `end` is as final as the row; the row catches up right after (refetch above).
   const finished = terminal || stream.ended;
@@ -147,22 +269,23 @@ function RunBody({ initial }: { initial: Run }) {
           )
         }
       >
-        <Link to={`/programs/${run.program}`}>Program #{run.program}</Link> v{run.version} ·{" "}
+        <Link to={`/programs/${run.program}`}>{run.program_name ?? `Program #${run.program}`}</Link> v{run.version} ·{" "}
         <span data-testid="run-status">
           <StatusBadge status={status} />
         </span>
       </PageHeader>
       <ErrorBanner error={cancelError} />
-      {error && (
-        <div className="banner banner-error" role="alert">
-          <strong>Error:</strong> <span className="mono">{error}</span>
-        </div>
-      )}
+      {error && <RunError error={error} />}
       <div className="grid-2">
-        <Output text={stream.text} messages={stream.messages} live={!terminal && stream.connected && !stream.ended} />
+        <Output
+          text={stream.text}
+          messages={stream.messages}
+          channel={stream.channel}
+          live={!terminal && stream.connected && !stream.ended}
+        />
         <section className="card" aria-labelledby="timings-title">
           <h2 id="timings-title">Status and timings</h2>
-          <Timings run={run} tokens={stream.tokens} firstTokenMs={stream.firstTokenAt} />
+          <Timings run={run} tokens={stream.tokens} firstTokenAt={stream.firstTokenAt} />
           <h3>Arguments</h3>
           <pre className="mono small">{JSON.stringify(run.args, null, 2)}</pre>
           {result !== null && result !== undefined && (
@@ -175,7 +298,13 @@ function RunBody({ initial }: { initial: Run }) {
           )}
         </section>
       </div>
-      <KVUsagePanel samples={stream.kv} live={!terminal && stream.connected && !stream.ended} />
+      <RunTree run={run} />
+      <RunUsagePanel run={run} />
+      <KVUsagePanel
+        samples={stream.kv}
+        origin={run.started_at ? Date.parse(run.started_at) : (stream.kv[0]?.t ?? 0)}
+        live={!terminal && stream.connected && !stream.ended}
+      />
       <ProgramLogs runId={run.id} finished={terminal} streamEnded={stream.ended} />
     </>
   );

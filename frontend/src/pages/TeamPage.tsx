@@ -15,6 +15,7 @@ import { useAuth } from "../auth/AuthContext";
 import { ConfirmButton } from "../components/ConfirmButton";
 import { CopyButton } from "../components/CopyButton";
 import { PageHeader } from "../components/PageHeader";
+import { ToolHostsCard } from "../components/ToolHostsCard";
 import { AsyncBlock, Empty, ErrorBanner, Notice } from "../components/Status";
 import { useAsync } from "../hooks/useAsync";
 import { useAction } from "../hooks/useAction";
@@ -371,6 +372,7 @@ function TeamView() {
           <ActivityTable key={`${changes}-${created?.id ?? ""}`} />
         </section>
       )}
+      <ToolHostsCard isOwner={isOwner} />
       {isOwner && activeTenant && <CloseTenantForm tenantId={activeTenant.id} slug={activeTenant.slug} />}
     </>
   );

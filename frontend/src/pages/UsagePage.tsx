@@ -68,6 +68,7 @@ function UsageBreakdown({ groups, grouping }: { groups: UsageGroup[]; grouping: 
             <th scope="col">{grouping === "program" ? "Program" : "API key"}</th>
             <th scope="col" className="num">Runs</th>
             <th scope="col" className="num">Prefill tokens</th>
+            <th scope="col" className="num" title="prompt tokens served from the prefix cache or stored KV files">Cached tokens</th>
             <th scope="col" className="num">Decode tokens</th>
             <th scope="col" className="num">Sandbox seconds</th>
           </tr>
@@ -78,6 +79,7 @@ function UsageBreakdown({ groups, grouping }: { groups: UsageGroup[]; grouping: 
               <td>{groupLabel(g)}</td>
               <td className="num">{formatNumber(g.runs)}</td>
               <td className="num">{formatNumber(g.prefill_tokens ?? 0)}</td>
+              <td className="num">{formatNumber(g.cached_tokens ?? 0)}</td>
               <td className="num">{formatNumber(g.decode_tokens ?? 0)}</td>
               <td className="num">{formatNumber(Math.round(g.sandbox_seconds ?? 0))}</td>
             </tr>
@@ -103,6 +105,7 @@ function QuotaMeters({ quota, tokensToday }: { quota: Quota; tokensToday: number
       {limits.kv_bytes_stored != null && (
         <Meter label="KV bytes stored" used={use.kv_bytes_stored ?? 0} limit={limits.kv_bytes_stored} format={formatBytes} />
       )}
+      {limits.max_kv_files != null && <Meter label="KV files" used={use.kv_files ?? 0} limit={limits.max_kv_files} format={formatNumber} />}
       <dl className="facts">
         <dt>Max tokens per run</dt>
         <dd>{formatNumber(limits.max_tokens_per_run)}</dd>
@@ -116,6 +119,12 @@ function QuotaMeters({ quota, tokensToday }: { quota: Quota; tokensToday: number
           <>
             <dt>Max device KV pages per run</dt>
             <dd>{formatNumber(limits.max_device_pages_per_run)}</dd>
+          </>
+        )}
+        {limits.kv_pinned_device_share != null && (
+          <>
+            <dt>Pinned KV files, share of a worker's device pool</dt>
+            <dd>{Math.round(limits.kv_pinned_device_share * 100)}%</dd>
           </>
         )}
         {limits.tokens_per_month === null && (

@@ -9,8 +9,13 @@ import { validity } from "./PasswordResetPages";
 const PROGRAM = { id: 3, name: "hello", description: "demo", default_args: { prompt: "hi" }, created_at: "2026-01-01T00:00:00Z", latest_version: 1 };
 const VERSION = { number: 1, kind: "py", sha256: "ab".repeat(32), size: 40, created_at: "2026-01-01T00:00:00Z" };
 const RUN: Run = {
-  id: "0f0e0d0c-0000-4000-8000-000000000001", program: 3, version: 1, status: "running", args: {}, limits: {},
+  id: "0f0e0d0c-0000-4000-8000-000000000001", program: 3, program_name: "hello", version: 1, status: "running", args: {}, limits: {},
   result: null, error: "", exit_code: null, worker: "local", created_at: "2026-01-01T00:00:00Z", started_at: "2026-01-01T00:00:01Z", finished_at: null,
+  usage: null, timings: { queue_wait_s: 1, run_s: null, time_to_first_token_s: null }, parent: null, depth: 0, entry: "", children: [],
+};
+const USAGE = {
+  prefill_tokens: 1200, cached_tokens: 64, decode_tokens: 42, pred_calls: 43, forwards: 40, page_seconds: 3.5, sandbox_seconds: 2.25,
+  io_calls: 0, streamed_events: 42, streamed_bytes: 2048, cost: { currency: "USD", total: "0.000201", lines: { decode_tokens: "0.000017" } },
 };
 
 describe("auth", () => {
@@ -27,12 +32,12 @@ describe("auth", () => {
     });
     renderAt(<App />, "/programs");
     expect(await screen.findByRole("heading", { name: "Log in" })).toBeTruthy();
-    fireEvent.change(screen.getByLabelText("Email"), { target: { value: "ada@example.com" } });
+    fireEvent.change(screen.getByLabelText("Email or username"), { target: { value: "ada@example.com" } });
     fireEvent.change(screen.getByLabelText("Password"), { target: { value: "pw-12345678" } });
     fireEvent.click(screen.getByRole("button", { name: "Log in" }));
     expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
     expect(calls.find((c) => c.path === "/api/v1/auth/login")?.body).toEqual({ email: "ada@example.com", password: "pw-12345678" });
-    expect(screen.queryByRole("link", { name: "Admin" })).toBeNull();
+    expect(screen.queryByRole("link", { name: "Staff" })).toBeNull();
   });
 
   it("shows the server's message when sign-up fails", async () => {
@@ -214,7 +219,11 @@ describe("run view", () => {
     expect(screen.getByTestId("token-count").textContent).toBe("2");
     expect(screen.getByRole("img", { name: /KV pages over time/ })).toBeTruthy();
     expect(screen.getByTestId("kv-latest").textContent).toContain("37 tokens");
-    current = { ...RUN, status: "succeeded", result: "Hello, world", finished_at: "2026-01-01T00:00:03Z" };
+    expect(screen.getByTestId("run-usage").textContent).toContain("recorded when the run has ended");
+    current = {
+      ...RUN, status: "succeeded", result: "Hello, world", finished_at: "2026-01-01T00:00:03Z", usage: USAGE,
+      timings: { queue_wait_s: 1, run_s: 2, time_to_first_token_s: 1.5 },
+    };
     act(() => es.emit("end", { status: "succeeded", result: "Hello, world" }, "9-0"));
     expect(es.closed).toBe(true);
     await waitFor(() => expect(screen.getByTestId("run-status").textContent).toBe("succeeded"));
@@ -222,6 +231,11 @@ describe("run view", () => {
     // Once the row is terminal, the program's stdout/stderr are fetched and shown.
     expect((await screen.findByTestId("run-stdout")).textContent).toBe("step 1\n");
     expect(screen.getByTestId("run-stderr").textContent).toBe("(nothing)");
+    // The server's usage and timings of the finished run.
+    expect(screen.getByTestId("usage-cost").textContent).toBe("0.000201 USD");
+    expect(screen.getByTestId("usage-prefill").textContent).toBe("1,200");
+    expect(screen.getByTestId("usage-decode").textContent).toBe("42");
+    expect(screen.getByTestId("usage-ttft").textContent).toBe("1.50 s");
   });
 
   it("cancels a running run", async () => {
@@ -239,7 +253,7 @@ describe("run view", () => {
 });
 
 describe("KV files, usage and admin", () => {
-  const KV = { id: 5, tenant: "acme", worker: "local", name: "sys-prompt", tokens: 512, bytes: 2 * 1024 * 1024, residency: "host", pinned: false, last_used: 1767225600, synced_at: "2026-01-01T00:00:00Z" };
+  const KV = { id: 5, tenant: "acme", worker: "local", name: "sys-prompt", tokens: 512, bytes: 2 * 1024 * 1024, residency: "host", pinned: false, last_used: "2026-01-01T00:00:00Z", synced_at: "2026-01-01T00:00:00Z" };
 
   it("pins a KV file and warns when the mirror is stale", async () => {
     const { calls } = mockApi({
@@ -254,13 +268,53 @@ describe("KV files, usage and admin", () => {
     await waitFor(() => expect(calls.find((c) => c.path === "/api/v1/kv-files/5/pin")?.body).toEqual({ pinned: true }));
   });
 
+  it("pages through a tenant's KV files", async () => {
+    const files = Array.from({ length: 150 }, (_, i) => ({ ...KV, id: 100 + i, name: `doc-${i}` }));
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/kv-files": ({ search }: { search: URLSearchParams }) => {
+        const offset = Number(search.get("offset")), limit = Number(search.get("limit"));
+        return { body: { count: files.length, next: null, previous: null, results: files.slice(offset, offset + limit) } };
+      },
+    });
+    renderAt(<App />, "/kv-files");
+    expect(await screen.findByText("doc-0")).toBeTruthy();
+    expect(screen.getByText("Files 1–100 of 150")).toBeTruthy();
+    fireEvent.click(screen.getByRole("button", { name: "Next" }));
+    expect(await screen.findByText("doc-149")).toBeTruthy();
+    expect(screen.getByText("Files 101–150 of 150")).toBeTruthy();
+    expect(screen.queryByText("doc-0")).toBeNull();
+    expect(calls.filter((c) => c.path === "/api/v1/kv-files")).toHaveLength(2);
+  });
+
+  it("goes back a page when the last file of the last page is deleted", async () => {
+    let files = Array.from({ length: 101 }, (_, i) => ({ ...KV, id: 100 + i, name: `doc-${i}` }));
+    mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/kv-files": ({ search }: { search: URLSearchParams }) => {
+        const offset = Number(search.get("offset")), limit = Number(search.get("limit"));
+        return { body: { count: files.length, next: null, previous: null, results: files.slice(offset, offset + limit) } };
+      },
+      "DELETE /api/v1/kv-files/200": () => {
+        files = files.filter((f) => f.id !== 200);
+        return { status: 204 };
+      },
+    });
+    renderAt(<App />, "/kv-files");
+    fireEvent.click(await screen.findByRole("button", { name: "Next" }));
+    fireEvent.click(await screen.findByRole("button", { name: "Delete doc-100" }));
+    fireEvent.click(screen.getByRole("button", { name: "Confirm" }));
+    expect(await screen.findByText("doc-0")).toBeTruthy();
+    expect(screen.queryByText("Files 1–100 of 100")).toBeNull(); // one page again: no pager
+  });
+
   it("renders usage, quota meters and invoice lines", async () => {
     const today = new Date().toISOString().slice(0, 10);
     mockApi({
       "GET /api/v1/auth/me": ME,
       "GET /api/v1/usage": ({ search }: { search: URLSearchParams }) => {
         const days = [{ day: today, runs: 2, prefill_tokens: 100, decode_tokens: 50, pred_calls: 60, page_seconds: 3, io_calls: 0 }];
-        const usage = { runs: 1, prefill_tokens: 50, decode_tokens: 25, sandbox_seconds: 2.4, kv_gib_hours: 0 };
+        const usage = { runs: 1, prefill_tokens: 50, cached_tokens: 4321, decode_tokens: 25, sandbox_seconds: 2.4, kv_gib_hours: 0 };
         const groups =
           search.get("group_by") === "api_key"
             ? [
@@ -272,8 +326,8 @@ describe("KV files, usage and admin", () => {
       },
       "GET /api/v1/quota": {
         plan: "free",
-        limits: { max_concurrent_runs: 2, max_tokens_per_run: 4096, max_run_seconds: 120, tokens_per_month: 1000000, max_device_pages_per_run: 256, kv_bytes_stored: 1 << 30, api_requests_per_minute: 600 },
-        use: { active_runs: 1, tokens_this_month: 150, kv_bytes_stored: 1 << 20 },
+        limits: { max_concurrent_runs: 2, max_tokens_per_run: 4096, max_run_seconds: 120, tokens_per_month: 1000000, max_device_pages_per_run: 256, kv_bytes_stored: 1 << 30, api_requests_per_minute: 600, kv_pinned_device_share: 0.1, max_kv_files: 100 },
+        use: { active_runs: 1, tokens_this_month: 150, kv_bytes_stored: 1 << 20, kv_files: 7 },
         allowed_tool_hosts: [],
       },
       "GET /api/v1/invoices": [{ id: "2026-01", period_start: "2026-01-01", period_end: "2026-02-01", runs: 2, currency: "USD", total: "0.01", lines: [{ item: "decode_tokens", description: "Decode tokens", quantity: "50", unit_price: "0.0000004", amount: "0.00" }] }],
@@ -283,19 +337,22 @@ describe("KV files, usage and admin", () => {
     expect(screen.getByRole("meter", { name: "Concurrent runs" }).getAttribute("aria-valuenow")).toBe("1");
     expect(screen.getByRole("meter", { name: "Tokens this month" }).getAttribute("aria-valuenow")).toBe("150");
     expect(screen.getByRole("meter", { name: "KV bytes stored" })).toBeTruthy();
+    expect(screen.getByRole("meter", { name: "KV files" }).getAttribute("aria-valuenow")).toBe("7");
+    expect(screen.getByText("Pinned KV files, share of a worker's device pool").nextElementSibling?.textContent).toBe("10%");
     expect(screen.getByText("120 s")).toBeTruthy();
     expect(screen.getByText("API requests per minute").nextElementSibling?.textContent).toBe("600");
     expect(screen.getByText("Decode tokens", { selector: "td" })).toBeTruthy();
     // Who used it: per program, then per API key (console runs on their own row).
     const byProgram = await screen.findByRole("table", { name: "Usage by program" });
     expect(within(byProgram).getByRole("row", { name: /hello/ }).textContent).toContain("2");
+    expect(within(byProgram).getByRole("row", { name: /hello/ }).textContent).toContain("4,321");
     fireEvent.click(screen.getByRole("button", { name: "By API key" }));
     const byKey = await screen.findByRole("table", { name: "Usage by API key" });
     expect(await within(byKey).findByText("ci (sk_ab12_…)")).toBeTruthy();
     expect(within(byKey).getByText("Console (no API key)")).toBeTruthy();
   });
 
-  it("hides admin from non-staff and lets staff evict", async () => {
+  it("hides the staff page from non-staff and lets staff evict, change plans and close tenants", async () => {
     const staff = { ...ME, user: { ...ME.user, is_staff: true } };
     const { calls } = mockApi({
       "GET /api/v1/auth/me": staff,
@@ -306,9 +363,21 @@ describe("KV files, usage and admin", () => {
         { id: 8, slug: "gone", name: "Gone", plan: "free", members: 0, programs: 0, active_runs: 0, closed_at: "2026-01-02T00:00:00Z", purged_at: "2026-01-02T00:01:00Z" },
       ],
       "GET /api/v1/health": { status: "ok", checks: { database: "ok", redis: "ok" } },
+      "GET /api/v1/admin/plans": { plans: ["free", "pro"] },
+      "PATCH /api/v1/admin/tenants/7": { id: 7, slug: "acme", name: "Acme", plan: "pro", closed_at: null },
+      "POST /api/v1/admin/tenants/7/close": { id: 7, slug: "acme", name: "Acme", plan: "free", closed_at: "2026-01-03T00:00:00Z" },
     });
-    renderAt(<App />, "/admin");
-    expect(await screen.findByRole("heading", { name: "Admin" })).toBeTruthy();
+    renderAt(<App />, "/staff");
+    expect(await screen.findByRole("heading", { name: "Staff" })).toBeTruthy();
+    fireEvent.change(await screen.findByLabelText("Plan of acme"), { target: { value: "pro" } });
+    fireEvent.click(screen.getByRole("button", { name: "Change plan" }));
+    expect(await screen.findByText("acme is on the pro plan now.")).toBeTruthy();
+    expect(calls.find((c) => c.path === "/api/v1/admin/tenants/7" && c.method === "PATCH")?.body).toEqual({ plan: "pro" });
+    fireEvent.click(screen.getByRole("button", { name: "Close acme" }));
+    fireEvent.click(screen.getByRole("button", { name: "Close acme and delete its data" }));
+    expect(await screen.findByText(/Closed acme/)).toBeTruthy();
+    expect(calls.find((c) => c.path === "/api/v1/admin/tenants/7/close")?.body).toEqual({ confirm: "acme" });
+    expect(screen.getByRole("link", { name: "Open acme in the Django admin" }).getAttribute("href")).toBe("/admin/api/tenant/7/change/");
     expect(await screen.findByText(/does not serve worker health yet/)).toBeTruthy();
     expect(screen.getByText("closed, data deleted")).toBeTruthy();
     expect(screen.getAllByText(/^closed/)).toHaveLength(1); // the open tenant has no badge
@@ -318,9 +387,9 @@ describe("KV files, usage and admin", () => {
     expect(calls.some((c) => c.path === "/api/v1/admin/kv-files/5/evict")).toBe(true);
   });
 
-  it("redirects non-staff away from /admin", async () => {
+  it("redirects non-staff away from /staff", async () => {
     mockApi({ "GET /api/v1/auth/me": ME, "GET /api/v1/programs": page([]) });
-    renderAt(<App />, "/admin");
+    renderAt(<App />, "/staff");
     expect(await screen.findByRole("heading", { name: "Programs" })).toBeTruthy();
   });
 });
@@ -338,6 +407,7 @@ describe("team", () => {
     const { calls } = mockApi({
       "GET /api/v1/auth/me": ME,
       "GET /api/v1/members": () => ({ body: page(members) }),
+      "GET /api/v1/tool-hosts": { hosts: [], max_hosts: 8 },
       "GET /api/v1/invitations": () => ({ body: page(invitations) }),
       "POST /api/v1/invitations": () => {
         invitations = [CAROL_INVITE];
@@ -398,6 +468,7 @@ describe("team", () => {
     mockApi({
       "GET /api/v1/auth/me": ME,
       "GET /api/v1/members": page([ADA]),
+      "GET /api/v1/tool-hosts": { hosts: [], max_hosts: 8 },
       "GET /api/v1/invitations": page([]),
       "GET /api/v1/audit-log": page([]),
       "POST /api/v1/invitations": () => ({ status: 201, body: { ...CAROL_INVITE, token: "inv_SECRET", emailed: false } }),
@@ -418,6 +489,7 @@ describe("team", () => {
     const { calls } = mockApi({
       "GET /api/v1/auth/me": () => ({ body: left ? { user: ME.user, tenants: [], active_tenant: null } : memberMe }),
       "GET /api/v1/members": page([grace, self]),
+      "GET /api/v1/tool-hosts": { hosts: [], max_hosts: 8 },
       "GET /api/v1/invitations": page([CAROL_INVITE]),
       "DELETE /api/v1/members/12": () => {
         left = true;
@@ -450,6 +522,7 @@ describe("closing a tenant", () => {
     const { calls } = mockApi({
       "GET /api/v1/auth/me": () => ({ body: closed ? { user: ME.user, tenants: [], active_tenant: null } : ME }),
       "GET /api/v1/members": page([]),
+      "GET /api/v1/tool-hosts": { hosts: [], max_hosts: 8 },
       "GET /api/v1/invitations": page([]),
       "GET /api/v1/audit-log": page([]),
       "POST /api/v1/tenants/7/close": () => {
@@ -475,6 +548,7 @@ describe("closing a tenant", () => {
     mockApi({
       "GET /api/v1/auth/me": ME,
       "GET /api/v1/members": page([]),
+      "GET /api/v1/tool-hosts": { hosts: [], max_hosts: 8 },
       "GET /api/v1/invitations": page([]),
       "GET /api/v1/audit-log": page([]),
       "POST /api/v1/tenants/7/close": () => ({
@@ -590,7 +664,7 @@ describe("invite link", () => {
     });
     renderAt(<App />, `/invite/${TOKEN}`);
     fireEvent.click(await screen.findByRole("link", { name: "Log in" }));
-    fireEvent.change(await screen.findByLabelText("Email"), { target: { value: "ada@example.com" } });
+    fireEvent.change(await screen.findByLabelText("Email or username"), { target: { value: "ada@example.com" } });
     fireEvent.change(screen.getByLabelText("Password"), { target: { value: "pw-12345678" } });
     fireEvent.click(screen.getByRole("button", { name: "Log in" }));
     expect(await screen.findByRole("button", { name: "Join Beta as member" })).toBeTruthy();
@@ -621,7 +695,7 @@ describe("password reset", () => {
     const { calls } = mockApi({ "GET /api/v1/auth/me": anonymous, "POST /api/v1/auth/password-reset": () => answer });
     renderAt(<App />, "/login");
     await screen.findByRole("heading", { name: "Log in" });
-    fireEvent.change(screen.getByLabelText("Email"), { target: { value: "ada@example.com" } });
+    fireEvent.change(screen.getByLabelText("Email or username"), { target: { value: "ada@example.com" } });
     fireEvent.click(screen.getByRole("link", { name: "Forgot your password?" }));
     expect(await screen.findByRole("heading", { name: "Reset your password" })).toBeTruthy();
     // What was typed on the login page comes along.
@@ -726,7 +800,7 @@ describe("email change", () => {
     fireEvent.change(email, { target: { value: NEW } });
     fireEvent.change(password, { target: { value: "not-my-password" } });
     fireEvent.click(form.getByRole("button", { name: "Send confirmation link" }));
-    expect((await form.findByRole("alert")).textContent).toContain("current_password: wrong password");
+    expect((await form.findByRole("alert")).textContent).toContain("Current password: wrong password");
     expect(form.queryByRole("status")).toBeNull();
     expect(email.value).toBe(NEW); // kept for another try
 
@@ -832,5 +906,38 @@ describe("reset link validity", () => {
     expect(validity(30)).toBe("30 minutes");
     expect(validity(1)).toBe("a minute");
     expect(validity(1440)).toBe("24 hours");
+  });
+});
+
+describe("tool hosts", () => {
+  it("lets an owner replace the tenant's tool hosts and shows the server's refusal", async () => {
+    let hosts = ["api.example.com"];
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/members": page([]),
+      "GET /api/v1/invitations": page([]),
+      "GET /api/v1/audit-log": page([]),
+      "GET /api/v1/tool-hosts": () => ({ body: { hosts, max_hosts: 8 } }),
+      "PUT /api/v1/tool-hosts": (req: { body: unknown }) => {
+        const asked = (req.body as { hosts: string[] }).hosts;
+        if (asked.includes("127.0.0.1")) {
+          return { status: 400, body: { error: { code: "invalid", message: "'127.0.0.1' is an internal address: only an operator may allow those", detail: null } } };
+        }
+        hosts = asked.map((h) => h.toLowerCase());
+        return { body: { hosts, max_hosts: 8 } };
+      },
+    });
+    renderAt(<App />, "/team");
+    const input = (await screen.findByLabelText(/Hosts \(one per line/)) as HTMLTextAreaElement;
+    expect(input.value).toBe("api.example.com");
+    expect(screen.getByTestId("tool-hosts-count").textContent).toBe("1 of 8 allowed by the plan");
+    fireEvent.change(input, { target: { value: "api.example.com\nTools.Example.org:8443" } });
+    fireEvent.click(screen.getByRole("button", { name: "Save tool hosts" }));
+    await waitFor(() => expect(screen.getByTestId("tool-hosts-count").textContent).toBe("2 of 8 allowed by the plan"));
+    expect(calls.find((c) => c.method === "PUT" && c.path === "/api/v1/tool-hosts")?.body).toEqual({ hosts: ["api.example.com", "Tools.Example.org:8443"] });
+    expect(input.value).toBe("api.example.com\ntools.example.org:8443");
+    fireEvent.change(input, { target: { value: "127.0.0.1" } });
+    fireEvent.click(screen.getByRole("button", { name: "Save tool hosts" }));
+    expect(await screen.findByText(/internal address/)).toBeTruthy();
   });
 });

@@ -1,0 +1,332 @@
+"""``GET /api/v1/runs/<id>/events``: Server-Sent Events from the Redis stream ``run:<id>``.
+
+The stream's key and entries are the contract in ``gpu_worker/contracts.py``; each entry's
+``data`` is passed through as stored, so an SSE client parses exactly what the writer encoded.
+
+An async Django view (not DRF) so that under ASGI each client holds a coroutine, not a thread.
+Event ids are the stream entry ids, so a reconnecting client resumes with Last-Event-ID. The
+stream closes after the ``end`` event, or with a 404 for a run outside the caller's tenant.
+While Redis is unreachable (a restart, a failover) the stream stays open with keep-alives and
+reconnects for up to ``REDIS_RETRY_S``, continuing after the last entry it sent; past that it
+closes without ``end`` and the client resumes with Last-Event-ID.
+
+A finished run's stream is replayed without blocking, read from Redis in pages of
+``REPLAY_PAGE`` entries: what is after Last-Event-ID up to its ``end``, then closed. A client
+resuming after it already had the ``end`` gets 204 (an EventSource stops reconnecting on 204).
+Streams expire ``SYMPHONY_RUN_EVENTS_RETENTION_S`` after the run ends (api/services/runs.py);
+a finished run whose stream is gone, or whose ``end`` is not in Redis yet, gets ``status`` and
+``end`` events built from its row, so no client waits forever on a run that will publish
+nothing more.
+
+A waiting stream holds no database connection (api/asyncdb.py), and each tenant may hold its
+plan's number of streams at once (api/services/stream_leases.py); past it a 429 ``throttled``
+with ``Retry-After``. The slot is given back when the stream ends or its client leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from rest_framework.exceptions import PermissionDenied
+
+from api.asyncdb import db_call
+from api.authentication import KeyRefused, bearer_key
+from api.models import Run, Tenant
+from api.services import stream_leases
+from api.services.quotas import plan_limits
+from api.services.runs import closing_events
+from api.tenancy import active_tenant
+from api.throttling import TenantThrottled, check_tenant_rate
+from gpu_worker import contracts
+
+log = logging.getLogger(__name__)
+
+BLOCK_MS = 1000
+HEARTBEAT_EVERY = 15
+REDIS_RETRY_S = 30.0
+#: A stream entry id as Redis writes it (``<ms>-<seq>``), or its ``<ms>`` part alone.
+EVENT_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
+MAX_ID_PART = 2**64 - 1
+#: How far back from a finished stream's tail its ``end`` is looked for (late entries of the
+#: worker may follow the ``end`` the executor wrote).
+END_LOOKBACK = 64
+#: Entries per round trip of a tail lookback and of a replay: an entry may be up to 1 MiB, and a
+#: stream 10,000 entries; read whole, one replay grew the web process by hundreds of MB.
+LOOKBACK_PAGE = 8
+REPLAY_PAGE = 100
+
+
+def _error(status: int, code: str, message: str) -> JsonResponse:
+    return JsonResponse({"error": {"code": code, "message": message, "detail": None}}, status=status)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.headers = status, code, message, headers or {}
+
+    def response(self) -> JsonResponse:
+        response = _error(self.status, self.code, self.message)
+        for name, value in self.headers.items():
+            response[name] = value
+        return response
+
+
+def _caller(request: HttpRequest) -> Tenant | None:
+    """The caller's tenant; ``None`` without credentials (or for a user in no tenant);
+    :class:`_Refused` for a key that is wrong (401), throttled (429) or lacks the ``runs`` scope
+    (403), and for a tenant over its request rate (429), as the DRF routes answer."""
+    try:
+        key = bearer_key(request)
+    except KeyRefused as refused:
+        if refused.status == 429:
+            raise _Refused(429, "throttled", refused.message, {"Retry-After": str(refused.retry_after)}) from None
+        raise _Refused(401, "authentication_failed", refused.message) from None
+    if key is not None:
+        if "runs" not in key.scopes:
+            raise _Refused(403, "permission_denied", "this API key lacks the 'runs' scope")
+        tenant = key.tenant
+    elif not request.user.is_authenticated:
+        return None
+    else:
+        try:
+            tenant = active_tenant(request)  # the console session's active tenant
+        except PermissionDenied:
+            return None
+    try:
+        check_tenant_rate(tenant, request)
+    except TenantThrottled as throttled:
+        raise _Refused(429, "throttled", str(throttled), {"Retry-After": str(throttled.retry_after)}) from None
+    return tenant
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    tenant_id: int
+    stream_cap: int
+    run_status: str
+
+
+def _admit(request: HttpRequest, run_id: uuid.UUID) -> _Admitted:
+    """Who asks, may they, and where the run stands: every database read the view needs, done
+    before streaming starts (see :func:`run_events`)."""
+    tenant = _caller(request)
+    if tenant is None:
+        raise _Refused(401, "not_authenticated", "authentication required")
+    status = Run.objects.filter(pk=run_id, tenant=tenant).values_list("status", flat=True).first()
+    if status is None:
+        raise _Refused(404, "not_found", "no such run")
+    return _Admitted(tenant.pk, plan_limits(tenant).max_concurrent_streams, status)
+
+
+def parse_event_id(raw: str) -> tuple[int, int]:
+    """A Last-Event-ID as ``(ms, seq)``; ``ValueError`` for anything Redis would not take."""
+    match = EVENT_ID.fullmatch(raw)
+    if match is None:
+        raise ValueError("Last-Event-ID must be an event id of this stream, like 1700000000000-0")
+    ms, seq = int(match[1]), int(match[2] or 0)
+    if ms > MAX_ID_PART or seq > MAX_ID_PART:
+        raise ValueError("Last-Event-ID is out of range")
+    return ms, seq
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    """One event of a run's stream; ``type`` ``None`` marks an idle heartbeat tick."""
+
+    id: str
+    type: str | None
+    data: str
+
+
+async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> AsyncIterator[StreamEntry]:
+    """Entries of ``run:<id>`` after ``last_id`` until (and including) ``end``; a heartbeat
+    entry every ``HEARTBEAT_EVERY`` seconds of silence lets callers keep connections alive."""
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    idle = 0
+    down_since: float | None = None
+    try:
+        while True:
+            try:
+                batch = await client.xread({contracts.run_stream_key(run_id): last_id}, block=BLOCK_MS, count=100)
+                down_since = None
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                now = asyncio.get_running_loop().time()
+                down_since = down_since or now
+                if now - down_since > REDIS_RETRY_S:
+                    raise
+                log.warning("event=sse_redis_retry run=%s error=%r", run_id, exc)
+                yield StreamEntry(last_id, None, "")  # keep the client's connection alive
+                await asyncio.sleep(1.0)
+                continue
+            if not batch:
+                idle += 1
+                if idle * BLOCK_MS >= HEARTBEAT_EVERY * 1000:
+                    idle = 0
+                    yield StreamEntry(last_id, None, "")
+                continue
+            idle = 0
+            for entry_id, fields in batch[0][1]:
+                entry = _decode(entry_id, fields)
+                last_id = entry.id
+                yield entry
+                if entry.type == contracts.END:
+                    return
+    finally:
+        await client.aclose()
+
+
+def _sse(entry: StreamEntry) -> bytes:
+    if entry.type is None:
+        return b": keep-alive\n\n"
+    head = f"id: {entry.id}\n" if entry.id else ""
+    return f"{head}event: {entry.type}\ndata: {entry.data}\n\n".encode()
+
+
+async def _stream(run_id: uuid.UUID, last_id: str) -> AsyncIterator[bytes]:
+    async with aclosing(stream_entries(run_id, last_id)) as entries:
+        async for entry in entries:
+            yield _sse(entry)
+
+
+def _decode(entry_id: bytes, fields: dict) -> StreamEntry:
+    return StreamEntry(entry_id.decode(), *contracts.entry_strings(fields))
+
+
+async def _end_of(client: aioredis.Redis, key: str) -> StreamEntry | None:
+    """The stream's ``end`` among its last ``END_LOOKBACK`` entries, read a few at a time."""
+    newest = "+"
+    seen = 0
+    while seen < END_LOOKBACK:
+        batch = await client.xrevrange(key, max=newest, count=min(LOOKBACK_PAGE, END_LOOKBACK - seen))
+        for entry_id, fields in batch:
+            entry = _decode(entry_id, fields)
+            if entry.type == contracts.END:
+                return entry
+        if len(batch) < LOOKBACK_PAGE:
+            return None
+        seen += len(batch)
+        newest = f"({batch[-1][0].decode()}"
+    return None
+
+
+async def entry_pages(
+    client: aioredis.Redis, key: str, after: str, until: str = "+", page: int = REPLAY_PAGE
+) -> AsyncIterator[list[StreamEntry]]:
+    """The entries of ``key`` after ``after`` up to and including ``until``, ``page`` per round
+    trip: a replay holds one page in memory, never the whole stream."""
+    while True:
+        batch = await client.xrange(key, min=f"({after}", max=until, count=page)
+        if batch:
+            entries = [_decode(i, f) for i, f in batch]
+            yield entries
+            after = entries[-1].id
+        if len(batch) < page or after == until:
+            return
+
+
+async def finished_end(run_id: uuid.UUID, last_id: str) -> tuple[bool, str]:
+    """Where a replay of a finished run's stream stops: ``(already_had_end, until)``, ``until``
+    being the id of its ``end`` (``+``: the whole stream, when Redis holds no ``end``: it
+    expired, or the executor has not written it yet)."""
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    try:
+        end = await _end_of(client, contracts.run_stream_key(run_id))
+    finally:
+        await client.aclose()
+    if end is None:
+        return False, "+"
+    return parse_event_id(end.id) <= parse_event_id(last_id), end.id
+
+
+def _closing_events(run: Run) -> list[StreamEntry]:
+    """``status`` and ``end`` of a finished run from its row, as the executor publishes them."""
+    return [StreamEntry("", *contracts.encode(event)) for event in closing_events(run)]
+
+
+async def _replay(run_id: uuid.UUID, last_id: str, until: str) -> AsyncIterator[bytes]:
+    """A finished run's entries after ``last_id`` up to ``until``, read in pages, then (without
+    an ``end`` among them) its closing events from its row."""
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    last_type = None
+    try:
+        async with aclosing(entry_pages(client, contracts.run_stream_key(run_id), last_id, until)) as pages:
+            async for entries in pages:
+                for entry in entries:
+                    yield _sse(entry)
+                last_type = entries[-1].type
+    finally:
+        await client.aclose()
+    if last_type != contracts.END:
+        run = await db_call(Run.objects.get, pk=run_id)
+        for entry in _closing_events(run):
+            yield _sse(entry)
+
+
+async def _leased(lease: stream_leases.Lease, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """``events``, giving the tenant's stream slot back when they end or the client leaves.
+
+    Generators are closed explicitly (``aclosing``): when the client leaves, Django closes only
+    the outermost one, and an inner one left open would keep its Redis connection until the
+    garbage collector found it."""
+    lease.keep_alive()
+    try:
+        async with aclosing(events):
+            async for chunk in events:
+                yield chunk
+    finally:
+        await lease.release()
+
+
+def sse_response(chunks: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    """A server-sent event stream that neither caches nor proxies (nginx) may buffer; the run
+    events here and the OpenAI endpoints' streams share it."""
+    response = StreamingHttpResponse(chunks, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+def _throttled_stream(refused: stream_leases.StreamLimitReached) -> JsonResponse:
+    response = _error(429, "throttled", str(refused))
+    response["Retry-After"] = str(refused.retry_after)
+    return response
+
+
+async def run_events(request: HttpRequest, run_id: uuid.UUID):
+    try:
+        admitted = await db_call(_admit, request, run_id)
+    except _Refused as refused:
+        return refused.response()
+    last_id = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id") or "0-0"
+    try:
+        parse_event_id(last_id)
+    except ValueError as exc:
+        return _error(400, "invalid", str(exc))
+    try:
+        lease = await stream_leases.acquire(admitted.tenant_id, admitted.stream_cap)
+    except stream_leases.StreamLimitReached as refused:
+        return _throttled_stream(refused)
+    try:
+        if admitted.run_status in Run.TERMINAL:
+            had_end, until = await finished_end(run_id, last_id)
+            if had_end:
+                await lease.release()
+                return HttpResponse(status=204)  # had the end already; EventSource stops on 204
+            events = _replay(run_id, last_id, until)
+        else:
+            events = _stream(run_id, last_id)
+    except BaseException:
+        await lease.release()
+        raise
+    return sse_response(_leased(lease, events))

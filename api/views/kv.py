@@ -1,0 +1,48 @@
+"""The tenant's KV files: list (mirrored from the worker), pin, delete."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from api import serializers as s
+from api.models import KVFile
+from api.services import kvfiles
+from api.tenancy import TenantScopedViewSet
+
+
+class KVFileViewSet(mixins.RetrieveModelMixin, TenantScopedViewSet):
+    """The tenant's KV files, paginated (``?limit=`` at most 500). The first page refreshes the
+    mirror from the worker, so the pages after it are of the same listing; when the worker cannot
+    be reached the last mirror is returned with ``X-Symphony-Stale: 1``."""
+
+    queryset = KVFile.objects.select_related("tenant").order_by("name")
+    serializer_class = s.KVFileSerializer
+    required_scope = "kv"
+
+    def list(self, request):
+        stale = False
+        try:
+            if self.paginator.get_offset(request) == 0:
+                kvfiles.sync(self.tenant)
+        except kvfiles.WorkerUnavailable:
+            stale = True
+        page = self.paginate_queryset(self.get_queryset())
+        response = self.get_paginated_response(self.get_serializer(page, many=True).data)
+        if stale:
+            response["X-Symphony-Stale"] = "1"
+        return response
+
+    def destroy(self, request, pk=None):
+        kvfiles.delete(self.get_object())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=s.PinSerializer, responses=s.KVFileSerializer)
+    @action(detail=True, methods=["post"])
+    def pin(self, request, pk=None):
+        kv = self.get_object()
+        data = s.PinSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return Response(s.KVFileSerializer(kvfiles.pin(kv, data.validated_data["pinned"])).data)

@@ -1,0 +1,83 @@
+"""Runs: create (idempotent), list, cancel, logs. The event stream is api/run_events_view.py."""
+
+from __future__ import annotations
+
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_view
+from rest_framework import mixins, status
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+
+from api import serializers as s
+from api.models import ApiKey, Program, Run
+from api.services import quotas, runs
+from api.tenancy import TenantScopedViewSet
+
+
+@extend_schema_view(
+    list=extend_schema(parameters=[s.RunFilterSerializer]),
+    create=extend_schema(
+        request=s.RunCreateSerializer,
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                OpenApiParameter.HEADER,
+                description="Same key and body within a tenant returns the first run (200) instead of a new one"
+                " (201); the same key with another body is a 422 idempotency_mismatch.",
+            )
+        ],
+        responses={201: s.RunSerializer, 200: s.RunSerializer},
+    ),
+)
+class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
+    queryset = Run.objects.select_related("program_version__program")
+    serializer_class = s.RunSerializer
+    required_scope = "runs"
+
+    def get_queryset(self):
+        qs = super().get_queryset()
+        if self.action == "logs":
+            return qs
+        qs = qs.defer("stdout", "stderr")  # up to 2 x 64 KiB a run, served by `logs` only
+        if self.action != "list":
+            return qs
+        filters = s.RunFilterSerializer(data=self.request.query_params)
+        filters.is_valid(raise_exception=True)
+        if status_filter := filters.validated_data.get("status"):
+            qs = qs.filter(status=status_filter)
+        if program := filters.validated_data.get("program"):
+            qs = qs.filter(program_version__program_id=program)
+        if parent := filters.validated_data.get("parent"):
+            qs = qs.filter(parent_id=parent)
+        return qs
+
+    def create(self, request):
+        data = s.RunCreateSerializer(data=request.data, context={"plan": quotas.plan_limits(self.tenant)})
+        data.is_valid(raise_exception=True)
+        header = request.headers.get("Idempotency-Key")
+        idempotency = s.IdempotencyKeySerializer(data={} if header is None else {"key": header})
+        if not idempotency.is_valid():
+            raise ValidationError({"Idempotency-Key": idempotency.errors["key"]})
+        program = get_object_or_404(Program, pk=data.validated_data["program"], tenant=self.tenant)
+        run, created = runs.create_run(
+            self.tenant,
+            program,
+            data.validated_data.get("version"),
+            data.validated_data["args"],
+            data.validated_data["limits"],
+            idempotency_key=idempotency.validated_data.get("key"),
+            api_key=request.auth if isinstance(request.auth, ApiKey) else None,
+        )
+        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        return Response(s.RunSerializer(runs.cancel_run(self.get_object())).data)
+
+    @extend_schema(responses=s.RunLogsSerializer)
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """What the program printed: the tail of its stdout and stderr, once the run has ended."""
+        return Response(s.RunLogsSerializer(self.get_object()).data)

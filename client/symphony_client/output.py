@@ -1,0 +1,85 @@
+"""How the CLI prints answers: JSON for scripts, tables and ``key: value`` lines for people.
+
+JSON is the API's objects unchanged (stable: only fields the API adds may appear). The human
+forms pick the columns a person scans and shorten timestamps; they may change between versions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+#: Columns of the human tables: (heading, field).
+COLUMNS: dict[str, Sequence[tuple[str, str]]] = {
+    "runs": (("ID", "id"), ("STATUS", "status"), ("PROGRAM", "program_name"), ("PROGRAM ID", "program"),
+             ("VERSION", "version"), ("CREATED", "created_at"), ("ERROR", "error")),
+    "programs": (("ID", "id"), ("NAME", "name"), ("LATEST", "latest_version"), ("CREATED", "created_at"),
+                 ("DESCRIPTION", "description")),
+    "kv": (("NAME", "name"), ("TOKENS", "tokens"), ("BYTES", "bytes"), ("RESIDENCY", "residency"),
+           ("PINNED", "pinned"), ("LAST USED", "last_used")),
+}  # fmt: skip
+CELL_CHARS = 60
+
+
+def as_json(data: object, compact: bool = False) -> str:
+    return json.dumps(data, indent=None if compact else 2)
+
+
+def cell(value: object) -> str:
+    """One table cell: timestamps to the second, ``-`` for nothing, long text cut."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, str) and len(value) >= 19 and value[4] == "-" and value[10] == "T":
+        return value[:19].replace("T", " ")
+    text = value if isinstance(value, str) else json.dumps(value)
+    text = " ".join(text.split())
+    return text if len(text) <= CELL_CHARS else text[: CELL_CHARS - 1] + "…"
+
+
+def table(rows: Sequence[dict], kind: str) -> str:
+    """Aligned columns with a heading line; ``(none)`` for an empty listing."""
+    if not rows:
+        return "(none)"
+    columns = COLUMNS[kind]
+    grid = [[heading for heading, _ in columns]] + [[cell(row.get(field)) for _, field in columns] for row in rows]
+    widths = [max(len(line[i]) for line in grid) for i in range(len(columns))]
+    return "\n".join("  ".join(text.ljust(w) for text, w in zip(line, widths, strict=True)).rstrip() for line in grid)
+
+
+def run_record(run: Mapping[str, Any]) -> str:
+    """``runs show``: the run's fields, then its timings and usage one per line (``-`` for a
+    phase that has not happened; usage appears once the run has ended), then the runs it
+    spawned, one a line (``id status entry``)."""
+    base = {k: v for k, v in run.items() if k not in ("usage", "timings", "children")}
+    lines = [record(base)]
+    timings = run.get("timings") or {}
+    usage = run.get("usage")
+    extra: dict[str, object] = {}
+    for key, value in timings.items():
+        extra[key] = "-" if value is None else f"{value:g}"
+    if usage:
+        cost = usage.get("cost") or {}
+        for key, value in usage.items():
+            if key != "cost":
+                extra[key] = f"{value:g}" if isinstance(value, float) else value
+        extra["cost"] = f"{cost.get('total', '0')} {cost.get('currency', 'USD')}"
+    elif "usage" in run:
+        extra["usage"] = "(recorded when the run ends)"
+    if extra:
+        lines += ["", record(extra)]
+    children = run.get("children") or []
+    if children:
+        lines += ["", f"children ({len(children)}):"]
+        lines += [f"  {c['id']}  {c['status']:<9}  {c.get('entry') or 'main'}" for c in children]
+    return "\n".join(lines)
+
+
+def record(obj: dict) -> str:
+    """One object as ``key: value`` lines (nested values as compact JSON, uncut)."""
+    width = max((len(key) for key in obj), default=0)
+    lines = []
+    for key, value in obj.items():
+        text = value if isinstance(value, str) else json.dumps(value)
+        lines.append(f"{key.ljust(width)}  {text if text != '' else '-'}")
+    return "\n".join(lines)

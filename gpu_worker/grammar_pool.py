@@ -1,0 +1,131 @@
+"""A few ``grammar_child`` processes that compile grammars for the worker, each killable.
+
+Everything here runs on the worker's event loop: a compile is a frame written to an idle
+child and awaited with the time budget. A child past the budget is killed (what it held goes
+with it) and a fresh one started in the background, so the next compile does not wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from gpu_worker.grammar_child import encode_frame
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parent.parent
+#: A child that has not said it is ready by then is killed and started again.
+START_TIMEOUT_S = 120.0
+
+
+class CompileTimeout(Exception):
+    """The compile ran past its budget; its child was killed."""
+
+
+class _Child:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    async def request(self, obj: Any) -> Any:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(encode_frame(obj))
+        await self.proc.stdin.drain()
+        header = await self.proc.stdout.readexactly(4)
+        body = await self.proc.stdout.readexactly(int.from_bytes(header, "big"))
+        return msgpack.unpackb(body, raw=False)
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+
+class CompilePool:
+    """``processes`` children; ``compile(kind, source, timeout_s)`` -> serialized grammar."""
+
+    def __init__(self, tokenizer_info_json: str, processes: int, max_bytes: int) -> None:
+        self._init = {"tokenizer_info": tokenizer_info_json, "max_bytes": max_bytes}
+        self._processes = processes
+        self._idle: asyncio.Queue[_Child] = asyncio.Queue()
+        self._starting: set[asyncio.Task] = set()
+        self._children: set[_Child] = set()
+        self._closed = False
+        self.killed = 0
+
+    async def start(self) -> None:
+        """Start every child; returns once they are ready (or were given up and retried)."""
+        for _ in range(self._processes):
+            self._replace()
+        await asyncio.gather(*self._starting, return_exceptions=True)
+
+    def _replace(self) -> None:
+        if self._closed:
+            return
+        task = asyncio.get_running_loop().create_task(self._spawn())
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+
+    async def _spawn(self) -> None:
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "gpu_worker.grammar_child",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            cwd=str(ROOT),
+            env=env,
+        )
+        child = _Child(proc)
+        self._children.add(child)
+        try:
+            await asyncio.wait_for(child.request(self._init), START_TIMEOUT_S)
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
+            log.error("event=grammar_child_failed pid=%d error=%r", proc.pid, exc)
+            await self._reap(child)
+            await asyncio.sleep(1.0)
+            self._replace()
+            return
+        if self._closed:
+            await self._reap(child)
+            return
+        self._idle.put_nowait(child)
+
+    async def _reap(self, child: _Child) -> None:
+        self._children.discard(child)
+        child.kill()
+        with contextlib.suppress(Exception):
+            await child.proc.wait()
+
+    async def compile(self, kind: str, source: str, timeout_s: float) -> dict[str, Any]:
+        """``{"ok": serialized}`` or ``{"err": message}``; raises :class:`CompileTimeout`."""
+        child = await self._idle.get()
+        try:
+            reply = await asyncio.wait_for(child.request({"kind": kind, "source": source}), timeout_s)
+        except TimeoutError:
+            self.killed += 1
+            log.warning("event=grammar_compile_killed pid=%d kind=%s timeout_s=%s", child.proc.pid, kind, timeout_s)
+            await self._reap(child)
+            self._replace()
+            raise CompileTimeout from None
+        except BaseException:
+            # A child that died or a compile cancelled mid-frame: the stream is out of step.
+            await self._reap(child)
+            self._replace()
+            raise
+        self._idle.put_nowait(child)
+        return reply
+
+    async def close(self) -> None:
+        self._closed = True
+        for task in list(self._starting):
+            task.cancel()
+        for child in list(self._children):
+            await self._reap(child)

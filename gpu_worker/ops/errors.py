@@ -1,0 +1,40 @@
+"""Internal errors -> wire errors, at the edge: KVFS and the scheduler raise their own exception
+types (they know nothing of the protocol); what a LIP or the control plane reads is decided here."""
+
+from __future__ import annotations
+
+import logging
+
+from gpu_worker import kvfs, scheduler
+from gpu_worker.protocol import ErrorCode, ProtocolError
+
+log = logging.getLogger(__name__)
+
+#: Checked in order (the first class an error is an instance of): subclasses before bases.
+_CODES: tuple[tuple[type[Exception], str], ...] = (
+    (kvfs.NotFound, ErrorCode.NOT_FOUND),
+    (kvfs.PermissionDenied, ErrorCode.PERMISSION),
+    (kvfs.NoSpace, ErrorCode.NO_SPACE),
+    (kvfs.QuotaExceeded, ErrorCode.QUOTA),
+    (kvfs.Exists, ErrorCode.EXISTS),
+    (kvfs.InvalidArgument, ErrorCode.BAD_ARGS),
+    (kvfs.Busy, ErrorCode.BUSY),
+    (kvfs.KVFSError, ErrorCode.INTERNAL),
+    (scheduler.SessionEnded, ErrorCode.TIMEOUT),
+    (scheduler.ShuttingDown, ErrorCode.BUSY),
+    (scheduler.ContextFull, ErrorCode.NO_SPACE),
+    (scheduler.ForwardFailed, ErrorCode.INTERNAL),
+)
+
+
+def wire_error(exc: BaseException, op: str, session_id: str) -> ProtocolError:
+    """The protocol error a failed op answers with. KVFS and scheduler errors keep their message
+    (written to be shown to a tenant); an unexpected one is logged with its trace and answered as
+    INTERNAL without details."""
+    if isinstance(exc, ProtocolError):
+        return exc
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            return ProtocolError(code, getattr(exc, "message", str(exc)))
+    log.error("event=op_failed op=%s session=%s", op[:64], session_id, exc_info=exc)
+    return ProtocolError(ErrorCode.INTERNAL, f"{op} failed: {type(exc).__name__}")

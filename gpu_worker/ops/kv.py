@@ -1,0 +1,66 @@
+"""KV file ops: each runs KVFS off the loop, scoped to the session (``Owner(tenant, session)``)
+or, for named files, to its tenant."""
+
+from __future__ import annotations
+
+from gpu_worker import protocol as p
+from gpu_worker.ops.context import OpContext
+from gpu_worker.ops.registry import lip_op
+from gpu_worker.sessions import WorkerSession
+
+
+@lip_op(p.KvCreate)
+async def kv_create(ctx: OpContext, s: WorkerSession, args: p.KvCreate) -> p.KvRef:
+    return p.KvRef(kv=await ctx.kv(ctx.kvfs.create, s.owner, args.name, args.cache))
+
+
+@lip_op(p.KvOpen)
+async def kv_open(ctx: OpContext, s: WorkerSession, args: p.KvOpen) -> p.KvRef:
+    handle = await ctx.kv(ctx.kvfs.open, s.owner, args.name, args.mode)
+    s.usage.cached_tokens += await ctx.kv(ctx.kvfs.length, s.owner, handle)
+    return p.KvRef(kv=handle)
+
+
+@lip_op(p.KvFork)
+async def kv_fork(ctx: OpContext, s: WorkerSession, args: p.KvFork) -> p.KvRef:
+    return p.KvRef(kv=await ctx.kv(ctx.kvfs.fork, s.owner, args.kv))
+
+
+@lip_op(p.KvClose)
+async def kv_close(ctx: OpContext, s: WorkerSession, args: p.KvClose) -> None:
+    await ctx.kv(ctx.kvfs.close, s.owner, args.kv)
+
+
+@lip_op(p.KvRemove)
+async def kv_remove(ctx: OpContext, s: WorkerSession, args: p.KvRemove) -> None:
+    await ctx.kv(ctx.kvfs.remove, s.tenant, args.name)
+
+
+@lip_op(p.KvLen)
+async def kv_len(ctx: OpContext, s: WorkerSession, args: p.KvLen) -> int:
+    return await ctx.kv(ctx.kvfs.length, s.owner, args.kv)
+
+
+@lip_op(p.KvTokens)
+async def kv_tokens(ctx: OpContext, s: WorkerSession, args: p.KvTokens) -> list[int]:
+    return await ctx.kv(ctx.kvfs.tokens, s.owner, args.kv)
+
+
+@lip_op(p.KvTruncate)
+async def kv_truncate(ctx: OpContext, s: WorkerSession, args: p.KvTruncate) -> None:
+    await ctx.kv(ctx.kvfs.truncate, s.owner, args.kv, args.n)
+
+
+@lip_op(p.KvExtract)
+async def kv_extract(ctx: OpContext, s: WorkerSession, args: p.KvExtract) -> p.KvRef:
+    return p.KvRef(kv=await ctx.kv(ctx.kvfs.extract, s.owner, args.kv, args.start, args.end))
+
+
+@lip_op(p.KvMerge)
+async def kv_merge(ctx: OpContext, s: WorkerSession, args: p.KvMerge) -> p.KvRef:
+    return p.KvRef(kv=await ctx.kv(ctx.kvfs.merge, s.owner, args.a, args.b))
+
+
+@lip_op(p.KvPin)
+async def kv_pin(ctx: OpContext, s: WorkerSession, args: p.KvPin) -> None:
+    await ctx.kv(ctx.kvfs.pin, s.tenant, args.name, args.pinned)

@@ -1,0 +1,205 @@
+"""``pred``, the call every generated token makes, from its frame to its reply, in one place.
+
+The path of one call: the connection reads its frame and hands it to its :class:`PredRelay`
+(``server.Worker._serve``); the relay decodes it (``protocol.Pred``) and :func:`admit` checks it
+against the session's limits and builds a :class:`scheduler.PredCall`; the scheduler batches it
+into a forward and, on the engine thread, turns its logits rows into its value
+(``Scheduler._resolve``: the token ids its :func:`chooser` picks, or the rows themselves); the
+relay answers from the future's done-callback with :func:`reply_value` and :func:`release` undoes
+the admission. Errors on the way become wire errors in ``ops.errors``.
+
+Why no Task per call: every generated token is one ``pred``, so its path through the event loop
+is the per-token cost of program-driven decoding, paid in the gap between two forwards (B3:
+~0.2 ms of the loop's time per call, times the calls of a forward). The other ops run as one
+Task each (``Worker._dispatch``); a ``pred`` is admitted synchronously when its frame is read,
+submitted to the scheduler, and answered from a done-callback of the scheduler's future. That
+skips the Task, the coroutine frames, the asyncio future that mirrors the scheduler's, and the
+per-call timeout context: one loop callback per finished call.
+
+Semantics are those of a Task per call: the run's deadline answers a call still in flight with
+TIMEOUT, a closed connection abandons its calls (no reply), and each call's reservations are
+released exactly once, when its future is done or cancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from gpu_worker import bias_vectors, dists
+from gpu_worker import protocol as p
+from gpu_worker.grammar import Matcher
+from gpu_worker.ops.errors import wire_error
+from gpu_worker.protocol import ErrorCode, ProtocolError
+from gpu_worker.scheduler import PredCall
+from gpu_worker.sessions import WorkerSession
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[asyncio.StreamWriter, dict[str, Any]], None]
+
+
+class PredContext(Protocol):
+    """What the ``pred`` path needs of ``ops.context.OpContext``."""
+
+    vocab_size: int
+    max_inflight_preds: int
+
+    @property
+    def scheduler(self) -> Any: ...
+
+
+def chooser(ctx: Any, s: WorkerSession, spec: p.Argmax) -> Callable[[torch.Tensor], int]:
+    """A function logits -> token id for a decoded choice (``then``, ``dist_argmax``,
+    ``dist_sample``); handles are looked up here, before any forward."""
+    sample = dists.SampleParams.of(spec) if isinstance(spec, p.Sample) else None
+    mask = spec.mask
+    matcher: Matcher | None = None
+    allowed = None
+    if isinstance(mask, int):
+        matcher = s.grammars.matcher(mask)
+    elif mask is not None:
+        allowed = dists.allowed_mask(ctx.vocab_size, mask)
+    bias = spec.bias
+    vector = None if spec.bias_ref is None else s.biases.get(spec.bias_ref)  # held even if released
+    advance = spec.advance
+
+    def choose(logits: torch.Tensor) -> int:
+        try:
+            logits = dists.apply_bias(bias_vectors.apply(logits, vector), bias)
+            logits = matcher.restrict(logits) if matcher is not None else dists.restrict(logits, allowed)
+            token = dists.argmax(logits) if sample is None else dists.sample(logits, sample, s.generator)
+            if advance and matcher is not None:
+                # Saves the LIP a mask_advance round trip per token; the token came from the
+                # grammar's own mask, so the matcher accepts it.
+                matcher.advance(token)
+        except ProtocolError:  # the LIP's choice (e.g. a mask that leaves no token)
+            raise
+        except Exception as exc:
+            log.exception("event=choose_failed session=%s", s.session_id)
+            raise ProtocolError(ErrorCode.INTERNAL, f"choosing the token failed: {type(exc).__name__}") from None
+        return token
+
+    return choose
+
+
+def admit(ctx: PredContext, s: WorkerSession, args: p.Pred) -> PredCall:
+    """Admit a decoded ``pred`` against the session's limits (no await: the caller submits the
+    returned call to the scheduler and must :func:`release` it exactly once)."""
+    choose = chooser(ctx, s, args.then) if args.then is not None else None
+    if s.inflight_preds >= ctx.max_inflight_preds:
+        raise ProtocolError(ErrorCode.BUSY, "too many pred calls in flight for this session")
+    s.check_deadline()
+    # The handle and the file's length are checked by the scheduler when it plans the call
+    # (before any of it lands): a KVFS call here would cost a thread hop per token.
+    s.reserve_tokens(len(args.tokens))
+    s.inflight_preds += 1
+    assert args.positions is not None  # decoding made them offsets
+    return PredCall(s, args.kv, args.tokens, args.positions, choose=choose)
+
+
+def release(s: WorkerSession, call: PredCall) -> None:
+    """Undo :func:`admit`'s reservations once the call is over (done, failed or abandoned)."""
+    s.inflight_preds -= 1
+    s.unreserve_tokens(len(call.tokens))
+    if call.ran:  # computed and metered, even if the choice then failed
+        s.usage.pred_calls += 1
+
+
+def reply_value(s: WorkerSession, call: PredCall, value: Any) -> p.DistRefs | p.ChosenTokens:
+    """The reply to a finished call: token ids picked on the engine thread
+    (``Scheduler._resolve``) or new Dist handles over its logits rows."""
+    if call.choose is None:
+        return p.DistRefs(dists=s.dists.add_many(value))
+    return p.ChosenTokens(tokens=value)
+
+
+@dataclass(eq=False)
+class _InFlight:
+    req_id: int
+    call: PredCall
+    timer: asyncio.TimerHandle | None = None
+    timed_out: bool = False
+
+
+class PredRelay:
+    """The ``pred`` calls in flight on one session connection."""
+
+    def __init__(self, ctx: PredContext, session: WorkerSession, writer: asyncio.StreamWriter, send: Send) -> None:
+        self._ctx = ctx
+        self._session = session
+        self._writer = writer
+        self._send = send
+        self._loop = asyncio.get_running_loop()
+        self._pending: set[_InFlight] = set()
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def start(self, req_id: int, args: dict[str, Any]) -> None:
+        """Decode, admit and submit one ``pred``; a refused call is answered at once."""
+        s = self._session
+        try:
+            if s.ended:
+                raise ProtocolError(ErrorCode.TIMEOUT, "session ended")
+            call = admit(self._ctx, s, p.Pred.decode(args, self._ctx.vocab_size))
+        except Exception as exc:
+            self._send(self._writer, p.err_reply(req_id, wire_error(exc, "pred", s.session_id)))
+            return
+        try:
+            future = self._ctx.scheduler.submit(call)
+        except Exception as exc:  # shutting down
+            release(s, call)
+            self._send(self._writer, p.err_reply(req_id, wire_error(exc, "pred", s.session_id)))
+            return
+        entry = _InFlight(req_id, call)
+        self._pending.add(entry)
+        left = s.time_left()
+        if left is not None:
+            entry.timer = self._loop.call_later(left, self._deadline_passed, entry)
+        future.add_done_callback(lambda _: self._from_any_thread(entry))
+
+    def abandon_all(self) -> None:
+        """The connection closed: its calls get no reply (each is released when cancelled)."""
+        for entry in list(self._pending):
+            entry.call.future.cancel()
+
+    def _from_any_thread(self, entry: _InFlight) -> None:
+        # Done-callbacks run on the engine thread (settled) or on the loop (cancelled).
+        try:
+            self._loop.call_soon_threadsafe(self._finish, entry)
+        except RuntimeError:  # the loop closed under a worker shutting down
+            pass
+
+    def _deadline_passed(self, entry: _InFlight) -> None:
+        entry.timer = None
+        if entry.call.future.cancel():  # still queued or running: the run is out of time
+            entry.timed_out = True
+
+    def _finish(self, entry: _InFlight) -> None:
+        self._pending.discard(entry)
+        if entry.timer is not None:
+            entry.timer.cancel()
+        s, call, future = self._session, entry.call, entry.call.future
+        release(s, call)
+        if entry.timed_out:
+            reply = p.err_reply(entry.req_id, s.deadline_error())
+        elif future.cancelled():
+            return
+        else:
+            reply = self._reply(entry.req_id, call, future)
+        self._send(self._writer, reply)
+
+    def _reply(self, req_id: int, call: PredCall, future: concurrent.futures.Future) -> dict[str, Any]:
+        s = self._session
+        try:
+            value = reply_value(s, call, future.result())  # raises the call's error
+        except Exception as exc:
+            return p.err_reply(req_id, wire_error(exc, "pred", s.session_id))
+        return p.ok_reply(req_id, value)

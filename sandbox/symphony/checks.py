@@ -1,0 +1,86 @@
+"""Argument checks that turn an author's common slip into an error that says what to do.
+
+Without them these slips surface deep in the stack as something unrelated: text given as
+tokens is ``invalid literal for int()``, a ``KV`` handle given as a file name is a msgpack
+``TypeError``, a compiled ``Grammar`` given as ``mask=`` is "no such mask handle" from the worker.
+Shared by the threaded and asyncio flavours; each raises :class:`InvalidArgument`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from symphony.errors import InvalidArgument, MessageTooLarge
+from symphony.wire import protocol
+
+#: A channel name (the worker's rule, gpu_worker/channels.py ``NAME_RE``).
+_CHANNEL_NAME = re.compile(protocol.CHANNEL_NAME_PATTERN)
+
+
+def token_ids(tokens: Any, op: str) -> list[int]:
+    """``tokens`` as a list of ints; text (or bytes) is refused with a hint to tokenize it."""
+    if isinstance(tokens, (str, bytes, bytearray)):
+        raise InvalidArgument(
+            f"tokens must be token ids, not {type(tokens).__name__}: tokenize text first (sy.tokenize(text))", op=op
+        )
+    if not isinstance(tokens, Iterable):
+        raise InvalidArgument(f"tokens must be a list of token ids, not {type(tokens).__name__}", op=op)
+    out: list[int] = []
+    for t in tokens:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise InvalidArgument(f"tokens must be ints (token ids), got {type(t).__name__} {t!r:.40}", op=op)
+        out.append(t)
+    return out
+
+
+def mask(value: Any, op: str) -> None:
+    """Refuse a compiled grammar where a matcher state belongs (``mask=grammar.state()``)."""
+    if value is not None and callable(getattr(value, "state", None)) and hasattr(value, "id"):
+        raise InvalidArgument(
+            "mask= takes a grammar state, not the compiled grammar: pass grammar.state() "
+            "(or grammar.state().advancing())",
+            op=op,
+        )
+
+
+def file_name(name: Any, op: str) -> str:
+    """A KV file name; an open handle is refused with the call that takes handles."""
+    if isinstance(name, str):
+        return name
+    if hasattr(name, "id") and not isinstance(name, int):
+        raise InvalidArgument(f"{op} takes a file name, not an open handle ({name!r}): use kv_close for handles", op=op)
+    raise InvalidArgument(f"{op} takes a file name (str), not {type(name).__name__}", op=op)
+
+
+def channel_name(name: Any) -> str:
+    """A channel name: local to the run's tree, so no separators that would read as a path to
+    another tree's channel."""
+    if not isinstance(name, str):
+        raise InvalidArgument(f"a channel name is a str, not {type(name).__name__}", op="channel")
+    if not _CHANNEL_NAME.fullmatch(name) or name in (".", ".."):
+        raise InvalidArgument(
+            f"channel name {name[:140]!r} is not valid: 1-{protocol.MAX_CHANNEL_NAME_CHARS} letters, digits,"
+            " '_', '.' or '-'; a name is always local to this run's tree (another tree's channels cannot be named)",
+            op="channel",
+        )
+    return name
+
+
+def channel_value(data: Any, op: str) -> Any:
+    """Refuse, before it is sent, a value JSON cannot carry or one over the message bound (the
+    worker checks both again)."""
+    try:
+        text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(f"a channel message must be JSON data: {exc}", op=op) from None
+    size = len(text.encode("utf-8"))
+    if size > protocol.MAX_CHANNEL_MESSAGE_BYTES:
+        raise MessageTooLarge(
+            f"message of {size} bytes (as JSON) is over the {protocol.MAX_CHANNEL_MESSAGE_BYTES} a channel"
+            " message may be",
+            op=op,
+        )
+    return data

@@ -1,0 +1,178 @@
+# ruff: noqa: RUF001 -- the page is typographic markdown (multiplication sign, alpha, en dash).
+"""bench/RESULTS.md is generated from one record per benchmark: the cells, the ratio, the
+verdict against the target, B1's ceiling, and a benchmark without a record."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import results
+
+
+def _side(*values: float) -> dict:
+    return {"median": sorted(values)[len(values) // 2], "values": list(values)}
+
+
+def _cmp(name: str, unit: str, s: dict, b: dict, higher_is_better: bool = True, **extra: object) -> dict:
+    return {**extra, "name": name, "unit": unit, "symphony": s, "baseline": b, "higher_is_better": higher_is_better}
+
+
+def _record(name: str, comparisons: list[dict], command: str = "python -m bench.x --model m", **config: object) -> dict:
+    return {
+        "name": name,
+        "config": {"model": "m", "quick": False, "reps": 3, **config},
+        "started": "2026-11-24T21:00:00+0000",
+        "machine": {"cpus": 2, "gpu": None, "torch": "2.13", "platform": "Linux-x86_64"},
+        "command": command,
+        "comparisons": comparisons,
+        "memory": {},
+        "notes": ["a note of the run"],
+    }
+
+
+def _rows(markdown: str, section: str) -> list[list[str]]:
+    """The table rows of one ``## section`` (header and separator left out), as cell lists."""
+    body = markdown.split(f"## {section}", 1)[1].split("\n## ", 1)[0]
+    lines = [ln for ln in body.splitlines() if ln.startswith("| ")]
+    return [[c.strip() for c in ln.strip("|").split("|")] for ln in lines[1:]]
+
+
+def test_cells_ratio_and_verdicts_from_the_records() -> None:
+    b2 = _record(
+        "b2_completion",
+        [
+            _cmp("socket only", "tok/s", _side(179.0, 187.6, 184.0), _side(176.7, 179.7, 179.5)),
+            _cmp("gVisor, warm", "tok/s", _side(154.3, 160.1, 158.0), _side(176.7, 179.7, 179.5)),
+        ],
+    )
+    b3 = _record(
+        "b3_pred_overhead",
+        [
+            _cmp("decode step, batch 1", "ms", _side(50.0), _side(40.0), False),
+            _cmp("decode step, batch 32", "ms", _side(90.2, 91.0, 89.0), _side(86.2, 86.0, 87.0), False),
+        ],
+    )
+    md = results.render({"b2": b2, "b3": b3})
+
+    socket, warm = _rows(md, "B2 completion")
+    assert socket[0] == "socket only"
+    assert socket[1] == "184 tok/s (179, 188, 184)"  # median first, every repetition after
+    assert socket[2] == "180 tok/s (177, 180, 180)"
+    assert socket[3] == f"{184.0 / 179.5:.2f}×"  # ratio of the medians, computed here
+    assert socket[5] == "met"
+    assert warm[3] == f"{158.0 / 179.5:.2f}×" and warm[5] == "**missed**"  # 0.88 < 0.97
+
+    batch1, batch32 = _rows(md, "B3 `pred` overhead")
+    assert batch1[3] == "1.250× (+25.0%)" and batch1[5].startswith("—")  # no target below batch 8
+    assert batch32[3] == f"{90.2 / 86.2:.3f}× (+4.6%)" and batch32[5] == "met"
+
+    b2_section = md.split("## B2 completion", 1)[1].split("\n## ", 1)[0]
+    assert "Run 2026-11-24" in b2_section and "`python -m bench.x --model m`" in b2_section
+    assert "* a note of the run" in b2_section
+    assert "| B2 completion | 2026-11-24 | 1 of 2 | gVisor, warm |" in md
+
+
+def test_a_missing_record_reads_not_measured() -> None:
+    md = results.render({})
+    for bench in results.BENCHMARKS:
+        section = md.split(f"## {bench.title}", 1)[1].split("\n## ", 1)[0]
+        rows = _rows(md, bench.title)
+        assert len(rows) == 1 and rows[0][-1] == "not measured", bench.key
+        assert "not measured" in section
+    assert f"| {results.BENCHMARKS[0].title} | not measured | — | — |" in md
+
+
+def test_b1_ceiling_and_the_floor() -> None:
+    """Ceiling: vLLM's recompute of the missed document tokens at its ingest's cost per token,
+    over Symphony's time a repetition, plus one."""
+    rec = _record(
+        "b1_rag_pareto",
+        [
+            _cmp("ingest all documents", "s", _side(300.0), _side(204.8), False),
+            _cmp("alpha 0.5", "req/s", _side(4.0), _side(1.0), alpha=0.5, vllm_prompt_cache_hit=[0.5]),
+            _cmp("alpha 3.0", "req/s", _side(0.9), _side(1.0), alpha=3.0, vllm_prompt_cache_hit=[0.97]),
+        ],
+        docs=200,
+        doc_tokens=1024,
+        question_tokens=32,
+        requests=64,
+    )
+    # 204.8 s / 204,800 tokens = 1 ms a token; misses (0.5 * 1056 - 32) * 64 = 31,744 tokens.
+    assert results.b1_ceiling(rec["comparisons"][1], rec) == pytest.approx(1 + 31.744 / 16.0)
+    assert results.b1_ceiling(rec["comparisons"][0], rec) is None
+    ingest, low, high = _rows(results.render({"b1": rec}), "B1 RAG-Pareto")
+    assert low[3] == "4.00×" and low[4] == f"{1 + 31.744 / 16.0:.2f}×"
+    assert low[6] == "**missed** (7× missed, ≥ 1× met)"
+    assert high[6] == "**missed** (below 1×)"
+    assert ingest[6] == "—"
+
+
+def test_b7_and_b8_are_judged_on_their_own_figures() -> None:
+    b7 = _record(
+        "b7_mix",
+        [
+            _cmp(
+                "mix",
+                "1/s",
+                _side(1 / 16.0),
+                _side(1 / 20.6),
+                batch_occupancy=[0.995, 0.999],
+                worst_share_deviation=0.21,
+            )
+        ],
+    )
+    b8 = _record("b8_sandbox_start", [_cmp("exit (warm vs cold)", "s", _side(0.015), _side(0.54), False)])
+    md = results.render({"b7": b7, "b8": b8})
+    (mix,) = _rows(md, "B7 three tenants at once")
+    assert mix[1] == "1/16.0 s" and mix[3] == "1.29×"
+    assert mix[5] == "**missed** (occupancy 99.5%–99.9% met; worst share 21.0% off missed)"
+    (exit_,) = _rows(md, "B8 sandbox start")
+    assert exit_[1] == "15 ms" and exit_[2] == "540 ms" and exit_[5] == "**missed**"  # cold > 0.5 s
+
+
+def test_b11_rows_are_judged_by_their_own_targets() -> None:
+    b11 = _record(
+        "b11_multiturn",
+        [
+            _cmp("(a) multi-turn chat", "req/s", _side(1.1), _side(1.0)),
+            _cmp("(a) TTFT p50", "s", _side(0.30), _side(0.25), False),
+            _cmp("1-token request p50", "s", _side(0.320), _side(0.290), False),
+            _cmp("1-token p50, sandbox path (SYMPHONY_TRUSTED_BUILTIN=0)", "s", _side(0.7), _side(0.29), False),
+            _cmp("(b) responses, previous_response_id", "req/s", _side(1.2), _side(1.0)),
+        ],
+    )
+    rows = _rows(results.render({"b11": b11}), "B11 multi-turn chat (OpenAI protocol)")
+    verdicts = {row[0]: row[5] for row in rows}
+    assert verdicts["(a) multi-turn chat"] == "met"
+    assert verdicts["(a) TTFT p50"] == "**missed**"
+    assert verdicts["1-token request p50"] == "met (+30 ms)"  # within 50 ms of vLLM's p50
+    assert verdicts["1-token p50, sandbox path (SYMPHONY_TRUSTED_BUILTIN=0)"] == "—"
+    assert verdicts["(b) responses, previous_response_id"] == "**missed**"  # below 1.5x
+
+
+def test_a_scaled_run_says_so_and_a_quick_run_is_never_recorded(tmp_path: Path) -> None:
+    scaled = _record(
+        "b4_parallel_decode",
+        [_cmp("parallel decode n=8", "tok/s", _side(130.0), _side(100.0))],
+        command="python -m bench.b4_parallel_decode --model m --reps 3 --prompt-tokens 256",
+    )
+    md = results.render({"b4": scaled})
+    assert "not the module's defaults:** `--prompt-tokens 256`" in md
+    assert _rows(md, "B4 parallel decode")[0][5] == "met"
+
+    quick = tmp_path / "out" / "b4_parallel_decode.json"
+    quick.parent.mkdir()
+    quick.write_text(json.dumps({**scaled, "config": {**scaled["config"], "quick": True}}))
+    assert results.record_run(quick, tmp_path / "records") is None
+    full = tmp_path / "out" / "b5_json.json"
+    full.write_text(json.dumps(scaled))
+    kept = results.record_run(full, tmp_path / "records")
+    assert kept is not None and json.loads(kept.read_text()) == scaled
+    assert results.load_records(tmp_path / "records")["b5"] == scaled
+
+
+def test_the_committed_table_is_what_the_records_generate() -> None:
+    assert results.RESULTS_MD.read_text() == results.render(results.load_records())

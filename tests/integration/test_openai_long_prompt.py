@@ -1,0 +1,62 @@
+"""A chat within the request bounds whose prompt still does not fit what the run may process,
+through the whole real stack (uvicorn, Celery, gVisor sandbox, the worker on the tiny model).
+
+900 short messages pass the serializer's bounds (api/openai_serializers.py) but tokenize to
+more than the run's token budget (the plan's ``max_tokens_per_run``); the built-in LIP's first
+``pred`` was refused (EDQUOT), the run failed, and the client got a 500 ``server_error`` with a
+traceback. The LIP now reports the refusal and the API answers 400 ``context_length_exceeded``
+(as a last error chunk when streaming), while another tenant's chat is answered meanwhile."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.plugins.worker import RunningWorker, start_worker
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.integration,
+    pytest.mark.docker,
+    pytest.mark.vllm,
+    pytest.mark.timeout(300),
+]
+
+LONG = [{"role": "user", "content": "hello there"}] * 900
+SHORT = [{"role": "user", "content": "Say hi."}]
+CANARY_S = 120.0
+
+
+@pytest.fixture(scope="module")
+def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
+    with start_worker(tiny_model_dir, name="long-prompt") as worker:
+        yield worker
+
+
+def _post(stack: str, secret: str, body: dict) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {secret}"}
+    return httpx.post(f"{stack}/v1/chat/completions", json=body, headers=headers, timeout=180)
+
+
+def test_a_prompt_past_the_runs_budget_is_a_400_not_a_failed_run(stack, api_tenant_a, api_tenant_b):
+    plain = _post(stack, api_tenant_a.key_secret, {"model": "m", "max_tokens": 4, "messages": LONG})
+    assert plain.status_code == 400, plain.text[:500]
+    error = plain.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "context_length_exceeded", error
+    assert error["param"] == "messages" and "tokens" in error["message"], error
+
+    streamed = _post(stack, api_tenant_a.key_secret, {"model": "m", "max_tokens": 4, "stream": True, "messages": LONG})
+    assert streamed.status_code == 200
+    events = [line[len("data: ") :] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert json.loads(events[-1])["error"]["code"] == "context_length_exceeded", events[-1]
+
+    started = time.monotonic()
+    canary = _post(stack, api_tenant_b.key_secret, {"model": "m", "max_tokens": 4, "messages": SHORT})
+    assert canary.status_code == 200, canary.text[:500]
+    assert canary.json()["choices"][0]["message"]["role"] == "assistant"
+    assert time.monotonic() - started < CANARY_S

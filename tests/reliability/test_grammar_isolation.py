@@ -1,0 +1,189 @@
+"""One tenant's hostile grammar must not stall another tenant's grammar requests.
+
+A JSON schema whose string properties each carry a pattern with nested bounded repetitions
+(``^([a-z]{1,16}){1,16}$``: 256 copies, within the pre-compile budget) compiles for about a
+minute on this CPU. It once held the worker-wide compile lock the whole time, so a second
+tenant's ``json_object`` request (a cache hit even) waited behind it: 0.9 s became 28.8 s. Now
+compiles run in child processes with a time budget: tenant A gets a clear EINVAL naming the
+budget, tenant B's grammars and decoding answer at once meanwhile.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+import symphony as sy
+from tests.conftest import celery_worker
+from tests.plugins.worker import start_worker
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(300)]
+
+#: What tenant B's grammar calls must answer within while A's compile runs.
+CANARY_BOUND_S = 3.0
+#: The worker's default compile time budget (``--grammar-compile-timeout-s``).
+COMPILE_BUDGET_S = 10.0
+
+
+#: Bounds (inner, outer) of nested repetitions, each product under the pre-compile budget of
+#: 256 copies; each distinct pair took 7-11 s to compile here.
+BOUNDS = ((16, 16), (15, 17), (17, 15), (12, 20), (20, 12), (14, 18), (18, 14), (13, 19))
+
+
+def hostile_schema(chars: str = "a-z") -> dict:
+    """String properties, each with a different nested bounded repetition: passes the
+    pre-compile checks and takes far longer than the budget to compile (``chars`` varies the
+    patterns, so one test's compile is no cache hit for another)."""
+    props = {
+        f"p{i}": {"type": "string", "pattern": f"^([{chars}]{{1,{a}}}){{1,{b}}}$"} for i, (a, b) in enumerate(BOUNDS)
+    }
+    return {"type": "object", "properties": props, "required": list(props)}
+
+
+@pytest.fixture(scope="module")
+def worker(tiny_model_dir: Path):
+    """A private worker: its compile cache starts empty, so nothing here is a leftover hit."""
+    with start_worker(tiny_model_dir, name="grammar-isolation") as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def stack_worker(worker):
+    """The control plane of ``stack`` routes runs to the same private worker."""
+    return worker
+
+
+def test_a_hostile_schema_costs_its_tenant_not_every_tenants_grammars(worker) -> None:
+    a_info = worker.create_session("tenant-a")
+    b_info = worker.create_session("tenant-b")
+    a = sy.connect(a_info.socket_path, a_info.token)
+    b = sy.connect(b_info.socket_path, b_info.token)
+    attack: dict = {}
+
+    def attack_compile() -> None:
+        started = time.monotonic()
+        try:
+            a.grammar(hostile_schema())
+        except sy.SymphonyError as exc:
+            attack["error"] = exc
+        attack["elapsed"] = time.monotonic() - started
+
+    attacker = threading.Thread(target=attack_compile)
+    try:
+        attacker.start()
+        time.sleep(1.0)  # A's compile is under way
+        canary: list[tuple[str, float]] = []
+        prompt = b.tokenize("JSON:")
+        for i in range(3):
+            # A fresh json_object variant (never compiled before), then the same again (a hit),
+            # then a few decode steps under it: all while A's compile runs.
+            schema = {"type": "object", "title": f"canary-{uuid.uuid4().hex}-{i}"}
+            started = time.monotonic()
+            g = b.grammar(schema)
+            canary.append(("compile", time.monotonic() - started))
+            started = time.monotonic()
+            g = b.grammar(schema)
+            canary.append(("hit", time.monotonic() - started))
+            started = time.monotonic()
+            b.generate(b.kv_create(), prompt, 8, grammar=g)
+            canary.append(("decode", time.monotonic() - started))
+        attacking = attacker.is_alive()
+        attacker.join(timeout=COMPILE_BUDGET_S * 3)
+        print(f"\ncanary timings under a hostile compile: {[(k, round(t, 3)) for k, t in canary]}")
+        print(f"hostile compile answered after {attack.get('elapsed', -1):.1f} s: {attack.get('error')}")
+        slow = [(k, t) for k, t in canary if t > CANARY_BOUND_S]
+        assert not slow, f"tenant B waited on tenant A's compile: {slow}"
+        assert attacking, f"the hostile compile should still be running during the canary: {attack}"
+
+        error = attack.get("error")
+        assert isinstance(error, sy.InvalidArgument), f"the attacker needs a clear EINVAL, got {error!r}"
+        assert "grammar_compile_timeout_s" in error.message and f"{COMPILE_BUDGET_S:g} s" in error.message
+        assert attack["elapsed"] < COMPILE_BUDGET_S + 10, "the budget bounds how long the attacker waits"
+
+        # The refusal is remembered: resubmitting costs no second child process.
+        started = time.monotonic()
+        with pytest.raises(sy.InvalidArgument, match="grammar_compile_timeout_s"):
+            a.grammar(hostile_schema())
+        assert time.monotonic() - started < CANARY_BOUND_S
+        # Nested bounds past the budget are refused before anything compiles.
+        started = time.monotonic()
+        with pytest.raises(sy.InvalidArgument, match=r"8000 copies.*grammar_max_repeat"):
+            a.grammar({"type": "string", "pattern": "^(([a-z]{1,20}){1,20}){1,20}$"})
+        with pytest.raises(sy.InvalidArgument, match="grammar_max_repeat"):
+            a.grammar(regex="(a{1,30}){1,30}")
+        assert time.monotonic() - started < CANARY_BOUND_S
+        # Tenant A's session and the worker go on.
+        assert a.grammar(regex="(yes|no)") is not None
+        worker.assert_alive()
+        assert worker.admin.stats()["grammar"]["killed"] >= 1
+    finally:
+        a.close()
+        b.close()
+        worker.end_session(a_info.session_id)
+        worker.end_session(b_info.session_id)
+
+
+def _chat(base_url: str, secret: str, response_format: dict) -> tuple[int, dict, float]:
+    import httpx
+
+    started = time.monotonic()
+    response = httpx.post(
+        f"{base_url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {secret}"},
+        json={
+            "model": "any",
+            "messages": [{"role": "user", "content": "Answer in JSON."}],
+            "max_tokens": 8,
+            "temperature": 0,
+            "response_format": response_format,
+        },
+        timeout=180,
+    )
+    return response.status_code, response.json(), time.monotonic() - started
+
+
+def _schema_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+
+
+#: What tenant B's whole /v1 json_object request (a run: Celery, a sandbox, the worker) must
+#: answer within while tenant A's hostile schema compiles.
+V1_CANARY_BOUND_S = 10.0
+
+
+@pytest.mark.docker
+@pytest.mark.django_db(transaction=True)
+def test_v1_hostile_schema_gets_a_400_and_another_tenants_json_object_answers(stack, api_tenant_a, api_tenant_b):
+    """Through /v1 (uvicorn, Celery, the gVisor sandbox, the built-in LIP): tenant A's schema
+    over the compile budget is a 400 in OpenAI's envelope naming the budget, and tenant B's
+    json_object request, sent while A's compile runs, answers 200 within the bound. A second
+    Celery executor on the worker's queue runs B's run beside A's, as production's do."""
+    with celery_worker(stack.queue, stack.env):
+        attack: dict = {}
+
+        def attacker() -> None:
+            attack["reply"] = _chat(stack, api_tenant_a.key_secret, _schema_format(hostile_schema("b-y")))
+
+        thread = threading.Thread(target=attacker)
+        thread.start()
+        time.sleep(4.0)  # A's run is in its sandbox, compiling
+        status, body, elapsed = _chat(stack, api_tenant_b.key_secret, {"type": "json_object"})
+        attacking = thread.is_alive()
+        thread.join(timeout=120)
+    print(f"\nB's json_object answered {status} in {elapsed:.1f} s; A answered {attack.get('reply')}")
+    assert status == 200, body
+    assert attacking, "A's hostile compile should still be running when B's answer came"
+    assert elapsed < V1_CANARY_BOUND_S, f"tenant B waited {elapsed:.1f} s behind tenant A's compile"
+
+    a_status, a_body, _ = attack["reply"]
+    assert a_status == 400, a_body
+    assert a_body["error"]["type"] == "invalid_request_error"
+    assert "grammar_compile_timeout_s" in a_body["error"]["message"], a_body
+    # Nested bounds past the budget: refused before compiling, the same way.
+    nested = {"type": "string", "pattern": "^(([a-z]{1,20}){1,20}){1,20}$"}
+    n_status, n_body, _ = _chat(stack, api_tenant_a.key_secret, _schema_format(nested))
+    assert n_status == 400 and "grammar_max_repeat" in n_body["error"]["message"], n_body
