@@ -149,6 +149,19 @@ class StreamEntry:
     data: str
 
 
+def _stop_if_cancelled() -> None:
+    """Raise ``CancelledError`` when this task was asked to stop while a Redis call was in flight.
+
+    redis-py's asyncio client can swallow a cancellation that lands at the wrong moment of a
+    blocking read (it disconnects and returns, or raises a ``ConnectionError``). Django cancels
+    the request's task when the client leaves; a swallowed cancellation would leave this loop
+    polling XREAD for nobody, holding its Redis connection and the tenant's stream slot. The
+    task's pending-cancellation count survives the swallowing, so it is checked after each call."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> AsyncIterator[StreamEntry]:
     """Entries of ``run:<id>`` after ``last_id`` until (and including) ``end``; a heartbeat
     entry every ``HEARTBEAT_EVERY`` seconds of silence lets callers keep connections alive."""
@@ -161,6 +174,7 @@ async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> Async
                 batch = await client.xread({contracts.run_stream_key(run_id): last_id}, block=BLOCK_MS, count=100)
                 down_since = None
             except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+                _stop_if_cancelled()
                 now = asyncio.get_running_loop().time()
                 down_since = down_since or now
                 if now - down_since > REDIS_RETRY_S:
@@ -169,6 +183,7 @@ async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> Async
                 yield StreamEntry(last_id, None, "")  # keep the client's connection alive
                 await asyncio.sleep(1.0)
                 continue
+            _stop_if_cancelled()
             if not batch:
                 idle += 1
                 if idle * BLOCK_MS >= HEARTBEAT_EVERY * 1000:

@@ -245,3 +245,45 @@ def test_leases_live_while_their_stream_does_and_expire_with_their_process(api_t
 
     asyncio.run(scenario())
 
+
+def test_a_stream_ends_when_cancelled_even_if_redis_swallows_the_cancellation(monkeypatch):
+    """redis-py's asyncio client can swallow a cancellation that lands during a blocking XREAD
+    (it disconnects and returns). Django cancels a request's task when its client leaves; the
+    stream must still end and close its Redis connection rather than poll for nobody (a CI run
+    once found one such stream left polling after its client had gone)."""
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from api.run_events_view import stream_entries
+
+    real_xread = aioredis.Redis.xread
+    swallowed: list[bool] = []
+
+    async def swallowing_xread(self, *args, **kwargs):
+        try:
+            return await real_xread(self, *args, **kwargs)
+        except asyncio.CancelledError:
+            if swallowed:  # only the first: a failing test must still be able to stop the task
+                raise
+            swallowed.append(True)
+            return []
+
+    monkeypatch.setattr(aioredis.Redis, "xread", swallowing_xread)
+
+    async def scenario() -> None:
+        async def consume() -> None:
+            async for _entry in stream_entries("no-such-run-cancelled"):
+                pass
+
+        task = asyncio.create_task(consume())
+        await asyncio.sleep(0.3)  # inside a blocking XREAD
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=5)
+        if not done:
+            task.cancel()
+            pytest.fail("the stream went on polling Redis after its task was cancelled")
+        assert task.cancelled()
+
+    asyncio.run(scenario())
+    assert swallowed, "the cancellation never reached XREAD: the test proved nothing"
