@@ -27,8 +27,8 @@ second thought and refine prompt. The prefix cache serves what it holds in full 
 blocks; the rest is recomputed.
 
 Figures: graphs/s (the ratio), and tokens computed per graph on each side: Symphony's from the
-worker's per-tenant count of tokens its forwards computed (a session's usage leaves out a merged
-file's recomputed tokens: they are in no call), less the sessions' ``decode_tokens``, vLLM's from each reply's
+worker's per-tenant count of tokens its forwards computed (a merged file's recomputed tokens
+included), less the sessions' ``decode_tokens``, vLLM's from each reply's
 ``prompt_tokens - cached_tokens`` (``--enable-prompt-tokens-details``) plus its decode steps.
 """
 

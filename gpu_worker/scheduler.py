@@ -887,6 +887,12 @@ class Scheduler:
                     call.session.on_tokens(n, prefill=True)
                 else:
                     call.session.on_tokens(n)
+                # Tokens the file held uncomputed (shifted by kv_merge/kv_extract) rode along with
+                # this call's own: the forward computed them for the session, so it pays for them
+                # as prefill, or a merge would be free compute.
+                pending = len(plan.run_token_ids) - n
+                if pending > 0:
+                    call.session.on_tokens(pending, prefill=True)
                 if call.remaining > 0:
                     with self._cond:
                         self.queue.push(call, front=True)

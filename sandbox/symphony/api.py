@@ -469,7 +469,8 @@ class Session:
         return KV(self, self._run(calls.kv_extract(kv, start, end)))
 
     def kv_merge(self, a: KV | int, b: KV | int) -> KV:
-        """A new file holding ``a``'s tokens followed by ``b``'s (``b``'s part is recomputed)."""
+        """A new file holding ``a``'s tokens followed by ``b``'s; ``b``'s part is recomputed
+        with the next ``pred`` on it, and metered as that call's prefill."""
         return KV(self, self._run(calls.kv_merge(a, b)))
 
     def kv_pin(self, name: str, pinned: bool = True) -> None:
