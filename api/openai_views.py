@@ -16,8 +16,9 @@ import functools
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
+from typing import TypeVar
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -45,6 +46,7 @@ from gpu_worker import contracts
 from web.body_limit import too_large_body
 
 log = logging.getLogger(__name__)
+_Started = TypeVar("_Started")
 
 
 class _Refused(Exception):
@@ -211,22 +213,35 @@ def _stream_limit_reached(refused: stream_leases.StreamLimitReached) -> JsonResp
     return JsonResponse(body, status=429, headers={"Retry-After": str(refused.retry_after)})
 
 
-async def _complete(request: HttpRequest, serializer_class: type):
+async def _start_leased(
+    tenant_id: int, cap: int, start: Callable[[], Awaitable[_Started]]
+) -> tuple[stream_leases.Lease, _Started] | JsonResponse:
+    """One of the tenant's stream slots, then ``start()``; the slot goes back if the start fails.
+    A request waits on its run through a stream whether or not its client streams, so every
+    /v1 request that starts a run holds a slot. A refusal (no slot: 429; the start's own) is
+    returned as the response to send."""
     try:
-        key, parsed, stream_cap = await db_call(_admit, request, serializer_class)
-    except _Refused as refused:
-        return refused.response()
-    try:
-        lease = await stream_leases.acquire(key.tenant_id, stream_cap)
+        lease = await stream_leases.acquire(tenant_id, cap)
     except stream_leases.StreamLimitReached as refused:
         return _stream_limit_reached(refused)
     try:
-        run = await _start(key, parsed)
+        return lease, await start()
     except BaseException as exc:
         await lease.release()
         if isinstance(exc, _Refused):
             return exc.response()
         raise
+
+
+async def _complete(request: HttpRequest, serializer_class: type):
+    try:
+        key, parsed, stream_cap = await db_call(_admit, request, serializer_class)
+    except _Refused as refused:
+        return refused.response()
+    started = await _start_leased(key.tenant_id, stream_cap, lambda: _start(key, parsed))
+    if isinstance(started, JsonResponse):
+        return started
+    lease, run = started
     if parsed.stream:
         response = sse_response(_chunks(parsed, run, lease))
     else:

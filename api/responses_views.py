@@ -10,6 +10,7 @@ arrive; a ``background`` one answers at once and is settled when retrieved.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
@@ -24,7 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from api import parsers
 from api.asyncdb import db_call
 from api.models import ApiKey, Run, StoredResponse
-from api.openai_views import _abandon, _allow, _key, _Refused, _stream_limit_reached
+from api.openai_views import _abandon, _allow, _key, _Refused, _start_leased
 from api.responses_serializers import ResponseCreateSerializer
 from api.run_events_view import sse_response, stream_entries
 from api.services import responses, stream_leases
@@ -125,17 +126,10 @@ async def create(request: HttpRequest):
         response = JsonResponse(responses.body(turn, status="queued"))
         response["X-Symphony-Run-Id"] = str(turn.run.pk)
         return response
-    try:
-        lease = await stream_leases.acquire(key.tenant_id, stream_cap)
-    except stream_leases.StreamLimitReached as refused:
-        return _stream_limit_reached(refused)
-    try:
-        turn = await _start(key, turn)
-    except BaseException as exc:
-        await lease.release()
-        if isinstance(exc, _Refused):
-            return exc.response()
-        raise
+    started = await _start_leased(key.tenant_id, stream_cap, functools.partial(_start, key, turn))
+    if isinstance(started, JsonResponse):
+        return started
+    lease, turn = started
     assert turn.run is not None
     run = turn.run
     if turn.stream:

@@ -9,12 +9,12 @@ calls (``required`` / a named tool) where the model's own choice would make them
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.openai_support import WEATHER_FUNCTION, openai_client, valid_weather
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -25,19 +25,7 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"type": "string", "enum": ["c", "f"]}},
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER = {"type": "function", "function": WEATHER_FUNCTION}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
@@ -47,23 +35,10 @@ def stack_worker(default_model_dir: Path) -> Iterator[RunningWorker]:
         yield worker
 
 
-def _openai(base_url: str, secret: str):
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{base_url}/v1", api_key=secret, max_retries=0, timeout=300)
-
-
-def _valid_weather(arguments: str) -> dict:
-    value = json.loads(arguments)
-    assert set(value) == {"city", "unit"} and value["unit"] in ("c", "f"), value
-    assert isinstance(value["city"], str) and len(value["city"]) <= 24, value
-    return value
-
-
 def test_openai_client_tools_logprobs_and_sampling_parameters(stack, api_tenant_a, default_model_dir):
     import openai
 
-    client = _openai(stack, api_tenant_a.key_secret)
+    client = openai_client(stack, api_tenant_a.key_secret)
     forced = client.chat.completions.create(
         model="any", messages=QUESTION, tools=[WEATHER], tool_choice="required", max_tokens=60, temperature=0
     )
@@ -71,7 +46,7 @@ def test_openai_client_tools_logprobs_and_sampling_parameters(stack, api_tenant_
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls, choice
     call = choice.message.tool_calls[0]
     assert call.type == "function" and call.function.name == "get_weather" and call.id.startswith("call_")
-    _valid_weather(call.function.arguments)
+    valid_weather(call.function.arguments)
 
     # Streamed: the same call (greedy), as tool-call deltas the client accumulates by index.
     chunks = list(
@@ -155,7 +130,7 @@ def test_openai_client_tools_logprobs_and_sampling_parameters(stack, api_tenant_
         model="any", messages=QUESTION, tools=[WEATHER], max_tokens=60, temperature=0
     )
     for auto_call in chosen.choices[0].message.tool_calls or []:
-        _valid_weather(auto_call.function.arguments)
+        valid_weather(auto_call.function.arguments)
     assert chosen.choices[0].message.content or chosen.choices[0].message.tool_calls, chosen
 
     # A tool schema the grammar compiler refuses: a 400 naming tools.
@@ -234,7 +209,7 @@ def test_langchain_litellm_and_the_agents_sdk(stack, api_tenant_a, monkeypatch):
         tool_choice="required",
         max_tokens=60,
     )
-    _valid_weather(called.choices[0].message.tool_calls[0].function.arguments)
+    valid_weather(called.choices[0].message.tool_calls[0].function.arguments)
 
     # The Agents SDK (chat-completions model): the agent calls a local function tool.
     from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled

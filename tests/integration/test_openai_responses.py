@@ -6,13 +6,13 @@ once that KV is gone), retrieve / delete / cancel, tenancy and bad input."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.integration.openai_support import WEATHER_FUNCTION, openai_client, valid_weather
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -23,17 +23,7 @@ pytestmark = [
     pytest.mark.timeout(900),
 ]
 
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Current weather in a city",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string", "maxLength": 24}, "unit": {"type": "string", "enum": ["c", "f"]}},
-        "required": ["city", "unit"],
-        "additionalProperties": False,
-    },
-}
+WEATHER = {"type": "function", **WEATHER_FUNCTION}
 BRIEF = "Answer in one short sentence."
 
 
@@ -51,25 +41,13 @@ def patient_plan(api_tenant_a):
     Plan.objects.filter(name=api_tenant_a.tenant.plan).update(max_run_seconds=300)
 
 
-def _openai(base_url: str, secret: str):
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{base_url}/v1", api_key=secret, max_retries=0, timeout=300)
-
-
-def _valid_weather(arguments: str) -> dict:
-    value = json.loads(arguments)
-    assert set(value) == {"city", "unit"} and value["unit"] in ("c", "f"), value
-    return value
-
-
 def test_responses_with_the_openai_client(stack, stack_worker, api_tenant_a, api_tenant_b, settings, patient_plan):
     import openai
 
     from api.models import KVFile, Run, StoredResponse
     from api.services import responses
 
-    client = _openai(stack, api_tenant_a.key_secret)
+    client = openai_client(stack, api_tenant_a.key_secret)
     slug = api_tenant_a.tenant.slug
 
     # Text.
@@ -149,7 +127,7 @@ def test_responses_with_the_openai_client(stack, stack_worker, api_tenant_a, api
     )
     calls = [item for item in called.output if item.type == "function_call"]
     assert calls and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_"), called.output
-    _valid_weather(calls[0].arguments)
+    valid_weather(calls[0].arguments)
     stored = client.responses.retrieve(called.id)
     assert [i.model_dump() for i in stored.output] == [i.model_dump() for i in called.output]
     answered = client.responses.create(
@@ -214,7 +192,7 @@ def test_responses_with_the_openai_client(stack, stack_worker, api_tenant_a, api
         client.responses.retrieve(unstored.id)
 
     # Another tenant's ids are unknown to this one: 404 in OpenAI's envelope.
-    other = _openai(stack, api_tenant_b.key_secret)
+    other = openai_client(stack, api_tenant_b.key_secret)
     with pytest.raises(openai.NotFoundError) as foreign:
         other.responses.retrieve(first.id)
     assert foreign.value.body["code"] == "not_found", foreign.value.body

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.openai_support import openai_client
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -32,15 +33,9 @@ def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
         yield worker
 
 
-def _openai(base_url: str, secret: str):
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{base_url}/v1", api_key=secret, max_retries=0, timeout=300)
-
-
 def test_second_turn_reports_the_first_turns_prompt_as_cached(stack, stack_worker, api_tenant_a, api_tenant_b):
     block = stack_worker.admin.health()["block_size"]
-    client = _openai(stack, api_tenant_a.key_secret)
+    client = openai_client(stack, api_tenant_a.key_secret)
     turn1 = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Do you fix flat tyres?"}]
     first = client.chat.completions.create(model="any", messages=turn1, max_tokens=16, temperature=0)
     p1 = first.usage.prompt_tokens
@@ -72,6 +67,6 @@ def test_second_turn_reports_the_first_turns_prompt_as_cached(stack, stack_worke
     assert sum(day["cached_tokens"] for day in days) >= 2 * cached
 
     # Never shared across tenants: the same conversation from another tenant computes it all.
-    other = _openai(stack, api_tenant_b.key_secret)
+    other = openai_client(stack, api_tenant_b.key_secret)
     theirs = other.chat.completions.create(model="any", messages=turn2, max_tokens=4, temperature=0)
     assert theirs.usage.prompt_tokens_details.cached_tokens == 0

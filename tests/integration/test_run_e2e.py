@@ -23,6 +23,7 @@ import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, wait_for
+from tests.integration.openai_support import openai_client
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -186,17 +187,11 @@ def test_a_programs_prints_are_its_logs_and_nul_loses_nothing(stack, api_tenant_
     assert (cli.stdout, cli.stderr) == (logs_ok["stdout"], logs_ok["stderr"])
 
 
-def _openai(base_url: str, secret: str):
-    from openai import OpenAI
-
-    return OpenAI(base_url=f"{base_url}/v1", api_key=secret, max_retries=0, timeout=180)
-
-
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_openai_client_chat_plain_and_streaming_agree(stack, api_tenant_a):
-    client = _openai(stack, api_tenant_a.key_secret)
+    client = openai_client(stack, api_tenant_a.key_secret, timeout=180)
     assert [m.id for m in client.models.list().data] == ["SmolLM2-135M-Instruct"]
     plain = client.chat.completions.create(model="any", messages=QUESTION, max_tokens=12, temperature=0)
     text = plain.choices[0].message.content
@@ -234,7 +229,7 @@ def test_openai_client_chat_plain_and_streaming_agree(stack, api_tenant_a):
 def test_openai_client_n_seed_stop_and_json_schema(stack, api_tenant_a):
     import openai
 
-    client = _openai(stack, api_tenant_a.key_secret)
+    client = openai_client(stack, api_tenant_a.key_secret, timeout=180)
     sampled = [
         client.chat.completions.create(model="any", messages=QUESTION, max_tokens=8, temperature=0.9, n=3, seed=7)
         for _ in range(2)
@@ -267,7 +262,7 @@ def test_openai_client_n_seed_stop_and_json_schema(stack, api_tenant_a):
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="any", messages=QUESTION, n=100)
     with pytest.raises(openai.AuthenticationError):
-        _openai(stack, "sk_wrong_key").chat.completions.create(model="any", messages=QUESTION)
+        openai_client(stack, "sk_wrong_key", timeout=180).chat.completions.create(model="any", messages=QUESTION)
 
 
 ENDLESS_LIP = b"""
