@@ -25,7 +25,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from api import parsers
-from api.asyncdb import db_call
+from api.asyncdb import db_call, db_call_before_next
 from api.authentication import KeyRefused, bearer_key
 from api.models import ApiKey, Run
 from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
@@ -213,7 +213,8 @@ def _stream_limit_reached(refused: stream_leases.StreamLimitReached) -> JsonResp
 
 async def _complete(request: HttpRequest, serializer_class: type):
     try:
-        key, parsed, stream_cap = await db_call(_admit, request, serializer_class)
+        # Its connection serves _start's first call too (the stream lease between is one Redis call).
+        key, parsed, stream_cap = await db_call_before_next(_admit, request, serializer_class)
     except _Refused as refused:
         return refused.response()
     try:
