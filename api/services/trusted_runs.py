@@ -58,6 +58,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection
 
 from api.models import ProgramVersion, Run
+from api.services import run_handoff
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ def submit(run: Run) -> None:
         enqueue(run)
         return
     try:
+        run_handoff.expect(run.pk)
         pool.submit(_execute, str(run.pk), settings.SYMPHONY_WORKER_NAME, slots)
     except BaseException:
         slots.release()
