@@ -30,3 +30,13 @@ def _closing(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
 async def db_call(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
     """``fn(*args, **kwargs)`` on the request's sync thread, its connection closed afterwards."""
     return await sync_to_async(_closing)(fn, *args, **kwargs)
+
+
+async def db_call_before_next(fn: Callable[..., T], *args: object, **kwargs: object) -> T:
+    """``fn(*args, **kwargs)`` on the request's sync thread, its connection left open for the
+    request's next :func:`db_call`, which follows at once (nothing waits in between) and runs on
+    the same thread. Why: opening a PostgreSQL connection costs a short request several
+    milliseconds (~6-10 ms on the benchmark host, bench/NOTES.md B11), and an OpenAI request
+    makes two calls back to back before it starts waiting. Should the next call never come (an
+    error response in between), Django closes the connection when the request finishes."""
+    return await sync_to_async(fn)(*args, **kwargs)

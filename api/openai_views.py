@@ -26,12 +26,12 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from api import parsers
-from api.asyncdb import db_call
+from api.asyncdb import db_call, db_call_before_next
 from api.authentication import KeyRefused, bearer_key
 from api.models import ApiKey, Run
 from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
 from api.run_events_view import sse_response, stream_entries
-from api.services import openai_compat, stream_leases
+from api.services import openai_compat, run_handoff, stream_leases
 from api.services.openai_compat import (
     CompletionRequest,
     chunk_body,
@@ -140,7 +140,14 @@ async def _finished_run(run: Run) -> Run:
         async for entry in entries:
             if entry.type == contracts.END:
                 break
-    return await db_call(Run.objects.select_related("usage").get, pk=run.pk)
+    return await _recorded(run)
+
+
+async def _recorded(run: Run) -> Run:
+    """The run as recorded once its ``end`` event was seen: handed over by this process's
+    executor when it ran here (api/services/run_handoff.py), else read from the database."""
+    done = run_handoff.take(run.pk)
+    return done if done is not None else await db_call(Run.objects.select_related("usage").get, pk=run.pk)
 
 
 def _failure(run: Run) -> JsonResponse:
@@ -192,7 +199,7 @@ async def _run_chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[byte
     except (asyncio.CancelledError, GeneratorExit):
         await _abandon(run)
         raise
-    done = await db_call(Run.objects.select_related("usage").get, pk=run.pk)
+    done = await _recorded(run)
     if done.status != "succeeded":
         yield sse(error_body(f"run {done.pk} {done.status}: {done.error[:2000]}", "server_error"))
         return
@@ -235,7 +242,8 @@ async def _start_leased(
 
 async def _complete(request: HttpRequest, serializer_class: type):
     try:
-        key, parsed, stream_cap = await db_call(_admit, request, serializer_class)
+        # Its connection serves _start's first call too (the stream lease between is one Redis call).
+        key, parsed, stream_cap = await db_call_before_next(_admit, request, serializer_class)
     except _Refused as refused:
         return refused.response()
     started = await _start_leased(key.tenant_id, stream_cap, lambda: _start(key, parsed))

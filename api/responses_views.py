@@ -23,7 +23,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from api import parsers
-from api.asyncdb import db_call
+from api.asyncdb import db_call, db_call_before_next
 from api.models import ApiKey, Run, StoredResponse
 from api.openai_views import _abandon, _allow, _key, _Refused, _start_leased
 from api.responses_serializers import ResponseCreateSerializer
@@ -114,7 +114,8 @@ async def _wait(run: Run) -> None:
 @_allow("POST")
 async def create(request: HttpRequest):
     try:
-        key, turn, stream_cap = await db_call(_prepare, request)
+        # Its connection serves _start's first call too (at once, or after one Redis call).
+        key, turn, stream_cap = await db_call_before_next(_prepare, request)
     except _Refused as refused:
         return refused.response()
     if turn.background:

@@ -101,9 +101,16 @@ class Workload:
         """An upper bound of a conversation's final prompt (chat template overhead included)."""
         return self.system_tokens + self.turns * (self.user_tokens + self.answer_tokens + 16) + 32
 
+    def conversation_pages(self, block: int = 128) -> int:
+        """KV pages (vLLM blocks) one conversation holds at its longest."""
+        return -(-self.conversation_tokens() // block)
+
     def pages(self, block: int = 128) -> int:
-        """Device KV: room for twice the conversations in flight at their longest."""
-        return 2 * self.in_flight * -(-self.conversation_tokens() // block) + 2
+        """Device KV, the same number of pages for the worker and vLLM's blocks: room for twice
+        the conversations in flight at their longest, so (a) never waits for KV, while (b)'s
+        ``conversations`` live at once hold more than that (``conversations > 2 * in_flight``):
+        part of every side's history has to leave the device between its turns."""
+        return 2 * self.in_flight * self.conversation_pages(block) + 2
 
 
 QUICK = Workload(
@@ -608,7 +615,7 @@ def _measure_sides(
         sandboxed.extra = {
             "difference_ms": slow_ms,
             "phases_ms": {k: 1000 * statistics.median(v) for k, v in slow_phases.items()},
-            "note": f"the path without item 5: {slow_ms:+.0f} ms",
+            "note": f"without the in-process path: {slow_ms:+.0f} ms",
         }
         result.comparisons.append(sandboxed)
         result.notes.append(phase_note("sandbox path (Celery + gVisor)", slow_phases))
@@ -623,14 +630,37 @@ def _part_b(cfg: Any, wl: Workload, texts: Texts, symphony: Endpoint, vllm: Endp
         result.config["responses_skipped"] = reason
         return
     cmp = Comparison("(b) responses, previous_response_id", "req/s")
+    cached: dict[str, list[float]] = {"symphony": [], "vllm": []}
     for rep in range(cfg.reps):
         sc = script(texts, wl, cfg.seed, 1000 + rep)
-        sides: list[tuple[Sample, Callable[[], Run]]] = [
-            (cmp.symphony, functools.partial(responses_turns, symphony, sc, wl)),
-            (cmp.baseline, functools.partial(chat_turns_turn_major, vllm, sc, wl)),
+        sides: list[tuple[str, Sample, Callable[[], Run]]] = [
+            ("symphony", cmp.symphony, functools.partial(responses_turns, symphony, sc, wl)),
+            ("vllm", cmp.baseline, functools.partial(chat_turns_turn_major, vllm, sc, wl)),
         ]
-        for sample, fn in sides if rep % 2 == 0 else reversed(sides):
-            sample.add(fn().requests_per_s)
+        for side, sample, fn in sides if rep % 2 == 0 else reversed(sides):
+            run = fn()
+            sample.add(run.requests_per_s)
+            cached[side].append(run.cached_share)
+    live, pages = wl.conversations * wl.conversation_pages(), int(result.config["device_pages"])
+    # The system prompt's full blocks are one copy on both sides (vLLM's prefix cache, the
+    # worker's): what has to leave the device is the conversations' own tails.
+    shared = wl.system_tokens // 128
+    distinct = wl.conversations * (wl.conversation_pages() - shared) + shared
+    cmp.extra = {
+        "symphony_cached_share": statistics.median(cached["symphony"]),
+        "vllm_cached_share": statistics.median(cached["vllm"]),
+        "symphony_cached_shares": cached["symphony"],
+        "vllm_cached_shares": cached["vllm"],
+        "live_conversation_pages": live,
+        "distinct_live_pages": distinct,
+        "device_pages": pages,
+        "note": (
+            f"cached_tokens share: Symphony {statistics.median(cached['symphony']):.0%}, "
+            f"vLLM {statistics.median(cached['vllm']):.0%}; {wl.conversations} live conversations "
+            f"need up to {live} KV pages at their longest ({distinct} distinct: the system prompt's {shared} "
+            f"full blocks are shared), the device holds {pages} on both sides"
+        ),
+    }
     result.comparisons.append(cmp)
 
 

@@ -18,8 +18,9 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
+from django.db.models import OuterRef, Subquery
 
-from api.models import ApiKey, Program, Run, Tenant
+from api.models import ApiKey, Program, ProgramVersion, Run, Tenant
 from api.services import programs, trusted_runs
 from api.services.quotas import plan_limits
 from api.services.runs import RunConflict, cancel_run, create_run
@@ -49,9 +50,19 @@ def model_name() -> str:
 
 
 def builtin_program(tenant: Tenant) -> Program:
-    """The tenant's built-in program, with the current built-in source as its latest version."""
+    """The tenant's built-in program, with the current built-in source as its latest version.
+
+    Every /v1 request asks this, and nearly always the program and its version are already
+    current: one read says so, without the row lock and transaction that creating or
+    re-versioning takes (taken only then)."""
     source = BUILTIN_SOURCE.read_bytes()
     digest = hashlib.sha256(source).hexdigest()
+    latest_sha = ProgramVersion.objects.filter(program=OuterRef("pk")).order_by("-number").values("sha256")[:1]
+    current = (
+        Program.objects.filter(tenant=tenant, name=BUILTIN_PROGRAM).annotate(latest_sha=Subquery(latest_sha)).first()
+    )
+    if current is not None and current.latest_sha == digest:
+        return current
     with transaction.atomic():
         program, _ = Program.objects.select_for_update().get_or_create(
             tenant=tenant,

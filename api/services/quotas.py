@@ -122,9 +122,13 @@ def tokens_this_month(tenant: Tenant) -> int:
     return int(sums["p"] or 0) + int(sums["d"] or 0)
 
 
+def _active_runs(tenant: Tenant) -> int:
+    return Run.objects.filter(tenant=tenant, status__in=["queued", "running"]).count()
+
+
 def current_use(tenant: Tenant) -> dict:
     return {
-        "active_runs": Run.objects.filter(tenant=tenant, status__in=["queued", "running"]).count(),
+        "active_runs": _active_runs(tenant),
         "tokens_this_month": tokens_this_month(tenant),
         "kv_bytes_stored": int(KVFile.objects.filter(tenant=tenant).aggregate(b=Sum("bytes"))["b"] or 0),
         "kv_files": KVFile.objects.filter(tenant=tenant).count(),
@@ -145,14 +149,15 @@ def quota_view(tenant: Tenant) -> dict:
 def check_can_start(tenant: Tenant, limits: dict) -> None:
     """Refuse a run the plan does not allow; the message names the limit."""
     plan = plan_limits(tenant)
-    use = current_use(tenant)
-    if use["active_runs"] >= plan.max_concurrent_runs:
+    # Only what is checked here is counted (not current_use's KV sums): every run creation,
+    # each /v1 request included, runs this under its tenant's row lock.
+    if _active_runs(tenant) >= plan.max_concurrent_runs:
         raise ConcurrencyLimitReached(f"plan {tenant.plan} allows {plan.max_concurrent_runs} concurrent runs")
     if int(limits.get("max_tokens", 0)) > plan.max_tokens_per_run:
         raise QuotaExceeded(f"max_tokens above plan limit {plan.max_tokens_per_run}")
     if float(limits.get("deadline_s", 0)) > plan.max_run_seconds:
         raise QuotaExceeded(f"deadline_s above plan limit {plan.max_run_seconds}")
-    if plan.tokens_per_month is not None and use["tokens_this_month"] >= plan.tokens_per_month:
+    if plan.tokens_per_month is not None and tokens_this_month(tenant) >= plan.tokens_per_month:
         raise QuotaExceeded(f"monthly token quota of {plan.tokens_per_month} is used up")
 
 

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from api import dispatch, redis_client
 from api.models import ApiKey, Program, Run, Tenant, UsageRecord
-from api.services import cancellation, quota_alerts, routing, tool_hosts
+from api.services import cancellation, quota_alerts, routing, run_handoff, tool_hosts
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import check_can_start
@@ -412,7 +412,8 @@ def finish_run(run_id: str, outcome: RunOutcome) -> Run:
         run.first_output_at = _first_output_at(outcome.usage)
         run.save()
         usage = {k: outcome.usage.get(k, 0) or 0 for k in USAGE_FIELDS + USAGE_DETAILS}
-        UsageRecord.objects.update_or_create(run=run, defaults={"tenant": run.tenant, **usage})
+        record, _ = UsageRecord.objects.update_or_create(run=run, defaults={"tenant": run.tenant, **usage})
+    run_handoff.offer(run, record)  # before its end event: the request waiting on it takes it then
     publish_end(run)
     quota_alerts.after_usage(run.tenant)
     log.info("run_finished run=%s tenant=%s status=%s", run.pk, run.tenant.slug, run.status)

@@ -55,9 +55,10 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 
 from api.models import ProgramVersion, Run
+from api.services import run_handoff
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,8 @@ SDK_DIR = Path(__file__).resolve().parent.parent.parent / "sandbox"
 #: Exit codes as the sandbox's runner reports them (sandbox/symphony/run.py).
 EXIT_OK, EXIT_PROGRAM_FAILED, EXIT_SETUP_FAILED = 0, 1, 2
 MAX_ERROR_CHARS = 8000
+#: How long an in-process run thread keeps its database connection for its next run.
+KEEP_CONNECTION_S = 60.0
 
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -131,6 +134,7 @@ def submit(run: Run) -> None:
         enqueue(run)
         return
     try:
+        run_handoff.expect(run.pk)
         pool.submit(_execute, str(run.pk), settings.SYMPHONY_WORKER_NAME, slots)
     except BaseException:
         slots.release()
@@ -145,6 +149,7 @@ def _execute(run_id: str, worker: str, slots: threading.BoundedSemaphore) -> Non
 
     close_old_connections()
     try:
+        _keep_connection()
         execute_run(run_id, target=worker, launch=launch_in_process)
     except Exception as exc:
         log.exception("trusted_run_failed run=%s", run_id)
@@ -152,6 +157,19 @@ def _execute(run_id: str, worker: str, slots: threading.BoundedSemaphore) -> Non
     finally:
         close_old_connections()
         slots.release()
+
+
+def _keep_connection() -> None:
+    """This pool thread's database connection, kept for its next run for up to
+    :data:`KEEP_CONNECTION_S`. The web process runs with ``CONN_MAX_AGE`` 0 (web/asgi.py), which
+    made each in-process run open a connection or two (``close_old_connections`` before its
+    outcome is recorded closed it again): ~10 ms each on the benchmark host, a large share of a
+    short request's fixed cost. A pool thread is not a request thread that ends, and there are
+    at most ``SYMPHONY_TRUSTED_THREADS`` of them, so this keeps a bounded number of connections;
+    ``CONN_HEALTH_CHECKS`` still drops one that broke, and a reconnect is back to max age 0
+    until the thread's next run sets the window again."""
+    connection.ensure_connection()
+    connection.close_at = time.monotonic() + KEEP_CONNECTION_S
 
 
 def _settle(run_id: str, exc: Exception) -> None:

@@ -22,6 +22,18 @@ def test_key_verifies_and_is_stored_hashed(api_tenant_a):
     assert stored.last_used_at is not None
 
 
+def test_last_used_at_is_written_at_most_once_a_minute(api_tenant_a):
+    issued = issue_key(api_tenant_a.tenant, "k", [])
+    verify_key(issued.secret)
+    first = ApiKey.objects.get(pk=issued.key.pk).last_used_at
+    verify_key(issued.secret)
+    assert ApiKey.objects.get(pk=issued.key.pk).last_used_at == first
+    stale = first - timedelta(minutes=2)
+    ApiKey.objects.filter(pk=issued.key.pk).update(last_used_at=stale)
+    verify_key(issued.secret)
+    assert ApiKey.objects.get(pk=issued.key.pk).last_used_at > first
+
+
 def test_wrong_revoked_and_expired_keys_are_rejected(api_tenant_a):
     issued = issue_key(api_tenant_a.tenant, "k", [])
     assert verify_key(issued.secret[:-1] + ("A" if issued.secret[-1] != "A" else "B")) is None
