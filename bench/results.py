@@ -119,6 +119,12 @@ def _b8(row: Row, record: Record) -> Verdict:
     return Verdict("p50 cold ≤ 0.5 s, warm ≤ 50 ms", cold <= 0.5 and warm <= 0.05)
 
 
+def _b9(row: Row, record: Record) -> Verdict:
+    if row["unit"] == "teams/s":
+        return Verdict("≥ 1.55× teams/s vs a client loop over `vllm serve`", ratio(row) >= 1.55)
+    return Verdict("— (work, not speed: no target)", None)
+
+
 def _b10(row: Row, record: Record) -> Verdict:
     if row["unit"] == "graphs/s":
         return Verdict("≥ 1.43× graphs/s vs a client loop over `vllm serve`", ratio(row) >= 1.43)
@@ -168,6 +174,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("b6", "b6_react", "B6 ReAct agents", _b6, ("Symphony", "baseline loop")),
     Benchmark("b7", "b7_mix", "B7 three tenants at once", _b7, ("Symphony (all at once)", "vLLM (in turn)")),
     Benchmark("b8", "b8_sandbox_start", "B8 sandbox start", _b8, ("warm pool", "cold")),
+    Benchmark("b9", "b9_swarm", "B9 SWARM", _b9, ("Symphony (run trees)", "client loop over `vllm serve`")),
     Benchmark("b10", "b10_got", "B10 Graph-of-Thought", _b10, ("Symphony", "client loop over `vllm serve`")),
     Benchmark("b11", "b11_multiturn", "B11 multi-turn chat (OpenAI protocol)", _b11, ("Symphony", "`vllm serve`")),
     Benchmark("b12", "b12_scaleout", "B12 scale-out", _b12, ("two workers", "one worker")),

@@ -806,14 +806,31 @@ class KVFS:
 
     @_locked
     def swap_out(self, owner: Owner) -> int:
-        """Move the session's private files to host memory while it waits; returns pages freed."""
+        """Move the session's private files to host memory while it waits; returns pages freed.
+
+        A file sharing pages with a file that stays (a fork of a stored context, as every agent
+        of a team holds) stays too: moving it frees only its own pages, and bringing it back
+        allocates all of them, the shared ones as private copies, so N waiting forks of one
+        context would come back as N copies of it (and fail with ENOSPC where the pages were
+        budgeted shared). References of the prefix index do not count: a page only the index
+        holds is reclaimable anyway."""
+        files = [
+            f
+            for f in {h.file for h in self._handles.of_session(owner)}
+            if f.residency == DEVICE
+            and f.pages
+            and not f.plan_pending
+            and all(self._handles.owner_of(hid) == owner for hid in f.handles)
+        ]
+        inside = Counter(p for f in files for p in f.pages)
+        indexed = set(self.prefix.pages()) if self.prefix is not None else set()
         freed = 0
-        for file in {h.file for h in self._handles.of_session(owner)}:
-            others = any(self._handles.owner_of(hid) != owner for hid in file.handles)
-            if file.residency == DEVICE and file.pages and not file.plan_pending and not others:
-                before = self.alloc.free_count
-                self.tiers.device_to_host(file)
-                freed += self.alloc.free_count - before
+        for file in files:
+            if any(self.alloc.refcount(p) > inside[p] + (p in indexed) for p in file.pages):
+                continue
+            before = self.alloc.free_count
+            self.tiers.device_to_host(file)
+            freed += self.alloc.free_count - before
         return freed
 
     @_locked

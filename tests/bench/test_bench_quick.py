@@ -68,6 +68,7 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
         ("b6", "b6_react", ("--serve-baseline", "1")),
         ("b7", "b7_mix", ()),
         ("b8", "b8_sandbox_start", ()),
+        ("b9", "b9_swarm", ()),
         ("b10", "b10_got", ()),
         ("b11", "b11_multiturn", ()),
         ("b12", "b12_scaleout", ()),
@@ -78,7 +79,9 @@ def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple
     containers. B4's LIP itself fails the run when its
     forks copied prompt pages instead of sharing them, so a pass also proves copy-on-write.
     B6 also starts ``vllm serve`` (its spec baseline) and drives it over HTTP. B7 runs three
-    tenants on one worker; B8 starts cold and warm (pooled) gVisor sandboxes; B10 runs
+    tenants on one worker; B8 starts cold and warm (pooled) gVisor sandboxes; B9 runs SWARM teams
+    as run trees (spawned agents in sandboxes of their own, one shared KV file, channels) through
+    the control plane against a client loop over ``vllm serve``; B10 runs
     examples/graph_of_thought.py's graph against a client loop over ``vllm serve``; B11 drives the whole
     control plane and ``vllm serve`` through the ``openai`` client; B12 runs B2's loop on
     one worker and on two at once."""
@@ -98,6 +101,15 @@ def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple
         for side in ("symphony", "baseline"):
             prefilled = work["tokens prefilled per graph"][side]["median"]
             assert 0 < prefilled < work["tokens computed per graph"][side]["median"]
+    if bench == "b9":  # each team computed its context once: its agents forked the shared file
+        cfg, rate = detail["config"], detail["comparisons"][0]
+        assert rate["unit"] == "teams/s" and all(0 <= a <= 1 for a in rate["same_replies"])
+        work = {c["name"]: c for c in detail["comparisons"][1:]}
+        turns = cfg["agents"] * cfg["rounds"]
+        prefilled = cfg["context_tokens"] + turns * cfg["message_tokens"]
+        assert work["tokens prefilled per team"]["symphony"]["values"] == [prefilled]
+        assert work["tokens computed per team"]["symphony"]["values"] == [prefilled + turns * cfg["reply_tokens"]]
+        assert work["tokens prefilled per team"]["baseline"]["median"] > 0
     if bench == "b11":  # both sides through the openai client; (b) waits for /v1/responses
         names = [c["name"] for c in detail["comparisons"]]
         assert names[:3] == ["(a) multi-turn chat", "(a) TTFT p50", "1-token request p50"], names

@@ -154,6 +154,34 @@ def test_swap_out_and_in_keeps_private_kv(tmp_path):
     assert fs.stats().used_pages == 0 and fs.stats().host_pages == 0
 
 
+@pytest.mark.parametrize("prefix_cache", [False, True])
+def test_swap_out_leaves_forks_of_a_stored_context_shared(tmp_path, prefix_cache):
+    """Agents waiting on a channel hold forks of one pinned context: swapping a fork out would
+    free only its own pages and bring it back as a private copy of the whole context."""
+    fs, io = make_fs(tmp_path, num_pages=12, prefix_cache=prefix_cache)  # 11 usable pages
+    context = list(range(1, 4 * BLOCK + 2))  # 5 pages, the last one partial
+    _named(fs, io, A, "ctx", context)
+    fs.pin("acme", "ctx", True)
+    agents = [Owner("acme", f"agent{i}") for i in range(3)]
+    forks = {}
+    for i, agent in enumerate(agents):
+        opened = fs.open(agent, "ctx")
+        forks[agent] = fs.fork(agent, opened)
+        fs.close(agent, opened)
+        append(fs, io, agent, forks[agent], [100 + i])  # its turn: a copy of the partial page
+    used = fs.stats().used_pages
+    assert used == 5 + 3
+    for agent in agents:  # each waits for its next message
+        assert fs.swap_out(agent) == 0
+        fs.swap_in(agent)
+    assert fs.stats().used_pages == used and fs.stats().host_pages == 0
+    for i, agent in enumerate(agents):
+        append(fs, io, agent, forks[agent], [200 + i])
+        assert io.kv_of(fs, agent, forks[agent]) == expected_kv([*context, 100 + i, 200 + i])
+        fs.close_session(agent)
+    fs.check()
+
+
 def test_flush_and_load_index_survive_a_restart(tmp_path):
     fs, io = make_fs(tmp_path)
     _named(fs, io, A, "sys", [1, 2, 3, 4, 5])
