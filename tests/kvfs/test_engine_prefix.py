@@ -1,6 +1,6 @@
 """The prefix cache over the real engine: a second KV file with the same prompt (and a longer
 one, as a conversation's next turn) maps the cached whole pages, computes only the tail, and
-gets exactly the next-token distribution of a from-scratch prefill (float32).
+gets the next-token distribution of a from-scratch prefill to float32 rounding.
 
 Runs in a subprocess (one vLLM engine per process) on the tiny random Llama for speed.
 """
@@ -19,6 +19,8 @@ import pytest
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
 ROOT = Path(__file__).resolve().parents[2]
+#: Largest logit difference float32 rounding explains here (logits of the tiny model are O(1)).
+ROUNDING = 1e-5
 
 SCRIPT = textwrap.dedent(
     """
@@ -90,6 +92,8 @@ def test_cached_prefix_gives_the_from_scratch_distribution_and_computes_only_the
     # Only the tail after the cached whole pages is computed.
     assert out["computed"] == [n, n - full, n, n2 - full, n2], out
     assert out["argmax"][0] == out["argmax"][1] and out["argmax"][2] == out["argmax"][3]
-    # The same KV read by the same kernels: in float32 the distributions match exactly (measured
-    # 0.0 on vLLM-CPU, first and second turn alike).
-    assert out["max_diff"] == 0.0 and out["max_diff_turn2"] == 0.0 and out["max_diff_first"] == 0.0, out
+    # The same KV read by the same kernels, in float32: the distributions match to rounding. A
+    # tail over cached pages sums attention in another order than a whole prefill, so the last
+    # bits may differ (0.0 on one vLLM-CPU host, 4.8e-7 on another); a wrong or shifted page
+    # moves logits by orders of magnitude more.
+    assert max(out["max_diff"], out["max_diff_turn2"], out["max_diff_first"]) <= ROUNDING, out
