@@ -48,8 +48,13 @@ pytestmark = [
 
 #: How long the hostile tenant attacks.
 ATTACK_S = 45.0
-#: A canary under attack may take this many times its idle (median) time.
+#: A canary under attack may take this many times its idle (median) time...
 CANARY_BOUND = 1.5
+#: ...or one step of this many seconds more. A cold canary run lasts either ~1.05 s or ~2.1 s on
+#: the 2-core test host, by the host's state and not by load: the same code measured idle
+#: medians of 1.04-1.08 s in some runs and 2.05-2.11 s in others, with ~2.1 s under attack in
+#: both. A ratio of one such step is noise; real harm is several (the flood defect was 3.4x).
+RUN_TIME_STEP_S = 1.2
 #: Threads of the hostile LIP that flood the worker with one-token ``pred`` calls.
 PRED_THREADS = 48
 CELERY_CONCURRENCY = 4
@@ -365,7 +370,8 @@ def test_a_hostile_tenant_leaves_another_tenants_runs_unharmed(stack, stack_work
         f"{ {k: sorted(set(v)) for k, v in box.get('codes', {}).items()} }"
     )
     assert under_attack, "no canary run finished during the attack"
-    assert ratio <= CANARY_BOUND, (idle, under_attack)
+    allowed = max(CANARY_BOUND * idle, idle + RUN_TIME_STEP_S)
+    assert statistics.median(under_attack) <= allowed, (idle, under_attack, allowed)
 
     # The attacker got clear refusals, not a stack that gave way.
     codes = box["codes"]
