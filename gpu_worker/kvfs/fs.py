@@ -816,7 +816,7 @@ class KVFS:
         holds is reclaimable anyway."""
         files = [
             f
-            for f in {h.file for h in self._handles.of_session(owner)}
+            for f in self._session_files(owner)
             if f.residency == DEVICE
             and f.pages
             and not f.plan_pending
@@ -835,8 +835,14 @@ class KVFS:
 
     @_locked
     def swap_in(self, owner: Owner) -> None:
-        for file in {h.file for h in self._handles.of_session(owner)}:
+        for file in self._session_files(owner):
             self._ensure_device(file)
+
+    def _session_files(self, owner: Owner) -> list[KVFile]:
+        """The session's open files, each once, in the order its handles were opened: swapping
+        moves files one at a time against tier capacities, so the order decides which fit, and
+        it must not be a set's (object addresses) for the outcome to be reproducible."""
+        return list(dict.fromkeys(h.file for h in self._handles.of_session(owner)))
 
     @_locked
     def evict(self, tenant: str, name: str) -> None:
