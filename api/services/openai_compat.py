@@ -8,11 +8,9 @@ LIP result / stream messages -> OpenAI response objects and chunks.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -28,7 +26,7 @@ from api.services.runs import RunConflict, cancel_run, create_run
 log = logging.getLogger(__name__)
 
 BUILTIN_PROGRAM = "openai-compat"
-BUILTIN_SOURCE = Path(__file__).resolve().parent.parent / "builtin_lips" / "openai_compat.py"
+BUILTIN_SOURCE = trusted_runs.BUILTIN_SOURCE
 
 
 @dataclass(frozen=True)
@@ -55,8 +53,7 @@ def builtin_program(tenant: Tenant) -> Program:
     Every /v1 request asks this, and nearly always the program and its version are already
     current: one read says so, without the row lock and transaction that creating or
     re-versioning takes (taken only then)."""
-    source = BUILTIN_SOURCE.read_bytes()
-    digest = hashlib.sha256(source).hexdigest()
+    source, digest = trusted_runs.builtin_source()
     latest_sha = ProgramVersion.objects.filter(program=OuterRef("pk")).order_by("-number").values("sha256")[:1]
     current = (
         Program.objects.filter(tenant=tenant, name=BUILTIN_PROGRAM).annotate(latest_sha=Subquery(latest_sha)).first()

@@ -41,6 +41,7 @@ worker); the request then goes through Celery as before.
 from __future__ import annotations
 
 import builtins
+import functools
 import hashlib
 import json
 import logging
@@ -85,13 +86,22 @@ def _sdk() -> types.ModuleType:
     return symphony
 
 
+@functools.cache
+def builtin_source() -> tuple[bytes, str]:
+    """(source, SHA-256) of the built-in program's file, read once per process: every /v1
+    request checks its tenant's built-in version against it, and what runs in-process is
+    compiled from the same bytes."""
+    source = BUILTIN_SOURCE.read_bytes()
+    return source, hashlib.sha256(source).hexdigest()
+
+
 def _builtin_code() -> tuple[str, types.CodeType]:
     """(SHA-256, compiled code) of the built-in program's file, compiled once per process."""
     global _code
     with _lock:
         if _code is None:
-            source = BUILTIN_SOURCE.read_bytes()
-            _code = (hashlib.sha256(source).hexdigest(), compile(source, str(BUILTIN_SOURCE), "exec"))
+            source, digest = builtin_source()
+            _code = (digest, compile(source, str(BUILTIN_SOURCE), "exec"))
         return _code
 
 
@@ -160,8 +170,9 @@ def _execute(run_id: str, worker: str, slots: threading.BoundedSemaphore) -> Non
 
 
 def _keep_connection() -> None:
-    """This pool thread's database connection, kept for its next run for up to
-    :data:`KEEP_CONNECTION_S`. The web process runs with ``CONN_MAX_AGE`` 0 (web/asgi.py), which
+    """This pool thread's database connection, kept for its next run: that run reuses it when
+    it is under :data:`KEEP_CONNECTION_S` old (checked by ``close_old_connections`` at its start),
+    and an idle thread holds it until then. The web process runs with ``CONN_MAX_AGE`` 0 (web/asgi.py), which
     made each in-process run open a connection or two (``close_old_connections`` before its
     outcome is recorded closed it again): ~10 ms each on the benchmark host, a large share of a
     short request's fixed cost. A pool thread is not a request thread that ends, and there are
