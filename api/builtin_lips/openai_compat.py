@@ -23,6 +23,13 @@ Sampling: ``logit_bias`` and the penalties are one sparse ``bias`` per step (the
 the counts of the tokens this choice generated, as OpenAI defines them); ``min_p`` is a mask of
 the top-1024 tokens whose probability is at least ``min_p`` times the most likely one's.
 
+Round trips per token (each one is time the batch may wait for this program): without
+``logprobs`` and ``min_p`` the decode loop uses ``pred_token`` (the forward and the choice of the
+next token in one call, no Dist handle), and the prompt's prefill of a single choice chooses its
+first token the same way. When no stop string (or ``auto`` tool marker) is watched, the text
+cannot end the decode, so detokenising and streaming it run on a second thread (``Streamer``)
+while the next forward is already queued: one worker round trip a token on the decode path.
+
 Tool calls: a call is ``<tool_call>`` + JSON generated under the grammar of the call schema
 (the name of an offered function and arguments matching its parameters) + ``</tool_call>``.
 ``required`` (or a named tool) starts with the marker; ``auto`` lets the model write text and
@@ -39,6 +46,7 @@ outside the vocabulary): the client's request is at fault, which the API answers
 import json
 import math
 import os
+import queue
 import threading
 
 from symphony import (
@@ -58,9 +66,10 @@ from symphony import (
     kv_tokens,
     kv_truncate,
     pred,
+    pred_token,
     send_to_user,
+    session,
     tokenize,
-    vocab_info,
 )
 
 CALL_OPEN = "<tool_call>"
@@ -116,6 +125,32 @@ class Sampler:
             bias = dict(sorted(bias.items(), key=lambda kv: -abs(kv[1]))[:MAX_BIAS_ENTRIES])
         return bias or None
 
+    @property
+    def fusable(self):
+        """Whether the worker can make this choice inside ``pred`` (``pred_token``): min-p needs
+        the distribution's top tokens first."""
+        return self.min_p <= 0
+
+    def _seed(self, step):
+        return None if self.seed is None else int(self.seed) * 1_000_003 + self.index * 10_007 + step
+
+    def params(self, step, mask=None):
+        """``pred_token``'s choice arguments for the token at ``step`` (as :meth:`choose` makes it)."""
+        temperature = max(self.temperature, 0.0)
+        return {
+            "temperature": temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self._seed(step) if temperature > 0 else None,
+            "mask": mask,
+            "bias": self.bias(),
+        }
+
+    def counted(self, tok):
+        """Note a token the worker chose (penalties count it)."""
+        self.counts[tok] = self.counts.get(tok, 0) + 1
+        return tok
+
     def choose(self, dist, step, mask=None, count=True):
         bias = self.bias()
         if self.min_p > 0 and mask is None:
@@ -125,7 +160,7 @@ class Sampler:
         if self.temperature <= 0:
             tok = dist.argmax(mask=mask, bias=bias)
         else:
-            seed = None if self.seed is None else int(self.seed) * 1_000_003 + self.index * 10_007 + step
+            seed = self._seed(step)
             tok = dist.sample(self.temperature, self.top_p, top_k=self.top_k, seed=seed, mask=mask, bias=bias)
         if count:
             self.counts[tok] = self.counts.get(tok, 0) + 1
@@ -159,32 +194,99 @@ def _token_logprob(dist, tok, k, vocab):
     return [vocab.text(tok), float(lp), top]
 
 
-class Choice:
-    """One choice's decode: text (stops, streaming), then tool calls when asked or chosen."""
+class Streamer:
+    """Detokenises and streams a choice's text on its own thread while the decode goes on.
 
-    def __init__(self, index, kv, first, args, ctx):
-        self.index, self.kv, self.dist, self.args, self.ctx = index, kv, first, args, ctx
+    Only used when no stop string is watched: then the text never ends the decode, and the
+    two round trips a token costs (``detokenize`` of the answer so far, ``send_to_user``) need
+    not sit between one forward and the next. Tokens that arrive while a send is in flight go
+    out together in the next one. The choice sends the final text itself after :meth:`close`.
+    """
+
+    def __init__(self, choice, ids):
+        self.choice, self.ids = choice, ids
+        self.queue = queue.SimpleQueue()
+        self.error = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def push(self):
+        """The decode appended a token to ``ids``."""
+        self.queue.put(len(self.ids))
+
+    def close(self):
+        """Stop after what is being sent; re-raise a failure of the streaming thread."""
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+    def _run(self):
+        try:
+            while True:
+                count = self.queue.get()
+                while count is not None and not self.queue.empty():
+                    count = self.queue.get()  # only the newest length matters
+                if count is None:
+                    return
+                self.choice.stream(detokenize(self.ids[:count]), final=False)
+        except Exception as exc:  # handed to the decode thread by ``close``
+            self.error = exc
+
+
+class Choice:
+    """One choice's decode: text (stops, streaming), then tool calls when asked or chosen.
+
+    ``first`` is the prompt's distribution (a Dist), or the first token already chosen by the
+    worker in the prefill's ``pred_token`` (an int, with the ``text_mask`` it was chosen under)."""
+
+    def __init__(self, index, kv, first, args, ctx, text_mask=None):
+        self.index, self.kv, self.args, self.ctx = index, kv, args, ctx
+        #: The response grammar's state the prefill already chose the first token under.
+        self.text_mask = text_mask
+        self.dist, self.token = (None, first) if isinstance(first, int) else (first, None)
         self.sampler = Sampler(args, index)
         self.max_tokens = int(args["max_tokens"])
         self.stops = args.get("stop") or []
         self.logprobs = args.get("logprobs")
+        #: The worker chooses each text token inside its ``pred`` (see the module docstring).
+        self.fused = self.logprobs is None and self.sampler.fusable
         self.steps = 0
         self.sent = ""
         self.pending = []  # logprob entries not streamed yet
         self.entries = []
         self.calls = []
+        self.send_lock = threading.Lock()  # the Streamer and the decode both send
 
-    def _pred(self, ids):
-        """``pred`` on this choice's KV; a conversation's file that meets its tenant's stored-KV
-        budget is left as it is and the turn goes on in a private copy-on-write fork."""
+    def _on_kv(self, call):
+        """``call(kv)`` on this choice's KV; a conversation's file that meets its tenant's
+        stored-KV budget is left as it is and the turn goes on in a private copy-on-write fork."""
         try:
-            return pred(self.kv, ids)
+            return call(self.kv)
         except NoSpace:
             if not self.ctx.conversation:
                 raise
             self.ctx.conversation = False
             self.kv = kv_fork(self.kv)
-            return pred(self.kv, ids)
+            return call(self.kv)
+
+    def _pred(self, ids):
+        return self._on_kv(lambda kv: pred(kv, ids))
+
+    def next_token(self, mask):
+        """The token at ``self.steps``: chosen by the worker already (fused) or from the Dist."""
+        if self.token is not None:
+            tok, self.token = self.token, None
+            return self.sampler.counted(tok)
+        return self.sampler.choose(self.dist, self.steps, mask)
+
+    def advance(self, tok, mask):
+        """Append ``tok`` to the KV and get ready for :meth:`next_token` (one round trip)."""
+        if self.fused:
+            params = self.sampler.params(self.steps, mask)
+            self.token = self._on_kv(lambda kv: pred_token(kv, [tok], **params))
+        else:
+            self.dist = self._pred([tok])[-1]
 
     def send(self, delta):
         message = {"index": self.index, "delta": delta}
@@ -192,45 +294,61 @@ class Choice:
             message["logprobs"], self.pending = self.pending, []
         send_to_user(message)
 
+    def stream(self, text, final, hold=0):
+        """Send what ``text`` adds to what was sent, less ``hold`` trailing characters that a
+        stop string could still claim and (before the end) an incomplete UTF-8 character."""
+        stable = text if final else text[: len(text) - hold]
+        if stable.endswith("\ufffd") and not final:
+            stable = stable[:-1]  # an incomplete multi-byte character: wait for the next token
+        with self.send_lock:
+            grows = len(stable) > len(self.sent) and stable.startswith(self.sent)
+            if grows or (final and self.pending):
+                self.send(stable[len(self.sent) :] if grows else "")
+                if grows:
+                    self.sent = stable
+
     def text_phase(self):
         """Free text up to EOS, a stop, the token limit or (``auto`` tools) a call's marker.
         Returns (text, finish, whether a call was opened)."""
         ctx = self.ctx
         watch = self.stops + ([CALL_OPEN] if ctx.tool_mode == "auto" else [])
-        mask = ctx.response_grammar.state().advancing() if ctx.response_grammar is not None else None
+        mask = self.text_mask if self.text_mask is not None else ctx.text_mask()
         ids, finish, opened = [], "length", False
         text, after, tok = "", "", None
-        while self.steps < self.max_tokens:
-            tok = self.sampler.choose(self.dist, self.steps, mask)
-            if tok in ctx.eos:
-                finish = "stop"
-                break
-            self.steps += 1
-            if self.logprobs is not None:
-                entry = _token_logprob(self.dist, tok, self.logprobs, ctx.vocab)
-                self.entries.append(entry)
-                self.pending.append(entry)
-            ids.append(tok)
+        plain = not watch and self.logprobs is None and self.max_tokens > 1
+        streamer = Streamer(self, ids) if plain else None
+        try:
+            while self.steps < self.max_tokens:
+                tok = self.next_token(mask)
+                if tok in ctx.eos:
+                    finish = "stop"
+                    break
+                self.steps += 1
+                if self.logprobs is not None:
+                    entry = _token_logprob(self.dist, tok, self.logprobs, ctx.vocab)
+                    self.entries.append(entry)
+                    self.pending.append(entry)
+                ids.append(tok)
+                if streamer is None:  # the text may end the decode: look before the next forward
+                    text = detokenize(ids)
+                    cut, which = _first(text, watch)
+                    if cut >= 0:
+                        after = text[cut + len(which) :]
+                        text, finish, opened = text[:cut], "stop", which == CALL_OPEN
+                        break
+                if self.steps >= self.max_tokens:
+                    break  # no forward for a token nobody will read (the limit's last one)
+                if streamer is not None:
+                    streamer.push()
+                else:
+                    self.stream(text, final=False, hold=_held_back(text, watch))
+                self.advance(tok, mask)
+        finally:
+            if streamer is not None:
+                streamer.close()
+        if streamer is not None:  # nothing is watched: the text is all the tokens'
             text = detokenize(ids)
-            cut, which = _first(text, watch)
-            if cut >= 0:
-                after = text[cut + len(which) :]
-                text, finish, opened = text[:cut], "stop", which == CALL_OPEN
-            stable = text if finish == "stop" else text[: len(text) - _held_back(text, watch)]
-            if stable.endswith("\ufffd") and finish != "stop":
-                stable = stable[:-1]  # an incomplete multi-byte character: wait for the next token
-            if len(stable) > len(self.sent) and stable.startswith(self.sent):
-                self.send(stable[len(self.sent) :])
-                self.sent = stable
-            if finish == "stop" or self.steps >= self.max_tokens:
-                break  # no forward for a token nobody will read (the limit's last one)
-            self.dist = self._pred([tok])[-1]
-        if finish != "stop":
-            text = detokenize(ids)
-            cut, which = _first(text, self.stops)
-            text = text[:cut] if cut >= 0 else text
-        if (len(text) > len(self.sent) and text.startswith(self.sent)) or self.pending:
-            self.send(text[len(self.sent) :] if text.startswith(self.sent) else "")
+        self.stream(text, final=True)
         if opened:  # the marker's last token (and its line break, as calls are written), then the call
             newline = [] if "\n" in after else ctx.newline_ids
             self.dist = self._pred([tok, *newline])[-1]
@@ -307,7 +425,7 @@ class Context:
     """What every choice of the request shares."""
 
     def __init__(self, args):
-        info = vocab_info()
+        info = session().info  # what the worker said at connect: no round trip
         self.vocab_size = info.vocab_size
         self.eos = set(info.eos_token_ids) | {int(t) for t in args.get("stop_token_ids") or []}
         self.grammar_end = set(info.eos_token_ids)
@@ -335,6 +453,15 @@ class Context:
             self.open_ids = tokenize(CALL_OPEN + "\n")
             self.close_ids = tokenize(CALL_CLOSE)
             self.newline_ids = tokenize("\n")
+
+    def text_mask(self):
+        """A fresh state of the response grammar that the worker advances (or None)."""
+        return self.response_grammar.state().advancing() if self.response_grammar is not None else None
+
+    def fused_prefill(self, args, n):
+        """Whether the prompt's ``pred`` may choose the first token too (``pred_token``): one
+        choice, no logprobs or min-p, and text comes first (not a forced tool call)."""
+        return n == 1 and args.get("logprobs") is None and Sampler(args, 0).fusable and self.tool_mode != "required"
 
 
 def _prompt_logprobs(kv, prompt, k, vocab):
@@ -376,8 +503,9 @@ def _conversation_file(conversation):
     return kv_create()
 
 
-def _continue(conversation, prompt):
-    """(kv, distribution after the prompt, prompt tokens reused from the conversation's file)."""
+def _continue(conversation, prompt, prefill):
+    """(kv, what ``prefill`` returned for the new tokens, prompt tokens reused from the
+    conversation's file)."""
     kv = _conversation_file(conversation)
     held = kv_tokens(kv)
     common, limit = 0, min(len(held), len(prompt) - 1)  # at least one token is predicted
@@ -386,10 +514,10 @@ def _continue(conversation, prompt):
     if common < len(held):
         kv_truncate(kv, common)
     try:
-        first = pred(kv, prompt[common:])[-1]
+        first = prefill(kv, prompt[common:])
     except NoSpace:  # the file meets the tenant's stored-KV budget: go on in a private copy
         kv = kv_fork(kv)
-        first = pred(kv, prompt[common:])[-1]
+        first = prefill(kv, prompt[common:])
     return kv, first, common
 
 
@@ -416,15 +544,26 @@ def main(args):
         if any(not 0 <= t < ctx.vocab_size for t in prompt):
             return {"invalid_request": {"message": "a prompt token id is outside the vocabulary", "param": "prompt"}}
         root = None if args.get("conversation") else kv_create()
-        prompt_entries = None
+        prompt_entries = text_mask = None
+        if ctx.fused_prefill(args, n):  # the worker chooses the first token in the prefill
+            text_mask = ctx.text_mask()
+            params = Sampler(args, p_index).params(0, text_mask)
+
+            def prefill(kv, ids, params=params):
+                return pred_token(kv, ids, **params)
+        else:
+
+            def prefill(kv, ids):
+                return pred(kv, ids)[-1]
+
         try:
             if root is None:
-                root, first, reused = _continue(args["conversation"], prompt)
+                root, first, reused = _continue(args["conversation"], prompt, prefill)
                 cached_tokens += reused
             elif echo and args.get("logprobs") is not None:
                 first, prompt_entries = _prompt_logprobs(root, prompt, int(args["logprobs"]), ctx.vocab)
             else:
-                first = pred(root, prompt)[-1]
+                first = prefill(root, prompt)
         except Invalid as exc:
             return {"invalid_request": {"message": exc.message, "param": exc.param}}
         except (QuotaExceeded, NoSpace) as exc:
@@ -433,20 +572,20 @@ def main(args):
         echoed = detokenize(prompt) if echo else ""
         kvs = [root] + [kv_fork(root) for _ in range(n - 1)]
         for j in range(n):
-            jobs.append((p_index * n + j, kvs[j], first, echoed, prompt_entries))
+            jobs.append((p_index * n + j, kvs[j], first, echoed, prompt_entries, text_mask))
 
     choices = [None] * len(jobs)
     errors = []
 
     def decode(job):
-        index, kv, first, echoed, prompt_entries = job
+        index, kv, first, echoed, prompt_entries, text_mask = job
         try:
             if echoed:
                 message = {"index": index, "delta": echoed}
                 if prompt_entries is not None:
                     message["logprobs"] = prompt_entries
                 send_to_user(message)
-            choice = Choice(index, kv, first, args, ctx).run()
+            choice = Choice(index, kv, first, args, ctx, text_mask).run()
             if echoed:
                 choice["text"] = echoed + choice["text"]
                 if prompt_entries is not None:

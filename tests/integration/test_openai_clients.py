@@ -237,3 +237,38 @@ def test_langchain_litellm_and_the_agents_sdk(stack, api_tenant_a, monkeypatch):
     )
     outcome = Runner.run_sync(agent, "What is the weather in Paris?", max_turns=3)
     assert len(seen) >= 1 and outcome.final_output == f"sunny in {seen[0]}", (seen, outcome.final_output)
+
+
+def test_fused_decode_chooses_what_the_distribution_path_chooses(stack, api_tenant_a):
+    """Without logprobs or min-p the built-in program lets the worker choose each token inside
+    its ``pred`` and streams text from a second thread; asking for logprobs takes the path that
+    chooses from a Dist handle. Same seed, same tokens, same text, streamed or not, with and
+    without penalties (their bias is rebuilt each step from the counts)."""
+    client = openai_client(stack, api_tenant_a.key_secret)
+    prompt = [{"role": "user", "content": "Write a short story about a lighthouse."}]
+    cases = [
+        {"temperature": 0},
+        {"temperature": 0.9, "seed": 7},
+        {"temperature": 0.9, "seed": 11, "presence_penalty": 1.2, "frequency_penalty": 0.8},
+    ]
+    for params in cases:
+        fused = client.chat.completions.create(model="any", messages=prompt, max_tokens=24, **params)
+        by_dist = client.chat.completions.create(model="any", messages=prompt, max_tokens=24, logprobs=True, **params)
+        text = fused.choices[0].message.content
+        assert text and text == by_dist.choices[0].message.content, (params, text, by_dist)
+        assert (
+            fused.usage.completion_tokens == by_dist.usage.completion_tokens == len(by_dist.choices[0].logprobs.content)
+        )
+        chunks = list(
+            client.chat.completions.create(model="any", messages=prompt, max_tokens=24, stream=True, **params)
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text, params
+        assert chunks[-1].choices[0].finish_reason == fused.choices[0].finish_reason
+    # A stop string (watched: decoded one token at a time) ends the text where it starts.
+    whole = client.chat.completions.create(model="any", messages=prompt, max_tokens=24, temperature=0)
+    word = whole.choices[0].message.content.split()[3]
+    cut = client.chat.completions.create(model="any", messages=prompt, max_tokens=24, temperature=0, stop=[word])
+    assert cut.choices[0].finish_reason == "stop" and whole.choices[0].message.content.startswith(
+        cut.choices[0].message.content
+    )
+    assert word not in cut.choices[0].message.content
