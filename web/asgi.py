@@ -2,12 +2,15 @@
 request body limit (web/body_limit.py) and the bounds on requests in flight
 (web/inflight_limit.py), which neither uvicorn nor the load balancer has.
 
-Persistent database connections are off here unless ``DATABASE_CONN_MAX_AGE`` says otherwise:
+Database connections come from a bounded pool here (``DATABASE_POOL_MAX_SIZE``, default 16; web/settings.py):
 under ASGI each request runs its synchronous code on a thread of its own (asgiref's
-``ThreadSensitiveContext``), so a connection kept for the next request is never reused by it.
-It only lingers in the finished thread until the garbage collector finds it, and a few hundred
-requests left the web process holding every connection PostgreSQL allows after their clients
-had gone. With 0, Django closes each request's connection when the request finishes.
+``ThreadSensitiveContext``), so a connection kept in that thread for the next request is never
+reused by it. Kept that way (``CONN_MAX_AGE`` > 0), it lingered in the finished thread until the
+garbage collector found it, and a few hundred requests left the web process holding every
+connection PostgreSQL allows after their clients had gone; closed at each request's end
+(``CONN_MAX_AGE`` 0), every request paid for opening one. With the pool, Django's close hands the
+connection back, the next request's thread takes it, and the process never holds more than the
+bound. ``DATABASE_POOL_MAX_SIZE=0`` goes back to a connection per request.
 """
 
 import os
@@ -21,6 +24,7 @@ from web.inflight_limit import InflightLimit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
 os.environ.setdefault("DATABASE_CONN_MAX_AGE", "0")
+os.environ.setdefault("DATABASE_POOL_MAX_SIZE", "16")
 
 _proxies = parse_networks(settings.SYMPHONY_TRUSTED_PROXIES)
 

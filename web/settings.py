@@ -95,6 +95,22 @@ DATABASES = {
         conn_health_checks=True,
     )
 }
+#: psycopg's connection pool, at most this many connections per process (0: no pool). The web
+#: process turns it on (web/asgi.py): under ASGI every request runs on a thread of its own, so
+#: without a pool each request opened a connection (several ms) and closed it again. A closed
+#: connection goes back to the pool; past the bound a call waits up to
+#: ``DATABASE_POOL_TIMEOUT_S`` for one, then fails as a database outage does (a 503).
+DATABASE_POOL_MAX_SIZE = int(os.environ.get("DATABASE_POOL_MAX_SIZE", "0"))
+DATABASE_POOL_TIMEOUT_S = float(os.environ.get("DATABASE_POOL_TIMEOUT_S", "10"))
+if DATABASE_POOL_MAX_SIZE > 0:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them instead
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DATABASE_POOL_MAX_SIZE,
+        "timeout": DATABASE_POOL_TIMEOUT_S,
+        "max_idle": 60,  # an idle connection past min_size is closed after a minute
+        "name": "web",
+    }
 # One test database per checkout, so two checkouts on one machine (a CI clone next to a working
 # tree) never collide on pytest-django's "test_<name>" database.
 DATABASES["default"]["TEST"] = {

@@ -1,12 +1,16 @@
 """Top-level URL map: admin, API (v1), OpenAPI schema and docs, health, and the web console."""
 
+import sys
+
 from django.conf import settings
 from django.contrib import admin
+from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 from django.urls import include, path, re_path
 from django.views.decorators.cache import never_cache
 from django.views.defaults import bad_request as django_bad_request
 from django.views.defaults import page_not_found
+from django.views.defaults import server_error as django_server_error
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 
@@ -46,8 +50,29 @@ def bad_request(request, exception=None):
     return django_bad_request(request, exception)
 
 
+def server_error(request):
+    """500 for an exception nothing else handled; API clients get the API's error shape. A
+    database that cannot be reached (down, restarting, or the web process's connection pool
+    exhausted past ``DATABASE_POOL_TIMEOUT_S``) is a 503 with ``Retry-After``: nothing was
+    done, and the same request may succeed in a moment. Django calls this while handling the
+    exception, so ``sys.exc_info()`` is that exception."""
+    unavailable = isinstance(sys.exc_info()[1], (OperationalError, InterfaceError))
+    status, headers = (503, {"Retry-After": "1"}) if unavailable else (500, {})
+    message = "the database is unavailable; retry shortly" if unavailable else "internal error"
+    code = "database_unavailable" if unavailable else "server_error"
+    if request.path.startswith("/api/"):
+        body = {"error": {"code": code, "message": message, "detail": None}}
+        return JsonResponse(body, status=status, headers=headers)
+    if request.path.startswith("/v1/"):
+        from api.services.openai_compat import error_body
+
+        return JsonResponse(error_body(message, "server_error", code), status=status, headers=headers)
+    return django_server_error(request)
+
+
 handler404 = not_found
 handler400 = bad_request
+handler500 = server_error
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -170,15 +170,18 @@ def _execute(run_id: str, worker: str, slots: threading.BoundedSemaphore) -> Non
 
 
 def _keep_connection() -> None:
-    """This pool thread's database connection, kept for its next run: that run reuses it when
-    it is under :data:`KEEP_CONNECTION_S` old (checked by ``close_old_connections`` at its start),
-    and an idle thread holds it until then. The web process runs with ``CONN_MAX_AGE`` 0 (web/asgi.py), which
-    made each in-process run open a connection or two (``close_old_connections`` before its
-    outcome is recorded closed it again): ~10 ms each on the benchmark host, a large share of a
-    short request's fixed cost. A pool thread is not a request thread that ends, and there are
-    at most ``SYMPHONY_TRUSTED_THREADS`` of them, so this keeps a bounded number of connections;
-    ``CONN_HEALTH_CHECKS`` still drops one that broke, and a reconnect is back to max age 0
-    until the thread's next run sets the window again."""
+    """Without the web process's connection pool (``DATABASE_POOL_MAX_SIZE=0``): this thread's
+    database connection, kept for its next run, which reuses it when it is under
+    :data:`KEEP_CONNECTION_S` old (checked by ``close_old_connections`` at its start); an idle
+    thread holds it until then. With ``CONN_MAX_AGE`` 0 each in-process run opened a connection
+    or two (``close_old_connections`` before its outcome is recorded closed it again): ~10 ms
+    each on the benchmark host, a large share of a short request's fixed cost. A pool thread is
+    not a request thread that ends, and there are at most ``SYMPHONY_TRUSTED_THREADS`` of them,
+    so this keeps a bounded number of connections; ``CONN_HEALTH_CHECKS`` still drops one that
+    broke. With the pool (the default under ASGI) closing hands the connection back, cheaply,
+    and an idle thread holds none."""
+    if settings.DATABASE_POOL_MAX_SIZE > 0:
+        return
     connection.ensure_connection()
     connection.close_at = time.monotonic() + KEEP_CONNECTION_S
 

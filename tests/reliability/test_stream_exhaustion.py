@@ -35,6 +35,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, 
 CAP = 4
 ATTEMPTS = 16
 CACHE_CONNECTIONS = 4
+#: The web process's PostgreSQL pool (``DATABASE_POOL_MAX_SIZE``): one connection, kept open
+#: while idle; a stream that held it would leave every other request waiting for the pool (B's
+#: canary would miss :data:`CANARY_S`, a key-checked request would time out).
+DB_POOL = 1
+POOL_TIMEOUT_S = 3
 #: B's canary must be answered within this many seconds while A holds its streams.
 CANARY_S = 5.0
 
@@ -47,6 +52,8 @@ def capped_server(monkeypatch, request, api_tenant_a, api_tenant_b) -> str:
         client.delete(*(f"symphony:streams:{t.tenant.pk}" for t in (api_tenant_a, api_tenant_b)))
     monkeypatch.setenv("SYMPHONY_STREAMS_PER_TENANT", str(CAP))
     monkeypatch.setenv("SYMPHONY_CACHE_MAX_CONNECTIONS", str(CACHE_CONNECTIONS))
+    monkeypatch.setenv("DATABASE_POOL_MAX_SIZE", str(DB_POOL))
+    monkeypatch.setenv("DATABASE_POOL_TIMEOUT_S", str(POOL_TIMEOUT_S))
     return request.getfixturevalue("api_asgi_server")
 
 
@@ -77,15 +84,15 @@ def _redis_clients() -> tuple[int, int]:
 
 
 def _wait_released(db_before: int, redis_before: tuple[int, int]) -> None:
-    """Until the web process is back to its idle connections: PostgreSQL and stream clients as
-    before, cache clients at most its pool's bound more than before (CLIENT LIST also counts
-    this test process's own)."""
+    """Until the web process is back to its idle connections: stream clients as before,
+    PostgreSQL and cache clients at most their pools' bounds more than before (CLIENT LIST also
+    counts this test process's own)."""
     now: dict = {}
 
     def released() -> bool:
         now["db"], (now["streams"], now["cache"]) = _web_db_connections(), _redis_clients()
         cache_bound = redis_before[1] + CACHE_CONNECTIONS
-        return now["db"] <= db_before and now["streams"] <= redis_before[0] and now["cache"] <= cache_bound
+        return now["db"] <= db_before + DB_POOL and now["streams"] <= redis_before[0] and now["cache"] <= cache_bound
 
     try:
         wait_for(released, timeout=15, message="the web process's connections to be released")
@@ -161,7 +168,7 @@ def test_one_tenants_streams_are_capped_hold_no_connection_and_are_released(
 
     # Waiting streams hold no database connection (each used to pin one for its whole life).
     time.sleep(1.0)
-    assert _web_db_connections() <= db_before, "open event streams hold database connections"
+    assert _web_db_connections() <= db_before + DB_POOL, "open event streams hold database connections"
 
     for stream in streams:
         stream.close()
@@ -189,6 +196,20 @@ def test_openai_streams_count_against_the_same_cap_with_openais_envelope(capped_
     assert Run.objects.filter(tenant=api_tenant_a.tenant).count() == runs_before, "a refused request started a run"
 
 
+def _models_answered(base: str, secret: str) -> bool:
+    """Whether ``GET /v1/models`` (its key is checked in the database) answers 200 before the
+    pool's wait would give up."""
+    parts = urlsplit(base)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=POOL_TIMEOUT_S + 5)
+    try:
+        started = time.monotonic()
+        conn.request("GET", "/v1/models", headers={"Authorization": f"Bearer {secret}"})
+        status = conn.getresponse().status
+        return status == 200 and time.monotonic() - started < POOL_TIMEOUT_S
+    finally:
+        conn.close()
+
+
 def _openai_stream(base: str, secret: str) -> Stream:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}
     return Stream(base, "POST", "/v1/chat/completions", secret, body)
@@ -207,7 +228,8 @@ def test_an_openai_stream_holds_no_database_connection_and_releases_on_disconnec
         run_id = stream.response.getheader("X-Symphony-Run-Id")
         time.sleep(1.0)
         if attempt == "measured":
-            assert _web_db_connections() <= db_before, "an open /v1 stream holds a database connection"
+            assert _web_db_connections() <= db_before + DB_POOL, "an open /v1 stream holds a database connection"
+            assert _models_answered(capped_server, api_tenant_a.key_secret), "the pool's connection is held"
         stream.close()
         wait_for(lambda r=run_id: Run.objects.get(pk=r).status == "cancelled", 15, message="the run cancelled")
     _wait_released(db_before, redis_before)
