@@ -16,11 +16,12 @@ p50 (first non-empty content chunk) and the cached share of prompt tokens
 (``usage.prompt_tokens_details.cached_tokens`` where reported, else 0). Each repetition uses a
 system prompt and user turns of its own, so no side starts a repetition with the last one's cache.
 
-(b) **Responses**: the same conversations through Symphony's ``/v1/responses`` with
+(b) **Responses**: ``responses_conversations`` conversations of the same shape (default 48,
+about three times what the device KV holds) through Symphony's ``/v1/responses`` with
 ``previous_response_id`` (only the new turn is sent) against the same ``vllm serve`` given the
-whole history, turn by turn across all conversations (so more are live than the device KV
-holds). **Hook**: skipped, with the reason in the record's notes, while Symphony answers
-``/v1/responses`` with a 404 (a build without it).
+whole history, turn by turn across all conversations (so all are live at once). **Hook**:
+skipped, with the reason in the record's notes, while Symphony answers ``/v1/responses`` with a
+404 (a build without it).
 
 **1-token latency**: sequential non-streamed requests of one short user message and
 ``max_tokens=1``; p50 per side (target: within 50 ms of ``vllm serve``), and for
@@ -40,29 +41,24 @@ import contextlib
 import functools
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from bench.control_plane import Processes, control_plane_env, database_ready
 from bench.harness import (
-    ROOT,
     BenchResult,
     Comparison,
     Sample,
     WorkerOptions,
     WorkerProcess,
     config_dict,
-    log_tail,
     max_len_for,
     rng,
     share_out,
-    wait_until_healthy,
     workload_args,
 )
 
@@ -77,8 +73,7 @@ WORDS = (
     "walnut yellow zipper basket carpet dragon feather guitar helmet jacket kitten lemon "
     "monkey napkin orchid parrot rabbit salmon tomato valley wizard"
 ).split()
-#: Bounded waits, seconds.
-SERVER_START_S = 60.0
+#: A request's bounded wait, seconds.
 REQUEST_TIMEOUT_S = 600.0
 
 
@@ -96,6 +91,9 @@ class Workload:
     sandbox_path: int = 1
     #: Run part (b) when Symphony serves ``/v1/responses``.
     responses: int = 1
+    #: Live conversations in part (b): far more than the device KV holds (``pages``), so each
+    #: side's history has to leave the device between turns, which is what (b) compares.
+    responses_conversations: int = 48
 
     def conversation_tokens(self) -> int:
         """An upper bound of a conversation's final prompt (chat template overhead included)."""
@@ -122,6 +120,7 @@ QUICK = Workload(
     in_flight=2,
     latency_requests=8,
     sandbox_path=0,
+    responses_conversations=6,
 )
 
 
@@ -382,33 +381,6 @@ def chat_turns_turn_major(endpoint: Endpoint, sc: Script, wl: Workload) -> Run:
 
 
 # ------------------------------------------------------------------------------ Symphony
-def _database_ready() -> None:
-    """``DATABASE_URL``'s database exists (created if not) and is migrated."""
-    import psycopg
-
-    url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/symphony")
-    try:
-        psycopg.connect(url, connect_timeout=5).close()
-    except psycopg.OperationalError as exc:
-        if "does not exist" not in str(exc):
-            raise
-        base, _, name = url.rpartition("/")
-        with psycopg.connect(f"{base}/postgres", autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{name}"')
-    subprocess.run(
-        [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"], cwd=ROOT, check=True, env=_env(), timeout=600
-    )
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "web.settings",
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "sandbox")]),
-        **extra,
-    }
-
-
 def _tenant_key() -> str:
     """A fresh tenant on the benchmark's plan and an API key of it (plaintext)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
@@ -438,54 +410,6 @@ def _tenant_key() -> str:
     return issue_key(tenant, "b11", list(KEY_SCOPES), user).secret
 
 
-class Processes:
-    """Subprocesses of the control plane, stopped (TERM, then KILL) in reverse order."""
-
-    def __init__(self) -> None:
-        self.procs: list[tuple[str, subprocess.Popen, Path]] = []
-        self.dir = Path(tempfile.mkdtemp(prefix="symb-b11-", dir="/tmp"))
-
-    def start(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-        log = self.dir / f"{name}.log"
-        with open(log, "wb") as fh:
-            out = subprocess.STDOUT
-            proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=fh, stderr=out, start_new_session=True)
-        self.procs.append((name, proc, log))
-        return proc
-
-    def web(self, name: str, env: dict[str, str]) -> str:
-        from bench.baseline_server import free_port
-
-        port = free_port()
-        argv = [sys.executable, "-m", "uvicorn", "web.asgi:application", "--port", str(port), "--no-proxy-headers"]
-        proc = self.start(name, [*argv, "--log-level", "warning"], env)
-        url = f"http://127.0.0.1:{port}"
-
-        def healthy() -> bool:
-            import httpx
-
-            return httpx.get(f"{url}/v1/models", timeout=5).status_code in (200, 401)
-
-        wait_until_healthy(name, proc, healthy, SERVER_START_S, self.dir / f"{name}.log")
-        return url
-
-    def tail(self, name: str) -> str:
-        return next((log_tail(log) for n, _, log in self.procs if n == name), "")
-
-    def close(self) -> None:
-        for _, proc, _ in reversed(self.procs):
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, 15)
-        for _, proc, _ in reversed(self.procs):
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, 9)
-                proc.wait(timeout=10)
-
-
 @contextlib.contextmanager
 def symphony_stack(worker: WorkerProcess, sandbox_path: bool) -> Iterator[tuple[str, str | None, Processes]]:
     """(URL of the web process on the in-process path, URL of one on the sandbox path or None)."""
@@ -498,16 +422,18 @@ def symphony_stack(worker: WorkerProcess, sandbox_path: bool) -> Iterator[tuple[
         "SYMPHONY_OPENAI_QUEUE_S": "60",
     }
     try:
-        fast = procs.web("web-trusted", _env(**common, SYMPHONY_TRUSTED_BUILTIN="1"))
+        fast = procs.web("web-trusted", control_plane_env(**common, SYMPHONY_TRUSTED_BUILTIN="1"))
         slow = None
         if sandbox_path:
             from sandbox.image import ensure
 
             image = ensure(log=lambda m: None)
-            executor = _env(**common, SYMPHONY_SANDBOX_IMAGE=image, SYMPHONY_SANDBOX_POOL_SIZE="1")
+            executor = control_plane_env(**common, SYMPHONY_SANDBOX_IMAGE=image, SYMPHONY_SANDBOX_POOL_SIZE="1")
             celery = [sys.executable, "-m", "celery", "-A", "web", "worker", "-Q", "worker.bench", "--pool", "solo"]
             procs.start("celery", [*celery, "--loglevel", "WARNING", "--without-gossip", "--without-mingle"], executor)
-            slow = procs.web("web-sandbox", _env(**common, SYMPHONY_TRUSTED_BUILTIN="0", SYMPHONY_SANDBOX_IMAGE=image))
+            slow = procs.web(
+                "web-sandbox", control_plane_env(**common, SYMPHONY_TRUSTED_BUILTIN="0", SYMPHONY_SANDBOX_IMAGE=image)
+            )
         yield fast, slow, procs
     finally:
         procs.close()
@@ -537,7 +463,7 @@ def measure(cfg: Any, wl: Workload, result: BenchResult) -> None:
     )
     server = _vllm_server(cfg, wl, pages, max_len)
     try:
-        _database_ready()
+        database_ready()
         key = _tenant_key()
         worker.wait_ready()
         server.wait_ready()
@@ -631,6 +557,7 @@ def _part_b(cfg: Any, wl: Workload, texts: Texts, symphony: Endpoint, vllm: Endp
         return
     cmp = Comparison("(b) responses, previous_response_id", "req/s")
     cached: dict[str, list[float]] = {"symphony": [], "vllm": []}
+    wl = replace(wl, conversations=wl.responses_conversations)
     for rep in range(cfg.reps):
         sc = script(texts, wl, cfg.seed, 1000 + rep)
         sides: list[tuple[str, Sample, Callable[[], Run]]] = [
@@ -670,8 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     result = BenchResult(NAME, config_dict(cfg, **asdict(wl)))
     measure(cfg, wl, result)
     result.notes.append(
-        "both sides through the openai client on one shared machine (other engineers' jobs ran on it: "
-        "absolute figures drift, the interleaved ratios are what to read)"
+        "both sides through the openai client on one machine, interleaved (S, B then B, S): absolute "
+        "figures drift with whatever else runs there, the ratios are what to read"
     )
     result.wall_s = time.perf_counter() - started
     result.print()

@@ -43,8 +43,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from bench.b11_multiturn import Processes, _database_ready, _env
 from bench.baseline_server import Completion, VLLMServer
+from bench.control_plane import Processes, control_plane_env, database_ready
 from bench.harness import (
     ROOT,
     BenchConfig,
@@ -236,7 +236,7 @@ def wait_for_pool(celery_pid: int, size: int) -> None:
     from sandbox.spec import LABEL_OWNER, LABEL_POOL
 
     owner = f"{socket.gethostname()}:{celery_pid}"
-    client = docker.from_env()
+    client = docker.fromcontrol_plane_env()
     filters = {"label": [f"{LABEL_POOL}=1", f"{LABEL_OWNER}={owner}"], "status": "running"}
     deadline = time.monotonic() + POOL_FILL_S
     try:
@@ -351,7 +351,7 @@ def control_plane(worker: WorkerProcess, wl: Workload) -> Iterator[Stack]:
     the team program uploaded for a fresh tenant."""
     from sandbox.image import ensure
 
-    _database_ready()
+    database_ready()
     key = _tenant_key(wl)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # Django's logging config: one line a request
     image = ensure(log=lambda m: None)
@@ -364,11 +364,11 @@ def control_plane(worker: WorkerProcess, wl: Workload) -> Iterator[Stack]:
     }
     procs = Processes()
     try:
-        executor = _env(**common, SYMPHONY_SANDBOX_POOL_SIZE=str(wl.warm_pool))
+        executor = control_plane_env(**common, SYMPHONY_SANDBOX_POOL_SIZE=str(wl.warm_pool))
         celery = [sys.executable, "-m", "celery", "-A", "web", "worker", "-Q", "worker.bench"]
         celery += ["--pool", "threads", "--concurrency", str(wl.in_flight), "--loglevel", "WARNING"]
         proc = procs.start("celery", [*celery, "--without-gossip", "--without-mingle"], executor)
-        url = procs.web("web", _env(**common))
+        url = procs.web("web", control_plane_env(**common))
         client = client_sdk()(url, key, timeout=120)
         program = client.upload_program(ROOT / "bench" / "b9_team.py", name="b9-team")
         client.close()
