@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import re
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -102,6 +103,14 @@ class KVFile:
     generation: int = 0
     #: The store holds this copy's content (as generation ``generation``).
     stored: bool = False
+    #: Bumped with every change of content (:meth:`changed`): a store write made outside the
+    #: KVFS lock marks the file clean only if nothing changed since its snapshot.
+    version: int = 0
+    #: The newest generation this worker has put in the store, and the lock its writes take:
+    #: a write made outside the KVFS lock skips itself when a newer one got there first, and
+    #: an unlink sets it past any generation so an in-flight write cannot bring the blob back.
+    written_generation: int = 0
+    write_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Take part in the prefix cache (gpu_worker/kvfs/prefix.py): ``kv_create(cache=False)`` opts out.
     cache: bool = True
     #: Chained prefix-cache keys of the first full computed pages (``len(chain) <= computed // block``).
@@ -125,6 +134,11 @@ class KVFile:
     @property
     def n_pages(self) -> int:
         return len(self.pages) if self.residency == DEVICE else self.spilled_pages
+
+    def changed(self) -> None:
+        """Its content changed: a named file must be written to the store again."""
+        self.dirty = self.persistent
+        self.version += 1
 
     def touch(self) -> None:
         self.last_used = time.time()

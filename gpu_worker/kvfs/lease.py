@@ -11,7 +11,9 @@ write through its own, and the last to flush would silently win. The lease settl
   cannot both take it.
 - A worker opens a file for writing (``kv_create(name)``, ``kv_open(name, "w")``) only after
   taking the lease, renews it while the file has unflushed changes, and on the last close bumps
-  the generation, writes the blob (which records the generation too) and gives the lease back.
+  the generation, writes the blob (which records the generation too) and gives the lease back
+  (after the blob is in; the write itself runs outside the KVFS lock, and one that lands after a
+  newer generation's is skipped).
 - Any worker opening a named file compares its cached copy's generation with the lease's and
   reloads from the store when they differ, so it serves the latest flushed generation and never
   a stale one; a file whose lease and blob are gone was deleted elsewhere.

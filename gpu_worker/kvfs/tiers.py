@@ -40,19 +40,41 @@ class PageIO(Protocol):
     def write_pages(self, page_ids: Sequence[int], data: torch.Tensor) -> None: ...
 
 
-def encode(file: KVFile, data: torch.Tensor) -> bytes:
-    """A safetensors blob: tensor ``kv`` plus tokens/computed/pinned as metadata."""
-    meta = {
+def encode_meta(file: KVFile, n_pages: int) -> dict[str, str]:
+    """A blob's metadata: what the file is besides its pages, as it is now."""
+    return {
         "tenant": file.tenant,
         "name": file.name or "",
         "tokens": json.dumps(file.tokens),
         "computed": str(file.computed),
         "pinned": "1" if file.pinned else "0",
         "last_used": repr(file.last_used),
-        "n_pages": str(data.shape[0]),
+        "n_pages": str(n_pages),
         "generation": str(file.generation),
     }
+
+
+def encode_blob(data: torch.Tensor, meta: dict[str, str]) -> bytes:
+    """A safetensors blob: tensor ``kv`` plus the file's metadata (:func:`encode_meta`)."""
     return st_save({"kv": data.contiguous()}, metadata=meta)
+
+
+def encode(file: KVFile, data: torch.Tensor) -> bytes:
+    return encode_blob(data, encode_meta(file, data.shape[0]))
+
+
+def put_generation(store: KVStore, file: KVFile, generation: int, blob: bytes) -> bool:
+    """Put ``blob`` as ``file``'s ``generation`` unless the store already got a newer one from
+    this worker (or the file was unlinked); returns whether it was written. (Generations are
+    unique per write under a lease; 0 is a file written without one, as Tiers alone does.) Every store write of
+    a named file goes through here, so one made outside the KVFS lock can never land over a
+    newer one."""
+    with file.write_lock:
+        if generation < file.written_generation:
+            return False
+        store.put(store_key(file.tenant, file.name or ""), blob)
+        file.written_generation = generation
+        return True
 
 
 def decode_header(blob: bytes) -> dict[str, str]:
@@ -132,7 +154,7 @@ class Tiers:
         """Persist a named file's current KV to the store; returns the blob size."""
         assert file.name is not None
         blob = encode(file, self.host_data_of(file))
-        self.store.put(store_key(file.tenant, file.name), blob)
+        put_generation(self.store, file, file.generation, blob)
         file.stored, file.dirty = True, False
         return len(blob)
 
