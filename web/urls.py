@@ -23,17 +23,30 @@ def console(request, route: str = ""):
     return HttpResponse(index.read_bytes(), content_type="text/html; charset=utf-8")
 
 
-def not_found(request, exception=None):
-    """404 for a URL no route matches. API clients get the API's error shape (the REST API's
-    envelope under /api/, OpenAI's under /v1/) instead of Django's HTML page."""
+def _api_error(
+    request, status: int, rest: tuple[str, str], openai: tuple[str, str, str], headers: dict | None = None
+) -> JsonResponse | None:
+    """The error in the envelope of the front door the request came through: the REST API's
+    (``rest``: code, message) under /api/, OpenAI's (``openai``: message, type, code) under
+    /v1/; ``None`` elsewhere, where Django's own page answers."""
     if request.path.startswith("/api/"):
-        body = {"error": {"code": "not_found", "message": f"no API route {request.path}", "detail": None}}
-        return JsonResponse(body, status=404)
+        code, message = rest
+        return JsonResponse(
+            {"error": {"code": code, "message": message, "detail": None}}, status=status, headers=headers
+        )
     if request.path.startswith("/v1/"):
         from api.services.openai_compat import error_body
 
-        return JsonResponse(error_body(f"no route {request.path}", "invalid_request_error", "not_found"), status=404)
-    return page_not_found(request, exception)
+        return JsonResponse(error_body(*openai), status=status, headers=headers)
+    return None
+
+
+def not_found(request, exception=None):
+    """404 for a URL no route matches. API clients get the API's error shape (the REST API's
+    envelope under /api/, OpenAI's under /v1/) instead of Django's HTML page."""
+    path = request.path
+    rest, openai = ("not_found", f"no API route {path}"), (f"no route {path}", "invalid_request_error", "not_found")
+    return _api_error(request, 404, rest, openai) or page_not_found(request, exception)
 
 
 def bad_request(request, exception=None):
@@ -41,13 +54,8 @@ def bad_request(request, exception=None):
     with more fields than ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, a malformed multipart body). API
     clients get the API's error shape instead of Django's HTML page, with what was wrong."""
     message = str(exception) if exception is not None and str(exception) else "the request could not be read"
-    if request.path.startswith("/api/"):
-        return JsonResponse({"error": {"code": "invalid", "message": message, "detail": None}}, status=400)
-    if request.path.startswith("/v1/"):
-        from api.services.openai_compat import error_body
-
-        return JsonResponse(error_body(message, "invalid_request_error", "invalid_request"), status=400)
-    return django_bad_request(request, exception)
+    rest, openai = ("invalid", message), (message, "invalid_request_error", "invalid_request")
+    return _api_error(request, 400, rest, openai) or django_bad_request(request, exception)
 
 
 def server_error(request):
@@ -57,17 +65,12 @@ def server_error(request):
     done, and the same request may succeed in a moment. Django calls this while handling the
     exception, so ``sys.exc_info()`` is that exception."""
     unavailable = isinstance(sys.exc_info()[1], (OperationalError, InterfaceError))
-    status, headers = (503, {"Retry-After": "1"}) if unavailable else (500, {})
+    status, headers = (503, {"Retry-After": "1"}) if unavailable else (500, None)
     message = "the database is unavailable; retry shortly" if unavailable else "internal error"
     code = "database_unavailable" if unavailable else "server_error"
-    if request.path.startswith("/api/"):
-        body = {"error": {"code": code, "message": message, "detail": None}}
-        return JsonResponse(body, status=status, headers=headers)
-    if request.path.startswith("/v1/"):
-        from api.services.openai_compat import error_body
-
-        return JsonResponse(error_body(message, "server_error", code), status=status, headers=headers)
-    return django_server_error(request)
+    return _api_error(request, status, (code, message), (message, "server_error", code), headers) or (
+        django_server_error(request)
+    )
 
 
 handler404 = not_found
