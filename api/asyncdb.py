@@ -40,6 +40,6 @@ async def db_call_before_next(fn: Callable[..., T], *args: object, **kwargs: obj
     the same thread. Why: taking a connection costs a short request a pool checkout and its
     health check (and, without the pool, opening one: ~6-10 ms on the benchmark host,
     bench/NOTES.md B11), and an OpenAI request makes two calls back to back before it starts
-    waiting. Should the next call never come (an
-    error response in between), Django closes the connection when the request finishes."""
+    waiting. Should the next call never come (an error response in between), Django closes the
+    connection when the request finishes."""
     return await sync_to_async(fn)(*args, **kwargs)

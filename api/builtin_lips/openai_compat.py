@@ -101,6 +101,13 @@ class Vocab:
             return self.texts[tid]
 
 
+def _fused(args):
+    """Whether the worker chooses each text token inside its ``pred`` (``pred_token``): not when
+    logprobs are asked (they are read from the Dist) nor with min-p (it needs the Dist's top
+    tokens first)."""
+    return args.get("logprobs") is None and float(args.get("min_p") or 0.0) <= 0
+
+
 class Sampler:
     """One choice's token choice: temperature, top-p/top-k/min-p, logit bias and penalties."""
 
@@ -124,12 +131,6 @@ class Sampler:
         if len(bias) > MAX_BIAS_ENTRIES:  # the worker's map bound: keep the strongest offsets
             bias = dict(sorted(bias.items(), key=lambda kv: -abs(kv[1]))[:MAX_BIAS_ENTRIES])
         return bias or None
-
-    @property
-    def fusable(self):
-        """Whether the worker can make this choice inside ``pred`` (``pred_token``): min-p needs
-        the distribution's top tokens first."""
-        return self.min_p <= 0
 
     def _seed(self, step):
         return None if self.seed is None else int(self.seed) * 1_000_003 + self.index * 10_007 + step
@@ -250,7 +251,7 @@ class Choice:
         self.stops = args.get("stop") or []
         self.logprobs = args.get("logprobs")
         #: The worker chooses each text token inside its ``pred`` (see the module docstring).
-        self.fused = self.logprobs is None and self.sampler.fusable
+        self.fused = _fused(args)
         self.steps = 0
         self.sent = ""
         self.pending = []  # logprob entries not streamed yet
@@ -461,7 +462,7 @@ class Context:
     def fused_prefill(self, args, n):
         """Whether the prompt's ``pred`` may choose the first token too (``pred_token``): one
         choice, no logprobs or min-p, and text comes first (not a forced tool call)."""
-        return n == 1 and args.get("logprobs") is None and Sampler(args, 0).fusable and self.tool_mode != "required"
+        return n == 1 and _fused(args) and self.tool_mode != "required"
 
 
 def _prompt_logprobs(kv, prompt, k, vocab):

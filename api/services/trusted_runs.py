@@ -75,7 +75,6 @@ KEEP_CONNECTION_S = 60.0
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _slots: threading.BoundedSemaphore | None = None
-_code: tuple[str, types.CodeType] | None = None
 
 
 def _sdk() -> types.ModuleType:
@@ -95,14 +94,11 @@ def builtin_source() -> tuple[bytes, str]:
     return source, hashlib.sha256(source).hexdigest()
 
 
+@functools.cache
 def _builtin_code() -> tuple[str, types.CodeType]:
     """(SHA-256, compiled code) of the built-in program's file, compiled once per process."""
-    global _code
-    with _lock:
-        if _code is None:
-            source, digest = builtin_source()
-            _code = (digest, compile(source, str(BUILTIN_SOURCE), "exec"))
-        return _code
+    source, digest = builtin_source()
+    return digest, compile(source, str(BUILTIN_SOURCE), "exec")
 
 
 def available() -> bool:

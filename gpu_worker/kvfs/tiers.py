@@ -65,10 +65,10 @@ def encode(file: KVFile, data: torch.Tensor) -> bytes:
 
 def put_generation(store: KVStore, file: KVFile, generation: int, blob: bytes) -> bool:
     """Put ``blob`` as ``file``'s ``generation`` unless the store already got a newer one from
-    this worker (or the file was unlinked); returns whether it was written. (Generations are
-    unique per write under a lease; 0 is a file written without one, as Tiers alone does.) Every store write of
+    this worker (or the file was unlinked); returns whether it was written. Every store write of
     a named file goes through here, so one made outside the KVFS lock can never land over a
-    newer one."""
+    newer one. (Generations are unique per write under a lease; 0 is a file written without
+    one, as Tiers alone does.)"""
     with file.write_lock:
         if generation < file.written_generation:
             return False
