@@ -93,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
         "SYMPHONY_PREFIX_CACHE=0 turns it off",
     )
     p.add_argument(
+        "--kv-lazy-write-s",
+        type=float,
+        default=env["kv_lazy_write_s"],
+        help="seconds a closed durable=False KV file (a /v1/responses conversation's) keeps changes "
+        "unwritten to the store; SYMPHONY_KV_LAZY_WRITE_S",
+    )
+    p.add_argument(
         "--dtype",
         default="auto",
         help="auto: the checkpoint's dtype on a GPU or a CPU with native bf16, else float32"
@@ -183,6 +190,7 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
         host_pages=args.host_pages,
         kv_pinned_fraction=args.kv_pinned_fraction,
         prefix_cache=args.prefix_cache,
+        kv_lazy_write_s=args.kv_lazy_write_s,
         redis_url=args.redis_url,
         conn=ConnectionLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ConnectionLimits)}),
         scheduler=SchedulerConfig(
@@ -251,6 +259,7 @@ async def serve(config: WorkerConfig) -> None:
         on_release=releases.add,
         worker_id=config.name,
         prefix_cache=config.prefix_cache,
+        lazy_write_s=config.kv_lazy_write_s,
     )
     loaded = kvfs.load_index()
     scheduler = Scheduler(

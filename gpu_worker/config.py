@@ -119,6 +119,8 @@ class WorkerConfig:
     kv_pinned_fraction: float = 0.5
     #: The tenant-scoped automatic prefix cache (gpu_worker/kvfs/prefix.py).
     prefix_cache: bool = True
+    #: Seconds a closed ``durable=False`` KV file keeps unwritten changes (``KVFS.write_idle``).
+    kv_lazy_write_s: float = 120.0
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Seconds between live ``kv`` snapshot events of a running session.
     kv_event_interval_s: float = 0.5
@@ -161,5 +163,6 @@ def env_defaults() -> dict[str, object]:
         # A string, so the CLI checks it as it checks --kv-pinned-fraction (a fraction in [0, 1]).
         "kv_pinned_fraction": os.environ.get("SYMPHONY_KV_PINNED_FRACTION") or "0.5",
         "prefix_cache": os.environ.get("SYMPHONY_PREFIX_CACHE", "1").lower() not in ("0", "false", "no", "off"),
+        "kv_lazy_write_s": float(os.environ.get("SYMPHONY_KV_LAZY_WRITE_S", "120")),
         "redis_url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
     }

@@ -857,10 +857,12 @@ _NAME = Str(MAX_NAME_CHARS)
 @lip_op("kv_create", KvRef)
 class KvCreate(Args):
     """A new KV file: anonymous (closed with its last handle) or named (persistent).
-    ``cache=False`` keeps it out of the tenant's automatic prefix cache (gpu_worker/kvfs/prefix.py)."""
+    ``cache=False`` keeps it out of the tenant's automatic prefix cache (gpu_worker/kvfs/prefix.py);
+    ``durable=False`` is not written through to the store at every close (``KVFS.write_idle``)."""
 
     name: str | None = arg(_NAME, default=None)
     cache: bool = arg(Bool(), default=True)
+    durable: bool = arg(Bool(), default=True)
 
 
 @lip_op("kv_open", KvRef)

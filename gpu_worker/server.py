@@ -193,6 +193,7 @@ class Worker:
             # the loop that also relays every pred, twice a second (~10 ms a tick with 32 sessions).
             usage = await self.kv(self.kvfs.live_usage, [s.owner for s in live])
             await self.kv(self.kvfs.renew_leases)  # write leases on the shared store (kvfs/lease.py)
+            await self.kv(self.kvfs.write_idle)  # durable=False files idle long enough
             for s, (snap, pages) in zip(live, usage, strict=True):
                 if s.ended:  # ended while the usage was read
                     continue

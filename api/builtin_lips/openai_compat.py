@@ -490,8 +490,8 @@ def _conversation_file(conversation):
         return kv_open(name, "w" if write else "r")
     except KVNotFound:
         if write:
-            try:
-                return kv_create(name)
+            try:  # recomputable from the stored items: written to the store once idle
+                return kv_create(name, durable=False)
             except UNUSABLE_FILE:
                 pass
     except Busy:  # another turn of this conversation writes it now: start from a private copy

@@ -113,6 +113,10 @@ class KVFile:
     write_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Take part in the prefix cache (gpu_worker/kvfs/prefix.py): ``kv_create(cache=False)`` opts out.
     cache: bool = True
+    #: Written through to the store at its last close (a worker crash loses no closed file).
+    #: ``kv_create(durable=False)``: written when it is idle (``KVFS.lazy_write_s``), leaves host
+    #: memory for the disk tier, or the worker flushes; a crash may lose its unwritten changes.
+    durable: bool = True
     #: Chained prefix-cache keys of the first full computed pages (``len(chain) <= computed // block``).
     chain: list[bytes] = field(default_factory=list)
     #: How many of the first full pages are known to be in the prefix index.

@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
 #: ``written_generation`` of an unlinked file: past any generation a write could carry.
 UNLINKED = sys.maxsize
+#: Seconds a closed ``durable=False`` file keeps unwritten changes before :meth:`KVFS.write_idle`
+#: writes it: longer than the pause between two turns of a conversation, whose next turn would
+#: otherwise find each turn's close writing its whole file (tens of MB) through to the store.
+DEFAULT_LAZY_WRITE_S = 120.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -137,13 +141,16 @@ class KVFS:
         worker_id: str | None = None,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         prefix_cache: bool = False,
+        lazy_write_s: float = DEFAULT_LAZY_WRITE_S,
     ) -> None:
         """``on_release(seq_id)`` is called when no handle uses a file any more (pass ``Engine.release``).
         ``worker_id`` names this worker in the write leases of the shared store (default: unique
         to the process). ``prefix_cache`` turns on the tenant-scoped automatic prefix cache
         (gpu_worker/kvfs/prefix.py; the worker turns it on, unit tests of other parts leave it off
-        so that a closed file frees its pages at once)."""
+        so that a closed file frees its pages at once). ``lazy_write_s``: how long a closed
+        ``durable=False`` file with unwritten changes stays unwritten (:meth:`write_idle`)."""
         self.block_size = block_size
+        self.lazy_write_s = lazy_write_s
         self.page_bytes = page_bytes
         self.limits = limits or KVFSLimits()
         self.alloc = PageAllocator(num_pages)
@@ -232,6 +239,7 @@ class KVFS:
             tokens=[int(t) for t in json.loads(meta["tokens"])],
             computed=int(meta["computed"]),
             pinned=meta.get("pinned") == "1",
+            durable=meta.get("durable", "1") == "1",
             last_used=float(meta.get("last_used", "0")),
             residency=DISK,
             spilled_pages=int(meta["n_pages"]),
@@ -294,11 +302,13 @@ class KVFS:
             self.tiers.drop(file)
 
     @_locked
-    def create(self, owner: Owner, name: str | None = None, cache: bool = True) -> int:
+    def create(self, owner: Owner, name: str | None = None, cache: bool = True, durable: bool = True) -> int:
         """A new empty file; named files are persistent and opened for writing. ``cache=False``
         keeps the file (and its forks) out of the prefix cache: its first append maps no cached
-        prefix and its pages are never indexed."""
-        file = KVFile(tenant=validate_tenant(owner.tenant), cache=bool(cache))
+        prefix and its pages are never indexed. ``durable=False``: a cache of something the
+        program can recompute (a conversation's KV), not written through at every close
+        (:meth:`write_idle`); an anonymous file is never written either way."""
+        file = KVFile(tenant=validate_tenant(owner.tenant), cache=bool(cache), durable=bool(durable))
         if name is not None:
             key = (owner.tenant, validate_name(name))
             try:
@@ -370,7 +380,9 @@ class KVFS:
         flush = None
         if file.persistent and not file.handles:
             if file.dirty and file.residency != DISK:
-                flush = self._begin_flush(file)
+                if file.durable:
+                    flush = self._begin_flush(file)
+                # else: written by write_idle, a spill to disk or flush; the lease stays held
             elif not file.dirty:
                 self._release(file)
         self._maybe_free(file)
@@ -419,6 +431,33 @@ class KVFS:
                 file.stored, file.dirty = True, False
                 if file.writer is None and self._named.get((file.tenant, file.name or "")) is file:
                     self._release(file)
+
+    def write_idle(self, now: float | None = None, limit: int = 4) -> int:
+        """Write through the closed ``durable=False`` files whose changes have waited
+        ``lazy_write_s`` since their last close, at most ``limit`` of them (the longest idle
+        first), and give their leases back (called from the worker's tick, which must not stall
+        behind many writes). Until then a conversation's next turn finds its KV where the last
+        one left it and no turn pays for writing tens of MB to the store; once written, a worker
+        crash loses nothing of it and another worker may take its lease. Returns files written."""
+        now = time.time() if now is None else now
+        with self._lock:
+            due = sorted(
+                (
+                    f
+                    for f in self._named.values()
+                    if not f.durable
+                    and f.dirty
+                    and not f.handles
+                    and not f.plan_pending
+                    and f.residency != DISK
+                    and now - f.last_used >= self.lazy_write_s
+                ),
+                key=lambda f: f.last_used,
+            )
+            flushes = [self._begin_flush(f) for f in due[:limit]]
+        written = [f for f in flushes if f is not None]
+        self._write_through(written)
+        return len(written)
 
     @_locked
     def set_session_limit(self, owner: Owner, max_pages: int | None) -> None:

@@ -48,6 +48,7 @@ def encode_meta(file: KVFile, n_pages: int) -> dict[str, str]:
         "tokens": json.dumps(file.tokens),
         "computed": str(file.computed),
         "pinned": "1" if file.pinned else "0",
+        "durable": "1" if file.durable else "0",
         "last_used": repr(file.last_used),
         "n_pages": str(n_pages),
         "generation": str(file.generation),

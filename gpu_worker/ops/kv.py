@@ -11,7 +11,7 @@ from gpu_worker.sessions import WorkerSession
 
 @lip_op(p.KvCreate)
 async def kv_create(ctx: OpContext, s: WorkerSession, args: p.KvCreate) -> p.KvRef:
-    return p.KvRef(kv=await ctx.kv(ctx.kvfs.create, s.owner, args.name, args.cache))
+    return p.KvRef(kv=await ctx.kv(ctx.kvfs.create, s.owner, args.name, args.cache, args.durable))
 
 
 @lip_op(p.KvOpen)

@@ -93,8 +93,8 @@ def release(dists: Iterable[Dist]) -> None:
     session().release(dists)
 
 
-def kv_create(name: str | None = None, cache: bool = True) -> KV:
-    return session().kv_create(name, cache)
+def kv_create(name: str | None = None, cache: bool = True, durable: bool = True) -> KV:
+    return session().kv_create(name, cache, durable)
 
 
 def kv_open(name: str, mode: str = "r") -> KV:

@@ -332,8 +332,8 @@ class AsyncSession:
         if ds:
             await self._run(calls.dist_release(ds))
 
-    async def kv_create(self, name: str | None = None, cache: bool = True) -> AsyncKV:
-        return AsyncKV(self, await self._run(calls.kv_create(name, cache)))
+    async def kv_create(self, name: str | None = None, cache: bool = True, durable: bool = True) -> AsyncKV:
+        return AsyncKV(self, await self._run(calls.kv_create(name, cache, durable)))
 
     async def kv_open(self, name: str, mode: str = "r") -> AsyncKV:
         return AsyncKV(self, await self._run(calls.kv_open(checks.file_name(name, "kv_open"), mode)))

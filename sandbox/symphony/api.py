@@ -435,11 +435,14 @@ class Session:
             self._run(calls.dist_release(ds))
 
     # ---------------------------------------------------------------------------- KVFS
-    def kv_create(self, name: str | None = None, cache: bool = True) -> KV:
+    def kv_create(self, name: str | None = None, cache: bool = True, durable: bool = True) -> KV:
         """A new empty KV file; named ones are persistent (survive the run) in the tenant's namespace.
         ``cache=False`` opts it out of the automatic prefix cache: its first ``pred`` reuses no
-        cached prefix and its pages are never offered to the tenant's other files."""
-        return KV(self, self._run(calls.kv_create(name, cache)))
+        cached prefix and its pages are never offered to the tenant's other files.
+        ``durable=False`` (for KV the program can recompute, such as a conversation's): a named
+        file's changes are not written to the KV store at every close but once it has been idle
+        a while (two minutes by default), so a worker crash may lose its latest changes."""
+        return KV(self, self._run(calls.kv_create(name, cache, durable)))
 
     def kv_open(self, name: str, mode: str = "r") -> KV:
         """Open a named file: ``"r"`` gives a private copy-on-write fork, ``"w"`` the exclusive writer."""

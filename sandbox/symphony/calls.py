@@ -214,8 +214,8 @@ def _kv(value: Any) -> int:
     return int(protocol.KvRef.from_wire(value).kv)
 
 
-def kv_create(name: str | None, cache: bool = True) -> Call:
-    return _call(protocol.KvCreate(name=name, cache=cache), _kv)
+def kv_create(name: str | None, cache: bool = True, durable: bool = True) -> Call:
+    return _call(protocol.KvCreate(name=name, cache=cache, durable=durable), _kv)
 
 
 def kv_open(name: str, mode: str) -> Call:

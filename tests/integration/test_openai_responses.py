@@ -25,11 +25,15 @@ pytestmark = [
 
 WEATHER = {"type": "function", **WEATHER_FUNCTION}
 BRIEF = "Answer in one short sentence."
+LAZY_WRITE_S = 30
 
 
 @pytest.fixture(scope="module")
 def stack_worker(default_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(default_model_dir, dtype="float32", name="responses") as worker:
+    # Conversation files are written to the store once idle this long (durable=False files):
+    # long enough for the checks that a turn's close writes nothing, short enough to see it written.
+    lazy = ["--kv-lazy-write-s", str(LAZY_WRITE_S)]
+    with start_worker(default_model_dir, dtype="float32", name="responses", extra_args=lazy) as worker:
         yield worker
 
 
@@ -57,6 +61,9 @@ def test_responses_with_the_openai_client(stack, stack_worker, api_tenant_a, api
     assert first.id.startswith("resp_") and first.status in ("completed", "incomplete"), first
     assert first.output_text and first.output[0].type == "message", first
     assert first.usage.input_tokens > 0 and first.usage.output_tokens > 0, first.usage
+    # The conversation's KV file is not written through to the KV store at the turn's close.
+    blob = Path(stack_worker.kv_store) / slug / f"resp-{first.id[len('resp_') :]}.safetensors"
+    assert not blob.exists()
 
     # Streamed: the Responses event types, the deltas adding up to the same (greedy) answer.
     events = list(
@@ -96,6 +103,11 @@ def test_responses_with_the_openai_client(stack, stack_worker, api_tenant_a, api
     assert cached >= first.usage.input_tokens, (cached, first.usage)
     assert second.usage.input_tokens > cached and second.previous_response_id == first.id
     assert second.output_text, second
+    # Idle for the worker's lazy-write time, it is written (and a worker crash loses nothing).
+    deadline = time.monotonic() + LAZY_WRITE_S + 60
+    while not blob.exists() and time.monotonic() < deadline:
+        time.sleep(1)
+    assert blob.exists()
 
     # The KV gone (the TTL sweep past its expiry): the follow-up is recomputed from the rows.
     settings.SYMPHONY_WORKER_ADMIN_SOCKET = stack_worker.admin_socket
