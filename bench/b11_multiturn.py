@@ -329,8 +329,12 @@ def responses_unavailable(endpoint: Endpoint) -> str | None:
 
 def responses_turns(endpoint: Endpoint, sc: Script, wl: Workload) -> Run:
     """(b), Symphony: turn-major over all conversations (all of them live at once), each turn
-    sending only the new user message with ``previous_response_id``."""
+    sending only the new user message with ``previous_response_id``. Afterwards (off the clock)
+    every stored response is deleted, which removes the conversations' KV files: the worker
+    would otherwise write them to the store once idle (``SYMPHONY_KV_LAZY_WRITE_S``), while
+    the other side is being measured."""
     previous: list[str | None] = [None] * wl.conversations
+    stored: list[str] = []
     run = Run(0.0)
     started = time.perf_counter()
     for t in range(wl.turns):
@@ -350,6 +354,7 @@ def responses_turns(endpoint: Endpoint, sc: Script, wl: Workload) -> Run:
             )
             elapsed = time.perf_counter() - begun
             previous[c] = out.id
+            stored.append(out.id)
             details = getattr(out.usage, "input_tokens_details", None)
             cached = int(getattr(details, "cached_tokens", 0) or 0) if details is not None else 0
             client.close()
@@ -357,6 +362,10 @@ def responses_turns(endpoint: Endpoint, sc: Script, wl: Workload) -> Run:
 
         run.turns.extend(share_out(list(range(wl.conversations)), wl.in_flight, turn))
     run.wall_s = time.perf_counter() - started
+    client = endpoint.client()
+    for response_id in stored:
+        client.responses.delete(response_id)
+    client.close()
     return run
 
 
