@@ -163,6 +163,6 @@ def env_defaults() -> dict[str, object]:
         # A string, so the CLI checks it as it checks --kv-pinned-fraction (a fraction in [0, 1]).
         "kv_pinned_fraction": os.environ.get("SYMPHONY_KV_PINNED_FRACTION") or "0.5",
         "prefix_cache": os.environ.get("SYMPHONY_PREFIX_CACHE", "1").lower() not in ("0", "false", "no", "off"),
-        "kv_lazy_write_s": float(os.environ.get("SYMPHONY_KV_LAZY_WRITE_S", "120")),
+        "kv_lazy_write_s": float(os.environ.get("SYMPHONY_KV_LAZY_WRITE_S") or WorkerConfig.kv_lazy_write_s),
         "redis_url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
     }
