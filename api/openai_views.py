@@ -40,7 +40,7 @@ from api.services.openai_compat import (
     refusal,
     usage_chunk,
 )
-from api.services.quotas import ConcurrencyLimitReached, QuotaExceeded, plan_limits
+from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded, plan_limits
 from api.throttling import TenantThrottled, check_tenant_rate
 from gpu_worker import contracts
 from web.body_limit import too_large_body
@@ -60,6 +60,13 @@ class _Refused(Exception):
 
 
 def _key(request: HttpRequest) -> ApiKey:
+    return _key_and_plan(request)[0]
+
+
+def _key_and_plan(request: HttpRequest) -> tuple[ApiKey, PlanLimits]:
+    """The caller's key, checked (scope, its tenant's request rate), and its tenant's plan, read
+    once for the whole request (rate, stream cap, token limit, the concurrency check): each read
+    is a query on the path of every answer."""
     try:
         key = bearer_key(request)
     except KeyRefused as refused:
@@ -72,12 +79,13 @@ def _key(request: HttpRequest) -> ApiKey:
         raise _Refused(401, error_body(message, "invalid_request_error", "invalid_api_key"))
     if "runs" not in key.scopes:
         raise _Refused(403, error_body("this API key lacks the 'runs' scope", "invalid_request_error"))
+    plan = plan_limits(key.tenant)
     try:
-        check_tenant_rate(key.tenant, request)
+        check_tenant_rate(key.tenant, request, plan)
     except TenantThrottled as throttled:
         body = error_body(str(throttled), "rate_limit_error", "rate_limit_exceeded")
         raise _Refused(429, body, {"Retry-After": str(throttled.retry_after)}) from None
-    return key
+    return key, plan
 
 
 def _parse(request: HttpRequest, serializer_class: type) -> CompletionRequest:
@@ -96,33 +104,33 @@ def _parse(request: HttpRequest, serializer_class: type) -> CompletionRequest:
     return serializer.to_completion_request()
 
 
-def _admit(request: HttpRequest, serializer_class: type) -> tuple[ApiKey, CompletionRequest, int]:
-    """The caller's key, its validated request and its tenant's stream cap."""
-    key = _key(request)
-    return key, _parse(request, serializer_class), plan_limits(key.tenant).max_concurrent_streams
+def _admit(request: HttpRequest, serializer_class: type) -> tuple[ApiKey, CompletionRequest, PlanLimits]:
+    """The caller's key, its validated request and its tenant's plan (:func:`_key_and_plan`)."""
+    key, plan = _key_and_plan(request)
+    return key, _parse(request, serializer_class), plan
 
 
 #: How often a request queued behind its plan's concurrent-run limit tries again.
 QUEUE_POLL_S = 0.25
 
 
-def _start_once(key: ApiKey, parsed: CompletionRequest) -> Run | None:
+def _start_once(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Run | None:
     """The run, or ``None`` while the tenant is at its concurrent-run limit."""
     try:
-        return openai_compat.start(key.tenant, key, parsed)
+        return openai_compat.start(key.tenant, key, parsed, plan)
     except ConcurrencyLimitReached:
         return None
     except QuotaExceeded as exc:
         raise _Refused(429, error_body(str(exc), "insufficient_quota", "quota_exceeded")) from None
 
 
-async def _start(key: ApiKey, parsed: CompletionRequest) -> Run:
+async def _start(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Run:
     """Start the run; over the plan's concurrent-run limit the request waits (holding no
     database connection) up to ``SYMPHONY_OPENAI_QUEUE_S`` for a run of its tenant to end, as
     a serving system queues a burst, then gets a 429 with ``Retry-After``."""
     deadline = time.monotonic() + settings.SYMPHONY_OPENAI_QUEUE_S
     while True:
-        run = await db_call(_start_once, key, parsed)
+        run = await db_call(_start_once, key, parsed, plan)
         if run is not None:
             return run
         if time.monotonic() >= deadline:
@@ -243,10 +251,10 @@ async def _start_leased(
 async def _complete(request: HttpRequest, serializer_class: type):
     try:
         # Its connection serves _start's first call too (the stream lease between is one Redis call).
-        key, parsed, stream_cap = await db_call_before_next(_admit, request, serializer_class)
+        key, parsed, plan = await db_call_before_next(_admit, request, serializer_class)
     except _Refused as refused:
         return refused.response()
-    started = await _start_leased(key.tenant_id, stream_cap, lambda: _start(key, parsed))
+    started = await _start_leased(key.tenant_id, plan.max_concurrent_streams, lambda: _start(key, parsed, plan))
     if isinstance(started, JsonResponse):
         return started
     lease, run = started

@@ -25,12 +25,12 @@ from django.views.decorators.csrf import csrf_exempt
 from api import parsers
 from api.asyncdb import db_call, db_call_before_next
 from api.models import ApiKey, Run, StoredResponse
-from api.openai_views import _abandon, _allow, _key, _Refused, _start_leased
+from api.openai_views import _abandon, _allow, _key, _key_and_plan, _Refused, _start_leased
 from api.responses_serializers import ResponseCreateSerializer
 from api.run_events_view import sse_response, stream_entries
 from api.services import responses, stream_leases
 from api.services.openai_compat import error_body
-from api.services.quotas import ConcurrencyLimitReached, QuotaExceeded, plan_limits
+from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded
 from api.services.responses import Turn
 from gpu_worker import contracts
 from web.body_limit import too_large_body
@@ -40,8 +40,9 @@ log = logging.getLogger(__name__)
 QUEUE_POLL_S = 0.25
 
 
-def _prepare(request: HttpRequest) -> tuple[ApiKey, Turn, int]:
-    key = _key(request)
+def _prepare(request: HttpRequest) -> tuple[ApiKey, Turn, PlanLimits]:
+    """The caller's key, its prepared turn and its tenant's plan, read once for the request."""
+    key, plan = _key_and_plan(request)
     try:
         data = parsers.loads(request.body or b"{}")
     except RequestDataTooBig:
@@ -58,23 +59,23 @@ def _prepare(request: HttpRequest) -> tuple[ApiKey, Turn, int]:
         raise _Refused(404, responses.not_found_body(str(missing))) from None
     except responses.Refused as refused:
         raise _Refused(400, refused.body) from None
-    return key, turn, plan_limits(key.tenant).max_concurrent_streams
+    return key, turn, plan
 
 
-def _start_once(key: ApiKey, turn: Turn) -> Turn | None:
+def _start_once(key: ApiKey, turn: Turn, plan: PlanLimits) -> Turn | None:
     try:
-        return responses.start(key.tenant, key, turn)
+        return responses.start(key.tenant, key, turn, plan)
     except ConcurrencyLimitReached:
         return None
     except QuotaExceeded as exc:
         raise _Refused(429, error_body(str(exc), "insufficient_quota", "quota_exceeded")) from None
 
 
-async def _start(key: ApiKey, turn: Turn) -> Turn:
+async def _start(key: ApiKey, turn: Turn, plan: PlanLimits) -> Turn:
     """As the chat endpoint: over the plan's concurrent-run limit, wait a bounded time."""
     deadline = time.monotonic() + settings.SYMPHONY_OPENAI_QUEUE_S
     while True:
-        started = await db_call(_start_once, key, turn)
+        started = await db_call(_start_once, key, turn, plan)
         if started is not None:
             return started
         if time.monotonic() >= deadline:
@@ -115,19 +116,20 @@ async def _wait(run: Run) -> None:
 async def create(request: HttpRequest):
     try:
         # Its connection serves _start's first call too (at once, or after one Redis call).
-        key, turn, stream_cap = await db_call_before_next(_prepare, request)
+        key, turn, plan = await db_call_before_next(_prepare, request)
     except _Refused as refused:
         return refused.response()
     if turn.background:
         try:
-            turn = await _start(key, turn)
+            turn = await _start(key, turn, plan)
         except _Refused as refused:
             return refused.response()
         assert turn.run is not None
         response = JsonResponse(responses.body(turn, status="queued"))
         response["X-Symphony-Run-Id"] = str(turn.run.pk)
         return response
-    started = await _start_leased(key.tenant_id, stream_cap, functools.partial(_start, key, turn))
+    start = functools.partial(_start, key, turn, plan)
+    started = await _start_leased(key.tenant_id, plan.max_concurrent_streams, start)
     if isinstance(started, JsonResponse):
         return started
     lease, turn = started

@@ -39,6 +39,7 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from rest_framework.exceptions import PermissionDenied
 
+from api import redis_client
 from api.asyncdb import db_call
 from api.authentication import KeyRefused, bearer_key
 from api.models import Run, Tenant
@@ -165,40 +166,38 @@ def _stop_if_cancelled() -> None:
 async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> AsyncIterator[StreamEntry]:
     """Entries of ``run:<id>`` after ``last_id`` until (and including) ``end``; a heartbeat
     entry every ``HEARTBEAT_EVERY`` seconds of silence lets callers keep connections alive."""
-    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    # The loop's pooled client (api/redis_client.py): no connect and handshake per stream.
+    client = redis_client.shared_async(settings.REDIS_URL)
     idle = 0
     down_since: float | None = None
-    try:
-        while True:
-            try:
-                batch = await client.xread({contracts.run_stream_key(run_id): last_id}, block=BLOCK_MS, count=100)
-                down_since = None
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
-                _stop_if_cancelled()
-                now = asyncio.get_running_loop().time()
-                down_since = down_since or now
-                if now - down_since > REDIS_RETRY_S:
-                    raise
-                log.warning("event=sse_redis_retry run=%s error=%r", run_id, exc)
-                yield StreamEntry(last_id, None, "")  # keep the client's connection alive
-                await asyncio.sleep(1.0)
-                continue
+    while True:
+        try:
+            batch = await client.xread({contracts.run_stream_key(run_id): last_id}, block=BLOCK_MS, count=100)
+            down_since = None
+        except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             _stop_if_cancelled()
-            if not batch:
-                idle += 1
-                if idle * BLOCK_MS >= HEARTBEAT_EVERY * 1000:
-                    idle = 0
-                    yield StreamEntry(last_id, None, "")
-                continue
-            idle = 0
-            for entry_id, fields in batch[0][1]:
-                entry = _decode(entry_id, fields)
-                last_id = entry.id
-                yield entry
-                if entry.type == contracts.END:
-                    return
-    finally:
-        await client.aclose()
+            now = asyncio.get_running_loop().time()
+            down_since = down_since or now
+            if now - down_since > REDIS_RETRY_S:
+                raise
+            log.warning("event=sse_redis_retry run=%s error=%r", run_id, exc)
+            yield StreamEntry(last_id, None, "")  # keep the client's connection alive
+            await asyncio.sleep(1.0)
+            continue
+        _stop_if_cancelled()
+        if not batch:
+            idle += 1
+            if idle * BLOCK_MS >= HEARTBEAT_EVERY * 1000:
+                idle = 0
+                yield StreamEntry(last_id, None, "")
+            continue
+        idle = 0
+        for entry_id, fields in batch[0][1]:
+            entry = _decode(entry_id, fields)
+            last_id = entry.id
+            yield entry
+            if entry.type == contracts.END:
+                return
 
 
 def _sse(entry: StreamEntry) -> bytes:

@@ -30,7 +30,7 @@ from rest_framework.throttling import BaseThrottle
 
 from api.models import Tenant
 from api.services import shared_counters
-from api.services.quotas import plan_limits
+from api.services.quotas import PlanLimits, plan_limits
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,15 @@ class TenantThrottled(Exception):
         self.retry_after = retry_after
 
 
-def check_tenant_rate(tenant: Tenant, request: HttpRequest | None = None) -> RateState | None:
+def check_tenant_rate(
+    tenant: Tenant, request: HttpRequest | None = None, plan: PlanLimits | None = None
+) -> RateState | None:
     """Count one request of ``tenant``; :class:`TenantThrottled` when it is over its plan's rate.
 
     The state is also left on ``request`` for the RateLimit-* headers. ``None``: not counted
-    (an unlimited plan, or the cache is down)."""
-    limit = plan_limits(tenant).api_requests_per_minute
+    (an unlimited plan, or the cache is down). ``plan``: the tenant's plan when the caller has
+    read it already."""
+    limit = (plan or plan_limits(tenant)).api_requests_per_minute
     if limit is None:
         return None
     now = time.time()

@@ -20,7 +20,7 @@ from django.db.models import OuterRef, Subquery
 
 from api.models import ApiKey, Program, ProgramVersion, Run, Tenant
 from api.services import programs, trusted_runs
-from api.services.quotas import plan_limits
+from api.services.quotas import PlanLimits, plan_limits
 from api.services.runs import RunConflict, cancel_run, create_run
 
 log = logging.getLogger(__name__)
@@ -72,15 +72,17 @@ def builtin_program(tenant: Tenant) -> Program:
     return program
 
 
-def start(tenant: Tenant, api_key: ApiKey | None, request: CompletionRequest) -> Run:
-    """Create the run (quota-checked like any other); raises ``QuotaExceeded``."""
+def start(tenant: Tenant, api_key: ApiKey | None, request: CompletionRequest, plan: PlanLimits | None = None) -> Run:
+    """Create the run (quota-checked like any other); raises ``QuotaExceeded``. ``plan``: the
+    tenant's plan as the request read it (read here when not given)."""
+    plan = plan or plan_limits(tenant)
     program = builtin_program(tenant)
     # The worker meters the real count; the estimate only must not ask for more than the plan.
-    limits = {"max_tokens": min(request.run_max_tokens, plan_limits(tenant).max_tokens_per_run)}
+    limits = {"max_tokens": min(request.run_max_tokens, plan.max_tokens_per_run)}
     # The built-in program is ours: executed in this process when a local worker is reachable
     # (api/services/trusted_runs.py), with the same run row, quotas, events and billing.
     send = trusted_runs.submit if trusted_runs.available() else None
-    run, _ = create_run(tenant, program, None, request.args, limits, api_key=api_key, send=send)
+    run, _ = create_run(tenant, program, None, request.args, limits, api_key=api_key, send=send, plan=plan)
     return run
 
 

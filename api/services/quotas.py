@@ -146,9 +146,10 @@ def quota_view(tenant: Tenant) -> dict:
     }
 
 
-def check_can_start(tenant: Tenant, limits: dict) -> None:
-    """Refuse a run the plan does not allow; the message names the limit."""
-    plan = plan_limits(tenant)
+def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None) -> None:
+    """Refuse a run the plan does not allow; the message names the limit. ``plan``: the
+    tenant's plan when the caller has read it already."""
+    plan = plan or plan_limits(tenant)
     # Only what is checked here is counted (not current_use's KV sums): every run creation,
     # each /v1 request included, runs this under its tenant's row lock.
     if _active_runs(tenant) >= plan.max_concurrent_runs:

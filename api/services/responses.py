@@ -40,7 +40,7 @@ from api.openai_serializers import DEFAULT_MAX_TOKENS, MAX_MESSAGES, MAX_PROMPT_
 from api.services import openai_compat
 from api.services.openai_compat import CompletionRequest, error_body
 from api.services.openai_tools import call_schema_text, render_messages
-from api.services.quotas import plan_limits
+from api.services.quotas import PlanLimits, plan_limits
 from api.services.runs import RunConflict, cancel_run
 
 log = logging.getLogger(__name__)
@@ -258,15 +258,17 @@ def _kv_ttl(tenant: Tenant) -> int:
     return DEFAULT_KV_TTL_S if ttl is None else int(ttl)
 
 
-def start(tenant: Tenant, api_key: ApiKey | None, turn: Turn) -> Turn:
+def start(tenant: Tenant, api_key: ApiKey | None, turn: Turn, plan: PlanLimits | None = None) -> Turn:
     """Create the run (raises ``QuotaExceeded`` / ``ConcurrencyLimitReached`` as the chat
-    endpoint's start does) and, for a stored turn, its row in the same breath."""
+    endpoint's start does) and, for a stored turn, its row in the same breath. ``plan``: the
+    tenant's plan as the request read it (read here when not given)."""
     assert turn.completion is not None
+    plan = plan or plan_limits(tenant)
     with transaction.atomic():
-        turn.run = openai_compat.start(tenant, api_key, turn.completion)
+        turn.run = openai_compat.start(tenant, api_key, turn.completion, plan)
         if turn.store:
             ttl = _kv_ttl(tenant)
-            expires = timezone.now() + timedelta(seconds=ttl + plan_limits(tenant).max_run_seconds) if ttl else None
+            expires = timezone.now() + timedelta(seconds=ttl + plan.max_run_seconds) if ttl else None
             turn.row = StoredResponse.objects.create(
                 id=turn.id,
                 tenant=tenant,

@@ -23,7 +23,7 @@ from api.models import ApiKey, Program, Run, Tenant, UsageRecord
 from api.services import cancellation, quota_alerts, routing, run_handoff, tool_hosts
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
-from api.services.quotas import check_can_start
+from api.services.quotas import PlanLimits, check_can_start
 from api.validators import make_storable
 from gpu_worker import contracts
 from gpu_worker.contracts import EndEvent, RunEvent, StatusEvent
@@ -173,6 +173,7 @@ def create_run(
     idempotency_key: str | None = None,
     api_key: ApiKey | None = None,
     send: Callable[[Run], object] | None = None,
+    plan: PlanLimits | None = None,
 ) -> tuple[Run, bool]:
     """Create a queued run (or return the earlier one with the same Idempotency-Key).
 
@@ -183,7 +184,8 @@ def create_run(
     row is committed. Raises ``IdempotencyMismatch`` when the key's run was created from other
     program, version, args or limits. ``send``: what sends the committed run to execution
     (default: its worker's Celery queue; the built-in OpenAI program's runs may be executed in
-    process, api/services/trusted_runs.py).
+    process, api/services/trusted_runs.py). ``plan``: the tenant's plan as the caller's request
+    already read it (read again here when not given).
     """
     digest = _request_digest(program, version, args, limits) if idempotency_key else ""
     if idempotency_key:
@@ -205,7 +207,7 @@ def create_run(
                 existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
                 if existing is not None:
                     return _replay(existing, idempotency_key, digest)
-            check_can_start(locked, limits)
+            check_can_start(locked, limits, plan)
             run = Run.objects.create(
                 tenant=tenant,
                 program_version=pv,
@@ -309,7 +311,16 @@ def start_run(run_id: str, worker: str, target: str | None = None) -> Run | None
     ``target``: the worker the task was sent to; a run re-routed elsewhere since is not started
     from this stale task (its new task is in the other worker's queue)."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().filter(pk=run_id).first()
+        # Its tenant and program version in the same statement: the executor reads both next
+        # (each a query on the path of every run). The program's bytes are left for the sandbox
+        # launcher to load; the in-process one never needs them.
+        run = (
+            Run.objects.select_for_update(of=("self",))
+            .select_related("tenant", "program_version")
+            .defer("program_version__content")
+            .filter(pk=run_id)
+            .first()
+        )
         if run is None or run.status != "queued":
             return None
         if target is not None and run.worker and run.worker != target:
@@ -396,7 +407,7 @@ def finish_run(run_id: str, outcome: RunOutcome) -> Run:
     A run cancelled meanwhile keeps its status but still gets its usage billed.
     """
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
+        run = Run.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=run_id)
         if run.status not in Run.TERMINAL:
             run.status = outcome.status
         # The program's own bytes: PostgreSQL cannot store U+0000, and refusing them would lose
@@ -412,12 +423,24 @@ def finish_run(run_id: str, outcome: RunOutcome) -> Run:
         run.first_output_at = _first_output_at(outcome.usage)
         run.save()
         usage = {k: outcome.usage.get(k, 0) or 0 for k in USAGE_FIELDS + USAGE_DETAILS}
-        record, _ = UsageRecord.objects.update_or_create(run=run, defaults={"tenant": run.tenant, **usage})
+        record = _record_usage(run, usage)
     run_handoff.offer(run, record)  # before its end event: the request waiting on it takes it then
     publish_end(run)
     quota_alerts.after_usage(run.tenant)
     log.info("run_finished run=%s tenant=%s status=%s", run.pk, run.tenant.slug, run.status)
     return run
+
+
+def _record_usage(run: Run, usage: dict) -> UsageRecord:
+    """The run's usage row, written or (a second ``finish_run`` of the same run: a redelivered
+    task, a settle after a crash) overwritten in one ``INSERT ... ON CONFLICT DO UPDATE``:
+    ``update_or_create`` took six statements (two savepoints, a select, the insert) on the
+    path of every run's answer. ``save()`` is bypassed, so ``from_run`` is set here."""
+    record = UsageRecord(run=run, tenant=run.tenant, from_run=True, **usage)
+    UsageRecord.objects.bulk_create(
+        [record], update_conflicts=True, unique_fields=["run"], update_fields=["tenant", "from_run", *usage]
+    )
+    return record
 
 
 def _first_output_at(usage: dict) -> datetime | None:

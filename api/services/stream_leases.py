@@ -29,6 +29,8 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from django.conf import settings
 
+from api import redis_client
+
 log = logging.getLogger(__name__)
 
 #: A lease not refreshed for this long is gone (its stream's process died or hung).
@@ -40,10 +42,15 @@ REFRESH_EVERY_S = 10
 RETRY_AFTER_S = 5
 
 #: KEYS[1] the tenant's set; ARGV: cap, TTL (s), lease id. Returns 1 (admitted) or 0 (full).
+#: A lease already in the set is admitted again: a call repeated after its reply was lost (the
+#: client retries on a dropped connection) must not count its own lease against the cap.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZSCORE', KEYS[1], ARGV[3]) then
+  return 1
+end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[1]) then
   return 0
 end
@@ -81,13 +88,9 @@ def _key(tenant_id: int) -> str:
 
 @asynccontextmanager
 async def _redis() -> AsyncIterator[aioredis.Redis]:
-    """A connection for one lease operation, closed after it: a lease holds none in between (one
-    whose stream never starts is then left to expire with nothing open)."""
-    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_timeout=5)
-    try:
-        yield client
-    finally:
-        await client.aclose()
+    """The loop's pooled client for one lease operation: a lease holds no connection in between
+    (one whose stream never starts is then left to expire with nothing open)."""
+    yield redis_client.shared_async(settings.REDIS_URL)
 
 
 @dataclass

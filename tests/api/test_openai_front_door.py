@@ -246,3 +246,28 @@ def test_sampling_parameters_reach_the_program_and_response_schema_keeps_key_ord
     assert _request(CompletionSerializer, {"model": "m", "prompt": [1, 2, 3]}).args["prompts"] == [[1, 2, 3]]
     assert _request(CompletionSerializer, {"model": "m", "prompt": [[1], [2, 3]]}).args["prompts"] == [[1], [2, 3]]
     assert _request(CompletionSerializer, {"model": "m", "prompt": "x", "top_k": -1}).args["top_k"] == 0
+
+
+def test_a_request_reads_its_tenants_plan_once(api_tenant_a):
+    """Admission (stream cap), the token limit and the concurrency check under the tenant's lock
+    all use the plan the request read first: each read was a query on the path of every answer."""
+    from django.db import connection
+    from django.test import RequestFactory
+    from django.test.utils import CaptureQueriesContext
+
+    from api import openai_views
+    from api.openai_serializers import ChatCompletionSerializer
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    request = RequestFactory().post(
+        "/v1/chat/completions",
+        json.dumps(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api_tenant_a.key_secret}",
+    )
+    with CaptureQueriesContext(connection) as queries:
+        key, parsed, plan = openai_views._admit(request, ChatCompletionSerializer)
+        run = openai_views._start_once(key, parsed, plan)
+    assert run is not None and run.status == "queued"
+    plan_reads = [q["sql"] for q in queries.captured_queries if 'FROM "api_plan"' in q["sql"]]
+    assert len(plan_reads) == 1, plan_reads

@@ -96,6 +96,35 @@ def test_start_once_finish_writes_usage_and_events(api_tenant_a, program):
     assert json.loads(entries[-1][1][b"data"])["status"] == "failed"
 
 
+def test_a_second_finish_overwrites_the_usage_row_it_wrote(api_tenant_a, program):
+    """A redelivered task or a settle after a crash records the same run's outcome again: one
+    usage row, the latest counters, still marked as a run's."""
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    start_run(str(run.pk), "local")
+    finish_run(str(run.pk), RunOutcome(status="succeeded", usage={"decode_tokens": 7, "prefill_tokens": 3}))
+    first = UsageRecord.objects.get(run=run)
+    finish_run(str(run.pk), RunOutcome(status="succeeded", usage={"decode_tokens": 9}))
+    again = UsageRecord.objects.get(run=run)
+    assert UsageRecord.objects.filter(run=run).count() == 1
+    assert (again.pk, again.decode_tokens, again.prefill_tokens, again.from_run) == (first.pk, 9, 0, True)
+    assert again.created_at == first.created_at and again.tenant_id == api_tenant_a.tenant.pk
+
+
+def test_starting_and_finishing_a_run_take_few_queries(api_tenant_a, program, django_assert_max_num_queries):
+    """Both are on the path of every answer (a /v1 request is a run): the start reads the run
+    with its tenant and program version in one statement, and the finish writes the usage in
+    one upsert (``update_or_create`` took six statements)."""
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    with django_assert_max_num_queries(5):  # savepoint/BEGIN, lock+join, closed check, update, commit
+        started = start_run(str(run.pk), "local")
+    assert started is not None
+    with django_assert_max_num_queries(0):
+        assert (started.tenant.slug, started.program_version.sha256) == (run.tenant.slug, run.program_version.sha256)
+    # savepoint, lock+join, update, upsert, release; then the quota alert's plan and month's usage
+    with django_assert_max_num_queries(7):
+        finish_run(str(run.pk), RunOutcome(status="succeeded", usage={"decode_tokens": 1}))
+
+
 def test_cancel_then_cancel_again_conflicts(api_tenant_a, program):
     run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
     client = api_tenant_a.key_client()
