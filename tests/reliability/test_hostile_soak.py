@@ -34,6 +34,7 @@ import requests
 from django.conf import settings as django_settings
 from django.db import connection
 
+from api import redis_client
 from tests.conftest import container_names, wait_for
 from tests.plugins.api import _make_tenant
 from tests.plugins.worker import RunningWorker, start_worker
@@ -394,9 +395,11 @@ def test_a_hostile_tenant_leaves_another_tenants_runs_unharmed(stack, stack_work
     # and the web process's pool keeps what the attack made it open (at most its bound).
     slack = CELERY_CONCURRENCY + 2 + WEB_DB_POOL
     wait_for(lambda: _db_connections() <= db_before + slack, timeout=60, message="database connections released")
-    # The web process keeps its bounded cache pool (SYMPHONY_CACHE_MAX_CONNECTIONS) once the
-    # attack has filled it; past that bound, a connection left behind is a leak.
-    slack = CELERY_CONCURRENCY + 2 + django_settings.CACHES["default"]["OPTIONS"]["max_connections"]
+    # The web process keeps its bounded cache pool (SYMPHONY_CACHE_MAX_CONNECTIONS) and its
+    # asyncio pool's idle connections (api/redis_client.py, ASYNC_MAX_IDLE) once the attack has
+    # filled them; past those bounds, a connection left behind is a leak.
+    cache_pool = django_settings.CACHES["default"]["OPTIONS"]["max_connections"]
+    slack = CELERY_CONCURRENCY + 2 + cache_pool + redis_client.ASYNC_MAX_IDLE
     deadline = time.monotonic() + 60
     while _redis_clients() > redis_before + slack and time.monotonic() < deadline:
         time.sleep(0.5)
