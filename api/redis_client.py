@@ -40,7 +40,7 @@ class IdleBoundedPool(aioredis.ConnectionPool):
     tenant may hold ``SYMPHONY_STREAMS_PER_TENANT`` of them, every tenant together up to the
     process's in-flight bound) the web process would hold that many idle Redis clients for
     good. Extra ones are disconnected when they are released. Relies on the pool's list of
-    available connections and its lock (redis-py is pinned; tests/unit/test_redis_client.py
+    available connections and its lock (redis-py is pinned; tests/api/test_redis_client.py
     checks the behaviour)."""
 
     def __init__(self, *args: object, max_idle: int = ASYNC_MAX_IDLE, **kwargs: object) -> None:

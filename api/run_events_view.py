@@ -253,11 +253,7 @@ async def finished_end(run_id: uuid.UUID, last_id: str) -> tuple[bool, str]:
     """Where a replay of a finished run's stream stops: ``(already_had_end, until)``, ``until``
     being the id of its ``end`` (``+``: the whole stream, when Redis holds no ``end``: it
     expired, or the executor has not written it yet)."""
-    client = aioredis.Redis.from_url(settings.REDIS_URL)
-    try:
-        end = await _end_of(client, contracts.run_stream_key(run_id))
-    finally:
-        await client.aclose()
+    end = await _end_of(redis_client.shared_async(settings.REDIS_URL), contracts.run_stream_key(run_id))
     if end is None:
         return False, "+"
     return parse_event_id(end.id) <= parse_event_id(last_id), end.id
@@ -271,16 +267,13 @@ def _closing_events(run: Run) -> list[StreamEntry]:
 async def _replay(run_id: uuid.UUID, last_id: str, until: str) -> AsyncIterator[bytes]:
     """A finished run's entries after ``last_id`` up to ``until``, read in pages, then (without
     an ``end`` among them) its closing events from its row."""
-    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    client = redis_client.shared_async(settings.REDIS_URL)
     last_type = None
-    try:
-        async with aclosing(entry_pages(client, contracts.run_stream_key(run_id), last_id, until)) as pages:
-            async for entries in pages:
-                for entry in entries:
-                    yield _sse(entry)
-                last_type = entries[-1].type
-    finally:
-        await client.aclose()
+    async with aclosing(entry_pages(client, contracts.run_stream_key(run_id), last_id, until)) as pages:
+        async for entries in pages:
+            for entry in entries:
+                yield _sse(entry)
+            last_type = entries[-1].type
     if last_type != contracts.END:
         run = await db_call(Run.objects.get, pk=run_id)
         for entry in _closing_events(run):

@@ -21,8 +21,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
@@ -86,11 +84,11 @@ def _key(tenant_id: int) -> str:
     return f"symphony:streams:{tenant_id}"
 
 
-@asynccontextmanager
-async def _redis() -> AsyncIterator[aioredis.Redis]:
-    """The loop's pooled client for one lease operation: a lease holds no connection in between
-    (one whose stream never starts is then left to expire with nothing open)."""
-    yield redis_client.shared_async(settings.REDIS_URL)
+def _redis() -> aioredis.Redis:
+    """The loop's pooled client: a lease operation borrows a connection for its one command, and
+    a lease holds none in between (one whose stream never starts is then left to expire with
+    nothing open)."""
+    return redis_client.shared_async(settings.REDIS_URL)
 
 
 @dataclass
@@ -119,8 +117,7 @@ class Lease:
         while not self.released:
             await asyncio.sleep(REFRESH_EVERY_S)
             try:
-                async with _redis() as client:
-                    await client.eval(_REFRESH, 1, _key(self.tenant_id), LEASE_TTL_S, self.lease_id)
+                await _redis().eval(_REFRESH, 1, _key(self.tenant_id), LEASE_TTL_S, self.lease_id)
             except redis.exceptions.RedisError as exc:
                 log.warning("event=stream_lease_not_refreshed tenant=%s error=%r", self.tenant_id, exc)
 
@@ -134,8 +131,7 @@ class Lease:
         if not self.counted:
             return
         try:
-            async with _redis() as client:
-                await client.zrem(_key(self.tenant_id), self.lease_id)
+            await _redis().zrem(_key(self.tenant_id), self.lease_id)
         except redis.exceptions.RedisError as exc:  # it expires by itself
             log.warning("event=stream_lease_not_released tenant=%s error=%r", self.tenant_id, exc)
 
@@ -144,8 +140,7 @@ async def acquire(tenant_id: int, cap: int) -> Lease:
     """A lease for one more stream of the tenant; :class:`StreamLimitReached` at ``cap``."""
     lease_id = uuid.uuid4().hex
     try:
-        async with _redis() as client:
-            admitted = await client.eval(_ACQUIRE, 1, _key(tenant_id), cap, LEASE_TTL_S, lease_id)
+        admitted = await _redis().eval(_ACQUIRE, 1, _key(tenant_id), cap, LEASE_TTL_S, lease_id)
     except redis.exceptions.RedisError as exc:
         log.warning("event=stream_lease_unchecked tenant=%s error=%r", tenant_id, exc)
         return Lease(tenant_id, lease_id, counted=False)
