@@ -42,6 +42,11 @@ MAX_FRAME_BYTES = 8 * 1024 * 1024
 MAX_IN_FLIGHT = 64
 #: Most tokens one ``pred`` call may append (longer prompts are split by the SDK).
 MAX_PRED_TOKENS = 8192
+#: Most tokens one ``pred`` may choose and append in the worker (``steps``); a longer decode
+#: is several calls.
+MAX_PRED_STEPS = 1024
+#: Most token ids a ``pred`` may name as ``stop`` (the ids that end its ``steps`` early).
+MAX_STOP_TOKENS = 256
 #: Longest string accepted by ``tokenize`` / ``send_to_user`` (characters).
 MAX_TEXT_CHARS = 1_000_000
 #: Longest KV file name (after the tenant prefix is added by the worker).
@@ -213,6 +218,19 @@ def ok_reply(req_id: int, value: Any) -> dict[str, Any]:
 
 def err_reply(req_id: int | None, error: ProtocolError) -> dict[str, Any]:
     return {"id": req_id, "err": error.to_wire()}
+
+
+def more_reply(req_id: int, value: Any) -> dict[str, Any]:
+    """A progress frame of a call still in flight (``pred`` with ``stream``): part of its result
+    sent early; the call's own ``ok`` or ``err`` reply still follows and is the whole answer."""
+    return {"id": req_id, "more": value.to_wire() if isinstance(value, Message) else value}
+
+
+def parse_more(msg: Any) -> tuple[int, Any] | None:
+    """``(id, value)`` of a progress frame, or ``None`` for any other reply."""
+    if isinstance(msg, dict) and "more" in msg and isinstance(msg.get("id"), int):
+        return msg["id"], msg["more"]
+    return None
 
 
 def parse_request(msg: Any) -> tuple[int, str, dict[str, Any]]:
@@ -958,17 +976,37 @@ _PLAIN_ARGMAX_WIRE: dict[str, dict[str, Any]] = {"argmax": {}}
 class Pred(Args):
     """Append ``tokens`` to KV file ``kv`` in one forward; reply with Dist handles over the logits
     at ``positions`` (offsets into ``tokens``, negative from the end; default the last), or with
-    the token ``then`` chooses at each."""
+    the token ``then`` chooses at each.
+
+    ``steps`` > 1 (with ``then``, at the last position only) decodes in the worker: each chosen
+    token is appended and the next one chosen, up to ``steps`` tokens, ending early at a token of
+    ``stop``. The reply lists the chosen tokens; like a one-step call's, the last one is not in
+    the file yet (the caller appends it with its next call). With a ``seed``, step ``j`` samples
+    with ``seed + j``; a grammar mask must be ``advance``d (the worker moves it token by token);
+    ``bias`` applies to every step. A step that cannot run (the file at the model's context
+    length, a KV limit) ends the call with the tokens chosen so far, and the next call meets the
+    limit. ``stream``: each chosen token but the last is also sent at once in a progress frame
+    (:func:`more_reply`) so the caller can show it before the call ends."""
 
     kv: int = arg(HANDLE)
     tokens: tuple[int, ...] = arg(TokenIds(MAX_PRED_TOKENS))
     positions: tuple[int, ...] | None = arg(Positions(), default=None)
     then: Argmax | None = arg(Then(), default=None)
+    steps: int = arg(Int(1, MAX_PRED_STEPS), default=1)
+    stop: tuple[int, ...] | None = arg(TokenIds(MAX_STOP_TOKENS), default=None)
+    stream: bool = arg(Bool(), default=False)
 
     def _validate(self) -> None:
         """Positions become non-negative offsets into ``tokens``."""
         n = len(self.tokens)
         values = self.__dict__
+        if self.steps > 1:
+            if self.then is None:
+                raise _bad("steps > 1 needs then (the worker chooses each token)")
+            if self.positions is not None and [p % n if -n <= p < n else p for p in self.positions] != [n - 1]:
+                raise _bad("steps > 1 decodes from the last position only")
+            if _is_int(self.then.mask) and not self.then.advance:
+                raise _bad("steps > 1 with a grammar mask needs advance (the worker moves it each step)")
         if self.positions is None:
             values["positions"] = (n - 1,)
             return

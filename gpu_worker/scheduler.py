@@ -107,6 +107,8 @@ class SessionView(Protocol):
 
     def on_cached_tokens(self, n: int) -> None: ...
 
+    def unreserve_tokens(self, n: int) -> None: ...
+
 
 @dataclass(eq=False)
 class PredCall:
@@ -123,10 +125,24 @@ class PredCall:
     started: float | None = None
     #: ``pred(..., then=...)``: turns each logits row into a token id on the engine thread, right
     #: after the forward, so the future carries token ids (see ``Scheduler._resolve``); what it
-    #: raises fails the call as it is.
-    choose: Callable[[torch.Tensor], int] | None = None
+    #: raises fails the call as it is. Its second argument is the step (tokens chosen so far).
+    choose: Callable[[torch.Tensor, int], int] | None = None
     #: Every chunk ran through a forward (its tokens were computed and metered).
     ran: bool = False
+    #: ``pred(..., steps=k)``: tokens ``choose`` may pick, each appended by the next forward (the
+    #: call goes back to the queue after each one, see ``Scheduler._next_step``); it ends early
+    #: at a token of ``stop``. The future then carries every chosen token.
+    steps: int = 1
+    stop: frozenset[int] = frozenset()
+    #: Told each chosen token the call goes on past (engine thread; ``pred`` with ``stream``).
+    on_token: Callable[[int], None] | None = None
+    #: Tokens chosen so far by a multi-step call.
+    chosen: list[int] = field(default_factory=list)
+    #: Its session ended while it was in a forward: it takes no further step.
+    cut: bool = False
+    #: Tokens admitted against the session's budget for this call (``ops.pred.admit``), given
+    #: back when it ends: its own tokens plus the ones its steps may append.
+    reserved: int = 0
 
     @property
     def remaining(self) -> int:
@@ -581,10 +597,14 @@ class Scheduler:
         return fut
 
     def cancel_session(self, session_id: str) -> int:
-        """Fail the session's queued calls; returns how many. Running calls finish normally."""
+        """Fail the session's queued calls; returns how many. Running calls finish their forward
+        normally and a multi-step one among them takes no further step."""
         with self._cond:
             removed = self.queue.remove_if(lambda c: c.session.session_id == session_id)
             self._width.pop(session_id, None)
+            for call in self._running:
+                if call.session.session_id == session_id:
+                    call.cut = True
         for call in removed:
             self._fail(call, SessionEnded("session ended"))
         return len(removed)
@@ -724,7 +744,7 @@ class Scheduler:
             value: list[Any] = rows
         else:
             try:
-                value = [call.choose(row) for row in rows]
+                value = [call.choose(row, len(call.chosen)) for row in rows]
             except Exception as exc:  # the LIP's choice failed (e.g. a mask that leaves no token)
                 return exc
         return value
@@ -742,6 +762,41 @@ class Scheduler:
     def _fail(self, call: PredCall, error: BaseException) -> None:
         self.metrics.failed_calls += 1
         self._settle(call, error)
+
+    def _fail_or_end(self, call: PredCall, error: BaseException) -> None:
+        """A call whose next chunk cannot run. A multi-step call past its first step ends with
+        the tokens it chose (the last one is not in the file, as always; the caller's next call
+        appends it and meets ``error`` then); any other call fails with ``error``."""
+        if call.chosen:
+            self.metrics.calls += 1
+            self._settle(call, list(call.chosen))
+        else:
+            self._fail(call, error)
+
+    def _next_step(self, call: PredCall, result: object) -> bool:
+        """After a multi-step call's forward: note the token it chose and, unless that ends the
+        call, put it back in the queue to append that token (``True``). Otherwise its result
+        becomes every token it chose. Why in the worker: each step would otherwise be a round
+        trip to the program between two forwards, and the batch waits for the slowest one."""
+        if isinstance(result, BaseException) or call.future.done():
+            return False
+        assert isinstance(result, list)
+        token = int(result[0])
+        call.chosen.append(token)
+        if len(call.chosen) >= call.steps or token in call.stop or call.cut:
+            result[:] = call.chosen
+            return False
+        if call.on_token is not None:
+            call.on_token(token)
+        # The tokens this forward appended are metered now (``on_tokens``): they leave the
+        # call's reservation, or a long decode would count them twice against the budget.
+        metered = min(len(call.tokens), call.reserved)
+        if metered:
+            call.session.unreserve_tokens(metered)
+            call.reserved -= metered
+        call.tokens, call.rows, call.done = (token,), (0,), 0
+        call.logits.clear()
+        return True
 
     def _map_cached_prefix(self, call: PredCall) -> int:
         """On a call's first chunk: map the longest cached prefix of its tokens into a fresh KV
@@ -774,7 +829,7 @@ class Scheduler:
                 self.queue.push(call, front=True)
             return None
         except KVFSError as exc:
-            self._fail(call, exc)
+            self._fail_or_end(call, exc)
             return None
         run = len(plan.run_token_ids)
         # Checked against the whole call, not this chunk: a prompt that cannot fit fails before
@@ -782,10 +837,7 @@ class Scheduler:
         total = plan.num_computed_tokens + run + (call.remaining - n)
         if total > self.max_model_len:
             self.kvfs.abort_append(plan)
-            self._fail(
-                call,
-                ContextFull(f"KV file would hold {total} tokens > {self.max_model_len}"),
-            )
+            self._fail_or_end(call, ContextFull(f"KV file would hold {total} tokens > {self.max_model_len}"))
             return None
         if not first and budget_used + run > self.config.max_num_batched_tokens:
             # Pending tokens (after merge/extract/reload) made it bigger than its share.
@@ -799,7 +851,12 @@ class Scheduler:
         plans: list[tuple[PredCall, int, AppendPlan]] = []
         used = 0
         for call, n in picked:
-            if call.done == 0 and getattr(self.kvfs, "prefix", None) is not None and self._map_cached_prefix(call):
+            if (
+                call.done == 0
+                and not call.chosen
+                and getattr(self.kvfs, "prefix", None) is not None
+                and self._map_cached_prefix(call)
+            ):
                 n = min(n, call.remaining)  # the mapped prefix is done; at least one token is left
             plan = self._plan(call, n, used, first=not plans)
             if plan is not None:
@@ -897,10 +954,16 @@ class Scheduler:
                     with self._cond:
                         self.queue.push(call, front=True)
                 else:
-                    m.calls += 1
                     done.append(call)
             results = [self._resolve(call) for call in done]
-        for call, result in zip(done, results, strict=True):
-            self._settle(call, result)
+        finished: list[tuple[PredCall, object]] = []
         with self._cond:
+            for call, result in zip(done, results, strict=True):
+                if call.steps > 1 and self._next_step(call, result):
+                    self.queue.push(call, front=True)
+                else:
+                    finished.append((call, result))
             self._running = []
+        for call, result in finished:
+            m.calls += 1
+            self._settle(call, result)

@@ -192,6 +192,17 @@ class WorkerSession:
         with self._lock:
             self._reserve(cap, n)
 
+    def reserve_tokens_upto(self, least: int, most: int) -> int:
+        """Admit between ``least`` and ``most`` more tokens, as many as ``max_tokens`` leaves
+        room for (a multi-step ``pred``: its steps stop where the budget does); QUOTA when not
+        even ``least`` fit. Returns how many were admitted."""
+        cap = self.limits.max_tokens
+        with self._lock:
+            room = most if cap is None else cap - self.usage.total_tokens - self.reserved_tokens
+            n = max(least, min(most, room))
+            self._reserve(cap, n)
+        return n
+
     def _reserve(self, cap: int | None, n: int) -> None:
         if cap is not None and self.usage.total_tokens + self.reserved_tokens + n > cap:
             raise ProtocolError(

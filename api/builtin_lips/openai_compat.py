@@ -28,7 +28,10 @@ Round trips per token (each one is time the batch may wait for this program): wi
 next token in one call, no Dist handle), and the prompt's prefill of a single choice chooses its
 first token the same way. When no stop string (or ``auto`` tool marker) is watched, the text
 cannot end the decode, so detokenising and streaming it run on a second thread (``Streamer``)
-while the next forward is already queued: one worker round trip a token on the decode path.
+while the next forward is already queued; and when, besides, every step chooses alike (no
+presence or frequency penalty, which count the tokens so far) the worker decodes the tokens
+itself (``pred_tokens``): one call for the whole answer, each token streamed as it is chosen,
+and no round trip to this program between two forwards.
 
 Tool calls: a call is ``<tool_call>`` + JSON generated under the grammar of the call schema
 (the name of an offered function and arguments matching its parameters) + ``</tool_call>``.
@@ -67,6 +70,7 @@ from symphony import (
     kv_truncate,
     pred,
     pred_token,
+    pred_tokens,
     send_to_user,
     session,
     tokenize,
@@ -77,6 +81,8 @@ CALL_CLOSE = "\n</tool_call>\n"
 MAX_CALLS = 16
 MIN_P_CANDIDATES = 1024
 MAX_BIAS_ENTRIES = 4096
+#: Most token ids one ``pred_tokens`` may stop at (the worker's bound).
+MAX_STOP_TOKENS = 256
 #: Prompt positions one ``pred`` may return distributions for (echo with logprobs).
 MAX_ECHO_LOGPROB_TOKENS = 1024
 
@@ -252,6 +258,8 @@ class Choice:
         self.logprobs = args.get("logprobs")
         #: The worker chooses each text token inside its ``pred`` (see the module docstring).
         self.fused = _fused(args)
+        #: Every step chooses alike: the worker may decode many tokens in one call.
+        self.same_choice = self.fused and not (self.sampler.presence or self.sampler.frequency)
         self.steps = 0
         self.sent = ""
         self.pending = []  # logprob entries not streamed yet
@@ -289,6 +297,35 @@ class Choice:
         else:
             self.dist = self._pred([tok])[-1]
 
+    def decode_in_worker(self, mask, ids, streamer):
+        """The text phase when nothing is watched and every step chooses alike: the worker
+        chooses and appends the tokens (``pred_tokens``, in as few calls as it can) and each one
+        streams as soon as it is chosen. Returns the finish reason."""
+        eos = self.ctx.eos
+
+        def take(tok):  # on the thread reading the socket: no Symphony call here
+            if tok in eos:  # (tokens are not counted: only the penalties use the counts)
+                return
+            ids.append(tok)
+            self.steps += 1
+            streamer.push()
+
+        tok = self.next_token(mask)
+        if tok in eos:
+            return "stop"
+        take(tok)
+        while self.steps < self.max_tokens:
+            left, params = self.max_tokens - self.steps, self.sampler.params(self.steps, mask)
+            chosen = self._on_kv(
+                lambda kv, tok=tok, left=left, params=params: pred_tokens(
+                    kv, [tok], left, stop=sorted(eos), on_token=take, **params
+                )
+            )
+            tok = chosen[-1]  # not in the file yet: the next call appends it (fewer than asked
+            if tok in eos:  # came back when a step could not run; that call then says why)
+                return "stop"
+        return "length"
+
     def send(self, delta):
         message = {"index": self.index, "delta": delta}
         if self.pending:
@@ -318,32 +355,36 @@ class Choice:
         text, after, tok = "", "", None
         plain = not watch and self.logprobs is None and self.max_tokens > 1
         streamer = Streamer(self, ids) if plain else None
+        in_worker = plain and self.same_choice and len(ctx.eos) <= MAX_STOP_TOKENS
         try:
-            while self.steps < self.max_tokens:
-                tok = self.next_token(mask)
-                if tok in ctx.eos:
-                    finish = "stop"
-                    break
-                self.steps += 1
-                if self.logprobs is not None:
-                    entry = _token_logprob(self.dist, tok, self.logprobs, ctx.vocab)
-                    self.entries.append(entry)
-                    self.pending.append(entry)
-                ids.append(tok)
-                if streamer is None:  # the text may end the decode: look before the next forward
-                    text = detokenize(ids)
-                    cut, which = _first(text, watch)
-                    if cut >= 0:
-                        after = text[cut + len(which) :]
-                        text, finish, opened = text[:cut], "stop", which == CALL_OPEN
+            if in_worker:
+                finish = self.decode_in_worker(mask, ids, streamer)
+            else:
+                while self.steps < self.max_tokens:
+                    tok = self.next_token(mask)
+                    if tok in ctx.eos:
+                        finish = "stop"
                         break
-                if self.steps >= self.max_tokens:
-                    break  # no forward for a token nobody will read (the limit's last one)
-                if streamer is not None:
-                    streamer.push()
-                else:
-                    self.stream(text, final=False, hold=_held_back(text, watch))
-                self.advance(tok, mask)
+                    self.steps += 1
+                    if self.logprobs is not None:
+                        entry = _token_logprob(self.dist, tok, self.logprobs, ctx.vocab)
+                        self.entries.append(entry)
+                        self.pending.append(entry)
+                    ids.append(tok)
+                    if streamer is None:  # the text may end the decode: look before the next forward
+                        text = detokenize(ids)
+                        cut, which = _first(text, watch)
+                        if cut >= 0:
+                            after = text[cut + len(which) :]
+                            text, finish, opened = text[:cut], "stop", which == CALL_OPEN
+                            break
+                    if self.steps >= self.max_tokens:
+                        break  # no forward for a token nobody will read (the limit's last one)
+                    if streamer is not None:
+                        streamer.push()
+                    else:
+                        self.stream(text, final=False, hold=_held_back(text, watch))
+                    self.advance(tok, mask)
         finally:
             if streamer is not None:
                 streamer.close()

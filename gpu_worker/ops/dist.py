@@ -14,12 +14,12 @@ from gpu_worker.sessions import WorkerSession
 
 @lip_op(p.DistSample)
 async def dist_sample(ctx: OpContext, s: WorkerSession, args: p.DistSample) -> int:
-    return chooser(ctx, s, args)(s.dists.get(args.dist))
+    return chooser(ctx, s, args)(s.dists.get(args.dist), 0)
 
 
 @lip_op(p.DistArgmax)
 async def dist_argmax(ctx: OpContext, s: WorkerSession, args: p.DistArgmax) -> int:
-    return chooser(ctx, s, args)(s.dists.get(args.dist))
+    return chooser(ctx, s, args)(s.dists.get(args.dist), 0)
 
 
 @lip_op(p.DistTopk)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,9 +56,10 @@ class PredContext(Protocol):
     def scheduler(self) -> Any: ...
 
 
-def chooser(ctx: Any, s: WorkerSession, spec: p.Argmax) -> Callable[[torch.Tensor], int]:
-    """A function logits -> token id for a decoded choice (``then``, ``dist_argmax``,
-    ``dist_sample``); handles are looked up here, before any forward."""
+def chooser(ctx: Any, s: WorkerSession, spec: p.Argmax) -> Callable[[torch.Tensor, int], int]:
+    """A function (logits, step) -> token id for a decoded choice (``then``, ``dist_argmax``,
+    ``dist_sample``); handles are looked up here, before any forward. A seeded sample at step
+    ``j`` of a multi-step ``pred`` uses ``seed + j``: each step its own draw, reproducible."""
     sample = dists.SampleParams.of(spec) if isinstance(spec, p.Sample) else None
     mask = spec.mask
     matcher: Matcher | None = None
@@ -70,11 +72,14 @@ def chooser(ctx: Any, s: WorkerSession, spec: p.Argmax) -> Callable[[torch.Tenso
     vector = None if spec.bias_ref is None else s.biases.get(spec.bias_ref)  # held even if released
     advance = spec.advance
 
-    def choose(logits: torch.Tensor) -> int:
+    def choose(logits: torch.Tensor, step: int = 0) -> int:
+        params = sample
+        if step and params is not None and params.seed is not None:
+            params = dataclasses.replace(params, seed=(params.seed + step) % 2**63)
         try:
             logits = dists.apply_bias(bias_vectors.apply(logits, vector), bias)
             logits = matcher.restrict(logits) if matcher is not None else dists.restrict(logits, allowed)
-            token = dists.argmax(logits) if sample is None else dists.sample(logits, sample, s.generator)
+            token = dists.argmax(logits) if params is None else dists.sample(logits, params, s.generator)
             if advance and matcher is not None:
                 # Saves the LIP a mask_advance round trip per token; the token came from the
                 # grammar's own mask, so the matcher accepts it.
@@ -97,19 +102,26 @@ def admit(ctx: PredContext, s: WorkerSession, args: p.Pred) -> PredCall:
         raise ProtocolError(ErrorCode.BUSY, "too many pred calls in flight for this session")
     s.check_deadline()
     # The handle and the file's length are checked by the scheduler when it plans the call
-    # (before any of it lands): a KVFS call here would cost a thread hop per token.
-    s.reserve_tokens(len(args.tokens))
+    # (before any of it lands): a KVFS call here would cost a thread hop per token. Each step
+    # past the first appends one more token; steps are cut to what the token budget leaves.
+    n = len(args.tokens)
+    reserved = s.reserve_tokens_upto(n, n + args.steps - 1)
     s.inflight_preds += 1
     assert args.positions is not None  # decoding made them offsets
-    return PredCall(s, args.kv, args.tokens, args.positions, choose=choose)
+    stop = frozenset(args.stop or ())
+    call = PredCall(s, args.kv, args.tokens, args.positions, choose=choose, steps=reserved - n + 1, stop=stop)
+    call.reserved = reserved
+    return call
 
 
 def release(s: WorkerSession, call: PredCall) -> None:
     """Undo :func:`admit`'s reservations once the call is over (done, failed or abandoned)."""
     s.inflight_preds -= 1
-    s.unreserve_tokens(len(call.tokens))
+    s.unreserve_tokens(call.reserved)
     if call.ran:  # computed and metered, even if the choice then failed
-        s.usage.pred_calls += 1
+        # One per forward the call rode: a multi-step call is billed as its steps one call each
+        # would be ("Forward calls"), so how a program issues its steps does not change its bill.
+        s.usage.pred_calls += max(1, len(call.chosen))
 
 
 def reply_value(s: WorkerSession, call: PredCall, value: Any) -> p.DistRefs | p.ChosenTokens:
@@ -148,17 +160,20 @@ class PredRelay:
         try:
             if s.ended:
                 raise ProtocolError(ErrorCode.TIMEOUT, "session ended")
-            call = admit(self._ctx, s, p.Pred.decode(args, self._ctx.vocab_size))
+            decoded = p.Pred.decode(args, self._ctx.vocab_size)
+            call = admit(self._ctx, s, decoded)
         except Exception as exc:
             self._send(self._writer, p.err_reply(req_id, wire_error(exc, "pred", s.session_id)))
             return
+        entry = _InFlight(req_id, call)
+        if decoded.stream and call.steps > 1:
+            call.on_token = lambda token: self._progress_from_engine(entry, token)
         try:
             future = self._ctx.scheduler.submit(call)
         except Exception as exc:  # shutting down
             release(s, call)
             self._send(self._writer, p.err_reply(req_id, wire_error(exc, "pred", s.session_id)))
             return
-        entry = _InFlight(req_id, call)
         self._pending.add(entry)
         left = s.time_left()
         if left is not None:
@@ -176,6 +191,19 @@ class PredRelay:
             self._loop.call_soon_threadsafe(self._finish, entry)
         except RuntimeError:  # the loop closed under a worker shutting down
             pass
+
+    def _progress_from_engine(self, entry: _InFlight, token: int) -> None:
+        # On the engine thread, before the call's own done-callback: the loop runs both in order,
+        # so a progress frame never follows its call's reply. A program that does not read its
+        # socket holds at most ``MAX_IN_FLIGHT * MAX_PRED_STEPS`` of these small frames.
+        try:
+            self._loop.call_soon_threadsafe(self._progress, entry, token)
+        except RuntimeError:  # the loop closed under a worker shutting down
+            pass
+
+    def _progress(self, entry: _InFlight, token: int) -> None:
+        if entry in self._pending and not entry.timed_out:
+            self._send(self._writer, p.more_reply(entry.req_id, p.ChosenTokens(tokens=[token])))
 
     def _deadline_passed(self, entry: _InFlight) -> None:
         entry.timer = None

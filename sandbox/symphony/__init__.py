@@ -81,6 +81,10 @@ def pred_token(kv: KV | int, tokens: Iterable[int], temperature: float = 0.0, **
     return session().pred_token(kv, tokens, temperature, **kw)
 
 
+def pred_tokens(kv: KV | int, tokens: Iterable[int], steps: int, **kw: Any) -> list[int]:
+    return session().pred_tokens(kv, tokens, steps, **kw)
+
+
 def pred_token_many(steps: Sequence[tuple[KV | int, Iterable[int]]], temperature: float = 0.0, **kw: Any) -> list[int]:
     return session().pred_token_many(steps, temperature, **kw)
 
@@ -253,6 +257,7 @@ __all__ = [
     "pred",
     "pred_token",
     "pred_token_many",
+    "pred_tokens",
     "release",
     "send_to_user",
     "session",

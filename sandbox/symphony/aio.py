@@ -18,7 +18,7 @@ A LIP whose ``main`` is a coroutine function is run with :func:`asyncio.run` by 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from symphony import calls, checks
@@ -297,6 +297,50 @@ class AsyncSession:
         gathered (the asyncio flavour keeps every call in flight anyway)."""
         return list(await asyncio.gather(*(self.pred_token(kv, toks, temperature, **kw) for kv, toks in steps)))
 
+    async def pred_tokens(
+        self,
+        kv: AsyncKV | int,
+        tokens: Iterable[int],
+        steps: int,
+        *,
+        stop: Iterable[int] = (),
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        mask: Any = None,
+        bias: Mapping[int, float] | AsyncBiasVector | None = None,
+        on_token: Callable[[int], None] | None = None,
+    ) -> list[int]:
+        """Same contract as :meth:`symphony.Session.pred_tokens`; ``on_token`` runs on this
+        event loop, before this returns."""
+        checks.mask(mask, "pred")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise InvalidArgument(f"steps must be a positive integer, not {steps!r}", op="pred")
+        stops = checks.token_ids(stop, "pred")
+        loop = asyncio.get_running_loop()
+        out: list[int] = []
+        pending = checks.token_ids(tokens, "pred")
+        while len(out) < steps:  # one call per ``MAX_PRED_STEPS`` tokens
+            step = calls.StepCall(kv, pending, steps - len(out), stops, on_token is not None)
+            then = calls.then_choose(temperature, top_p, top_k, step.seed(seed, len(out)), mask, bias)
+            *head, last = step.calls(then)
+            for call in head:
+                await self._call(call.op, call.args)
+            relay = calls.TokenRelay(on_token)
+
+            def more(value: dict[str, Any], relay: calls.TokenRelay = relay) -> None:
+                # On the reader thread; the reply's own wake-up is queued after these.
+                loop.call_soon_threadsafe(relay.more, value)
+
+            future = self.conn.submit(last.op, last.args, on_more=more if on_token else None)
+            chosen = relay.rest(await asyncio.wrap_future(future))
+            out.extend(chosen)
+            if step.ended(chosen):
+                break
+            pending = [chosen[-1]]
+        return out
+
     async def generate(
         self,
         kv: AsyncKV | int,
@@ -309,22 +353,20 @@ class AsyncSession:
     ) -> list[int]:
         """Same contract as :meth:`symphony.Session.generate` (without grammar)."""
         stops = set(self.info.eos_token_ids if stop is None else stop)
-        out: list[int] = []
         pending = checks.token_ids(prompt, "generate")
-        if not pending and max_tokens > 0:  # continue a file that already holds tokens
+        if max_tokens <= 0:
+            return []
+        if not pending:  # continue a file that already holds tokens
             n = await self.kv_len(kv)
             if n == 0:
                 raise InvalidArgument("generate needs a prompt or a file that already holds tokens", op="generate")
             pending = (await self.kv_tokens(kv))[-1:]
             await self.kv_truncate(kv, n - 1)
-        while len(out) < max_tokens:
-            tok = await self.pred_token(kv, pending, temperature, seed=seed)
-            if tok in stops:
-                break
-            out.append(tok)
-            pending = [tok]
-        if out:
-            await self.release(await self.pred(kv, pending))
+        out = await self.pred_tokens(kv, pending, max_tokens, stop=sorted(stops), temperature=temperature, seed=seed)
+        if out[-1] in stops:  # not returned; every token before it is in the file already
+            out.pop()
+            return out
+        await self.release(await self.pred(kv, out[-1:]))  # so kv holds prompt + output
         return out
 
     async def release(self, dists: Iterable[AsyncDist]) -> None:

@@ -9,7 +9,7 @@ ids; they carry their session so ``kv.fork()`` or ``dist.sample()`` read natural
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from symphony import calls, checks
@@ -337,6 +337,58 @@ class Session:
         replies = [self.conn.call(call.op, call.args) for call, _ in chunks]
         return int(replies[-1]["tokens"][-1])
 
+    def pred_tokens(
+        self,
+        kv: KV | int,
+        tokens: Iterable[int],
+        steps: int,
+        *,
+        stop: Iterable[int] = (),
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        mask: Any = None,
+        bias: Mapping[int, float] | BiasVector | None = None,
+        on_token: Callable[[int], None] | None = None,
+    ) -> list[int]:
+        """:meth:`pred_token` that goes on for up to ``steps`` tokens inside the worker: each
+        chosen token is appended and the next one chosen without a round trip to the program, so
+        a decode loop the program need not look into between tokens costs one call, not one per
+        token (the batch never waits for this program between those forwards).
+
+        Returns the chosen tokens, ending early after a token of ``stop`` (returned last). As with
+        :meth:`pred_token`, the last returned token is **not** in ``kv`` yet: pass it as the
+        ``tokens`` of the next call. Fewer than ``steps`` tokens also come back when a step cannot
+        run (the file at the model's context length, the run's token budget or KV limit): the next
+        call then raises what stopped it. With a ``seed``, the token at step ``j`` is sampled with
+        ``seed + j``; ``mask`` may be a grammar state's ``advancing()`` (the worker moves it at
+        each step) or a token list; ``bias`` applies to every step.
+
+        ``on_token(token)``: each token as soon as the worker chose it, in order, before this
+        returns (for streaming). It runs on whichever thread reads the socket: keep it short and
+        make no Symphony call from it; what it raises is raised here once the call is over."""
+        checks.mask(mask, "pred")
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise InvalidArgument(f"steps must be a positive integer, not {steps!r}", op="pred")
+        stops = checks.token_ids(stop, "pred")
+        out: list[int] = []
+        pending = checks.token_ids(tokens, "pred")
+        while len(out) < steps:  # one call per ``MAX_PRED_STEPS`` tokens
+            step = calls.StepCall(kv, pending, steps - len(out), stops, on_token is not None)
+            then = calls.then_choose(temperature, top_p, top_k, step.seed(seed, len(out)), mask, bias)
+            *head, last = step.calls(then)
+            for call in head:
+                self.conn.call(call.op, call.args)
+            relay = calls.TokenRelay(on_token)
+            reply = self.conn.call(last.op, last.args, on_more=relay.more if on_token else None)
+            chosen = relay.rest(reply)
+            out.extend(chosen)
+            if step.ended(chosen):
+                break
+            pending = [chosen[-1]]
+        return out
+
     def pred_token_many(
         self,
         steps: Sequence[tuple[KV | int, Iterable[int]]],
@@ -392,29 +444,39 @@ class Session:
         complete. The last generated token is appended to ``kv`` too, so the file ends up
         holding prompt + output. An empty ``prompt`` continues a file that already holds
         tokens (a prefilled fork): its last token is computed again to get the next one.
+        The tokens are decoded in the worker (:meth:`pred_tokens`): one call, not one per token;
+        with a ``seed``, the token at step ``j`` is sampled with ``seed + j``.
         """
         stops = set(self.info.eos_token_ids if stop is None else stop)
         eos = set(self.info.eos_token_ids)
         state = _grammar_state(grammar)
         mask = state.advancing() if state is not None else None  # the worker advances it
-        out: list[int] = []
+        # A grammar allows EOS only once the output is complete, and accepting it ends the
+        # grammar (its stop tokens are the tokenizer's EOS): it ends the decode too.
+        ends = stops | eos if state is not None else stops
         pending = checks.token_ids(prompt, "generate")
-        if not pending and max_tokens > 0:
+        if max_tokens <= 0:
+            return []
+        if not pending:
             pending = self._reopen_last_token(kv)
-        while len(out) < max_tokens:
-            tok = self.pred_token(kv, pending, temperature, top_p, top_k, seed, mask)
-            # A grammar allows EOS only once the output is complete, and accepting it ends the
-            # grammar (its stop tokens are the tokenizer's EOS, a subset of ``eos``).
-            if state is not None and tok in eos:
+        out = self.pred_tokens(
+            kv,
+            pending,
+            max_tokens,
+            stop=sorted(ends),
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            seed=seed,
+            mask=mask,
+        )
+        if out[-1] in ends:
+            if state is not None and out[-1] in eos:
                 state.finished = True
-            if tok in stops:
-                break
-            out.append(tok)
-            pending = [tok]
-            if state is not None and state.finished:
-                break
-        if out:  # make kv hold prompt + output, ready for the next turn
-            self.pred(kv, pending)[0].release()
+            if out[-1] in stops:  # not returned; every token before it is in the file already
+                out.pop()
+                return out
+        self.pred(kv, out[-1:])[0].release()  # the last token, so kv holds prompt + output
         return out
 
     def _reopen_last_token(self, kv: KV | int) -> list[int]:

@@ -113,6 +113,69 @@ def pred_chunks(
     return out
 
 
+@dataclass(frozen=True)
+class StepCall:
+    """One worker call of ``pred_tokens``: ``tokens`` then up to ``wanted`` tokens decoded in the
+    worker, at most ``MAX_PRED_STEPS`` of them (``protocol.Pred``'s ``steps``)."""
+
+    kv: Any
+    tokens: list[int]
+    wanted: int
+    stop: list[int]
+    stream: bool
+
+    @property
+    def steps(self) -> int:
+        return min(self.wanted, protocol.MAX_PRED_STEPS)
+
+    @staticmethod
+    def seed(seed: int | None, done: int) -> int | None:
+        """The call's seed when ``done`` tokens came before it (the worker adds its step)."""
+        return None if seed is None else seed + done
+
+    def calls(self, then: protocol.Argmax) -> list[Call]:
+        """The ``pred`` calls, in order: a prompt longer than one call goes first in calls that
+        choose a token nobody reads (as ``pred_token``'s do); the last one decodes the steps."""
+        head = [call for call, _ in pred_chunks(self.kv, self.tokens, None, then)]
+        last = protocol.Pred(
+            kv=handle_id(self.kv),
+            tokens=head.pop().args["tokens"],
+            then=then,
+            steps=self.steps,
+            stop=self.stop or None,
+            stream=self.stream,
+        )
+        return [*head, _call(last)]
+
+    def ended(self, chosen: list[int]) -> bool:
+        """Whether the decode is over after this call chose ``chosen``: a stop token, or fewer
+        steps than asked (a step could not run; the next call would say why)."""
+        return chosen[-1] in self.stop or len(chosen) < self.steps
+
+
+class TokenRelay:
+    """Hands a multi-step call's tokens to ``on_token`` once each, in order: those its progress
+    frames carried (:meth:`more`), then the rest of its reply (:meth:`rest`)."""
+
+    def __init__(self, on_token: Callable[[int], Any] | None) -> None:
+        self.on_token = on_token
+        self.sent = 0
+
+    def more(self, value: dict[str, Any]) -> None:
+        for token in value["tokens"]:
+            self.sent += 1
+            if self.on_token is not None:
+                self.on_token(int(token))
+
+    def rest(self, reply: dict[str, Any]) -> list[int]:
+        """The call's chosen tokens, after telling ``on_token`` those not told yet."""
+        chosen = [int(t) for t in reply["tokens"]]
+        if self.on_token is not None:
+            for token in chosen[self.sent :]:
+                self.on_token(token)
+        return chosen
+
+
 def choice(
     kind: str, temperature: float, top_p: float, top_k: int, seed: int | None, mask: Any, bias: Any
 ) -> protocol.Argmax:

@@ -77,12 +77,16 @@ class _EndOfStream(Exception):
 class _Call:
     """One request in flight: its reply once ``done``, and how to tell whoever waits for it."""
 
-    __slots__ = ("done", "error", "future", "on_done", "op", "value", "wake")
+    __slots__ = ("done", "error", "future", "more_error", "on_done", "on_more", "op", "value", "wake")
 
-    def __init__(self, op: str, future: Future | None, on_done: Any = None) -> None:
+    def __init__(self, op: str, future: Future | None, on_done: Any = None, on_more: Any = None) -> None:
         self.op = op
         #: Called once with the reply (gives back the call's in-flight slot).
         self.on_done = on_done
+        #: Called with each progress frame's value (``pred`` with ``stream``), on the reading thread.
+        self.on_more = on_more
+        #: What ``on_more`` raised: the call's result raises it (the reader must go on reading).
+        self.more_error: Exception | None = None
         self.value: Any = None
         self.error: SymphonyError | None = None
         self.done = False
@@ -96,8 +100,8 @@ class _Call:
             on_done, self.on_done = self.on_done, None
             on_done()
         if self.future is not None and not self.future.done():
-            if error is not None:
-                self.future.set_exception(error)
+            if error is not None or self.more_error is not None:
+                self.future.set_exception(error or self.more_error)
             else:
                 self.future.set_result(value)
         if self.wake is not None:
@@ -106,7 +110,17 @@ class _Call:
     def result(self) -> Any:
         if self.error is not None:
             raise self.error
+        if self.more_error is not None:
+            raise self.more_error
         return self.value
+
+    def progress(self, value: Any) -> None:
+        if self.on_more is None or self.more_error is not None:
+            return
+        try:
+            self.on_more(value)
+        except Exception as exc:  # the caller's callback: its call raises it, the reader goes on
+            self.more_error = exc
 
 
 class Connection:
@@ -204,25 +218,34 @@ class Connection:
         self.close()
 
     # ---------------------------------------------------------------------- calls
-    def submit(self, op: str, args: dict[str, Any] | None = None) -> Future:
+    def submit(self, op: str, args: dict[str, Any] | None = None, on_more: Any = None) -> Future:
         """Send one request; the returned future resolves to the reply value or raises on its
-        own (a background reader thread takes the reading role from here on)."""
+        own (a background reader thread takes the reading role from here on). ``on_more``: see
+        :meth:`call`."""
         from concurrent.futures import Future
 
         fut: Future = Future()
-        self._send(op, args, fut)
+        self._send(op, args, fut, on_more=on_more)
         self._start_reader()
         return fut
 
     def call(
-        self, op: str, args: dict[str, Any] | None = None, timeout: float | None = None, wait: bool | None = None
+        self,
+        op: str,
+        args: dict[str, Any] | None = None,
+        timeout: float | None = None,
+        wait: bool | None = None,
+        on_more: Any = None,
     ) -> Any:
         """Send one request and block until its reply (other threads may call meanwhile);
         ``TimeoutError`` after ``timeout`` seconds (waiting for room included). With every
         in-flight slot taken the call waits its turn, or raises ``Busy`` at once when ``wait``
-        is false (default: :attr:`wait_for_room`)."""
+        is false (default: :attr:`wait_for_room`). ``on_more(value)`` gets each progress frame
+        of the call before its reply, on whichever thread reads the socket: it must be quick and
+        make no call of its own (that thread holds the reading role); what it raises is raised
+        by this call once its reply is in."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        req_id, call = self._send(op, args, None, wait, deadline)
+        req_id, call = self._send(op, args, None, wait, deadline, on_more)
         self._await(req_id, call, deadline)
         if not call.done:  # its late reply is still routed (and frees its slot)
             raise TimeoutError(f"no reply to {op} within {timeout} s")
@@ -293,6 +316,7 @@ class Connection:
         future: Future | None,
         wait: bool | None = None,
         deadline: float | None = None,
+        on_more: Any = None,
     ) -> tuple[int, _Call]:
         if self._closed is not None:
             raise self._closed
@@ -302,7 +326,7 @@ class Connection:
         except protocol.ProtocolError as exc:
             raise from_wire(exc.code, exc.message, op) from None
         self.admission.acquire(1, wait=self.wait_for_room if wait is None else wait, deadline=deadline, op=op)
-        call = _Call(op, future, self.admission.release)
+        call = _Call(op, future, self.admission.release, on_more)
         self._register_and_write([(req_id, call)], frame)
         return req_id, call
 
@@ -436,7 +460,14 @@ class Connection:
         return body
 
     def _route(self, body: bytes) -> None:
-        req_id, value, err = protocol.parse_reply(protocol.unpack_body(body))
+        msg = protocol.unpack_body(body)
+        more = protocol.parse_more(msg)
+        if more is not None:  # progress of a call still in flight: it stays pending
+            progressing = self._pending.get(more[0])
+            if progressing is not None:
+                progressing.progress(more[1])
+            return
+        req_id, value, err = protocol.parse_reply(msg)
         call = self._pending.pop(req_id, None) if isinstance(req_id, int) else None
         if call is None:
             if err is not None and req_id is None:

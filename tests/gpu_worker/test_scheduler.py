@@ -56,6 +56,11 @@ class FakeSession:
     def on_cached_tokens(self, n: int) -> None:
         self.usage.cached_tokens += n
 
+    def unreserve_tokens(self, n: int) -> None:
+        self.unreserved += n
+
+    unreserved: int = 0
+
 
 class RecordingEngine:
     """Writes KV like a real engine would (through MemPageIO) and records every batch.
@@ -410,6 +415,80 @@ def test_an_idle_connected_session_does_not_hold_the_batch(sched) -> None:
         scheduler.submit(PredCall(busy, h, (1 + step,), (0,))).result(timeout=10)
     reasons = scheduler.snapshot()["launch_reasons"]
     assert reasons.get("bound", 0) == 0 and reasons.get("all_ready") == 6, reasons
+
+
+def _argmax(logits: torch.Tensor, step: int) -> int:
+    return int(logits.argmax())
+
+
+def test_a_multi_step_call_decodes_in_the_worker_without_waiting_for_its_program(sched) -> None:
+    """``pred(steps=5)``: each chosen token goes straight back into the queue and rides the next
+    forward, batched with another session's one-token calls; no forward waits out the bound for
+    it (its program sends nothing between steps). The progress callback sees every token but the
+    last; the file holds the prompt and every chosen token but the last; the appended tokens are
+    metered and leave the call's reservation as they land."""
+    scheduler, fs, engine = sched
+    engine.forward_s = 0.01
+    stepping, other, idle = FakeSession("stepping", "a"), FakeSession("other", "b"), FakeSession("idle", "c")
+    scheduler.active_sessions = lambda: [stepping.session_id, idle.session_id]
+    hs = fs.create(stepping.owner)
+    progressed: list[int] = []
+    call = PredCall(stepping, hs, (3, 4), (1,), choose=_argmax, steps=5, on_token=progressed.append)
+    call.reserved = 2 + 4
+    future = scheduler.submit(call)
+    others = [scheduler.submit(PredCall(other, fs.create(other.owner), (7 + i,), (0,))) for i in range(3)]
+    scheduler.start()
+    got = future.result(timeout=10)
+    for f in others:
+        f.result(timeout=10)
+    want, tok = [], 4
+    for pos in range(1, 6):  # the fake logits: argmax (token + position) % VOCAB
+        tok = (tok + pos) % VOCAB
+        want.append(tok)
+    assert got == want and progressed == want[:-1]
+    assert fs.tokens(stepping.owner, hs) == [3, 4, *want[:-1]]
+    assert stepping.tokens == 2 + 4 and stepping.unreserved == 2 + 3 and call.reserved == 1
+    # Each step shares a forward with one of the other tenant's calls (the contended-seat cap
+    # gives it as many seats as this tenant's one) until those are done.
+    assert [len(b.items) for b in engine.batches] == [2, 2, 2, 1, 1]
+    reasons = scheduler.snapshot()["launch_reasons"]
+    assert reasons.get("bound", 0) == 0, reasons
+
+
+def test_a_stop_token_or_a_full_context_ends_a_multi_step_call_with_what_it_chose(sched) -> None:
+    scheduler, fs, _engine = sched
+    s = FakeSession("s", "t")
+    scheduler.active_sessions = lambda: [s.session_id]
+    scheduler.start()
+    h = fs.create(s.owner)
+    # From token 4 at position 1: 5, 7, 10, ... (the fake logits); 7 is a stop token.
+    assert scheduler.submit(PredCall(s, h, (3, 4), (1,), choose=_argmax, steps=9, stop=frozenset({7}))).result(
+        timeout=10
+    ) == [5, 7]
+    full = fs.create(s.owner)
+    scheduler.submit(PredCall(s, full, tuple(range(1, 197)), (195,))).result(timeout=10)
+    got = scheduler.submit(PredCall(s, full, (9,), (0,), choose=_argmax, steps=20)).result(timeout=10)
+    assert len(got) == 4 and len(fs.tokens(s.owner, full)) == 200, "ends at max_model_len 200, no error"
+    with pytest.raises(ContextFull):
+        scheduler.submit(PredCall(s, full, (got[-1],), (0,), choose=_argmax, steps=20)).result(timeout=10)
+
+
+def test_a_cancelled_multi_step_call_stops_stepping(sched) -> None:
+    """A call whose waiter gave up (deadline, closed connection) is not put back in the queue."""
+    scheduler, fs, engine = sched
+    engine.forward_s = 0.02
+    s = FakeSession("s", "t")
+    scheduler.active_sessions = lambda: [s.session_id]
+    scheduler.start()
+    seen = threading.Event()
+    call = PredCall(s, fs.create(s.owner), (3,), (0,), choose=_argmax, steps=100, on_token=lambda t: seen.set())
+    future = scheduler.submit(call)
+    assert seen.wait(10)
+    future.cancel()
+    time.sleep(0.2)
+    forwards = len(engine.batches)
+    time.sleep(0.2)
+    assert len(engine.batches) == forwards < 50
 
 
 def test_the_bounded_wait_is_a_fraction_of_the_forward_time(tmp_path: Path) -> None:

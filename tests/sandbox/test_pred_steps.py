@@ -1,0 +1,161 @@
+"""``pred_tokens``: a decode of many tokens inside the worker, against a real worker process.
+
+The contract (``protocol.Pred``'s ``steps``): the same tokens as one ``pred_token`` a step, the
+last one not in the file yet, early end at a stop token or where a step cannot run (the next
+call says why), ``seed + j`` at step ``j``, and each token streamed before the call returns."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+import symphony as sy
+from gpu_worker import protocol
+from symphony import aio
+
+pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(180)]
+
+PROMPT = "The capital of France is a city where"
+
+
+@pytest.fixture
+def session(gpu_worker_process):
+    info = gpu_worker_process.create_session()
+    s = sy.connect(info.socket_path, info.token)
+    try:
+        yield s
+    finally:
+        s.close()
+        gpu_worker_process.end_session(info.session_id)
+
+
+def one_by_one(s: sy.Session, ids: list[int], n: int, **choice) -> list[int]:
+    """The reference: one ``pred_token`` a step, seeded ``seed + step`` as ``pred_tokens`` is."""
+    kv, out, pending, seed = s.kv_create(), [], ids, choice.pop("seed", None)
+    for step in range(n):
+        tok = s.pred_token(kv, pending, seed=None if seed is None else seed + step, **choice)
+        out.append(tok)
+        pending = [tok]
+    return out
+
+
+def test_steps_choose_what_one_call_a_step_chooses_and_stream_each_token(session) -> None:
+    ids = session.tokenize(PROMPT)
+    want = one_by_one(session, ids, 10)
+    kv, streamed = session.kv_create(), []
+    got = session.pred_tokens(kv, ids, 10, on_token=streamed.append)
+    assert got == want and streamed == want
+    assert session.kv_tokens(kv) == ids + got[:-1], "the last token is not in the file yet, as with pred_token"
+    assert session.pred_tokens(kv, got[-1:], 3) == one_by_one(session, ids + got, 3)
+
+
+def test_each_step_is_metered_as_one_forward_call(gpu_worker_process) -> None:
+    """Billing does not depend on how a program issues its steps: ``pred_calls`` counts the
+    forwards, as one ``pred_token`` a step would."""
+    info = gpu_worker_process.create_session()
+    s = sy.connect(info.socket_path, info.token)
+    try:
+        ids = s.tokenize(PROMPT)
+        s.pred_tokens(s.kv_create(), ids, 6, stop=[])
+    finally:
+        s.close()
+        usage = gpu_worker_process.end_session(info.session_id).usage
+    assert usage["pred_calls"] == 6
+    assert usage["prefill_tokens"] == len(ids) and usage["decode_tokens"] == 5
+
+
+def test_sampled_steps_use_seed_plus_step_and_a_stop_token_ends_the_call(session) -> None:
+    ids = session.tokenize(PROMPT)
+    want = one_by_one(session, ids, 8, temperature=1.0, seed=41)
+    assert session.pred_tokens(session.kv_create(), ids, 8, temperature=1.0, seed=41) == want
+    stop = want[3]
+    cut = want.index(stop) + 1
+    kv = session.kv_create()
+    assert session.pred_tokens(kv, ids, 8, temperature=1.0, seed=41, stop=[stop]) == want[:cut]
+    assert len(kv) == len(ids) + cut - 1
+
+
+def test_more_steps_than_one_call_takes_go_in_several_calls(session, monkeypatch) -> None:
+    """Past ``MAX_PRED_STEPS`` the SDK goes on in a next call: same tokens, seeds carried over."""
+    ids = session.tokenize(PROMPT)
+    want = one_by_one(session, ids, 9, temperature=0.8, seed=7)
+    monkeypatch.setattr(protocol, "MAX_PRED_STEPS", 4)
+    streamed: list[int] = []
+    got = session.pred_tokens(session.kv_create(), ids, 9, temperature=0.8, seed=7, on_token=streamed.append)
+    assert got == want and streamed == want
+
+
+def test_a_step_that_cannot_run_ends_the_call_and_the_next_call_says_why(session, gpu_worker_process) -> None:
+    """The worker runs with --max-model-len 2048: a decode that reaches it returns what it chose,
+    and appending the last token is refused with NoSpace, as it is token by token."""
+    kv = session.kv_create()
+    session.release(session.pred(kv, [5] * 2040))
+    got = session.pred_tokens(kv, [6], 50)
+    assert len(got) == 8 and len(kv) == 2048
+    with pytest.raises(sy.NoSpace):
+        session.pred_tokens(kv, got[-1:], 5)
+    with gpu_worker_process.session(max_tokens=30) as info:
+        s = sy.connect(info.socket_path, info.token)
+        try:
+            ids = s.tokenize(PROMPT)
+            got = s.pred_tokens(s.kv_create(), ids, 100)
+            assert len(got) == 30 - len(ids) + 1, "steps stop where the run's token budget does"
+            with pytest.raises(sy.QuotaExceeded):
+                s.pred_tokens(s.kv_create(), [1], 1)
+        finally:
+            s.close()
+
+
+def test_a_failing_callback_fails_its_call_after_the_reply_and_the_session_goes_on(session) -> None:
+    ids = session.tokenize(PROMPT)
+
+    def boom(token: int) -> None:
+        raise RuntimeError("the program's callback failed")
+
+    with pytest.raises(RuntimeError, match="callback failed"):
+        session.pred_tokens(session.kv_create(), ids, 4, on_token=boom)
+    assert session.pred_tokens(session.kv_create(), ids, 2) == one_by_one(session, ids, 2)
+
+
+def test_bad_steps_are_refused_with_errors_that_say_what_is_wrong(session) -> None:
+    ids = session.tokenize(PROMPT)
+    kv = session.kv_create()
+    with pytest.raises(sy.InvalidArgument, match="steps must be a positive integer"):
+        session.pred_tokens(kv, ids, 0)
+    state = session.grammar(regex="(yes|no)").state()
+    conn = session.conn
+    for args, message in (
+        ({"steps": 4}, "steps > 1 needs then"),
+        ({"steps": 4, "then": {"argmax": {}}, "positions": [0]}, "last position only"),
+        ({"steps": 4, "then": {"argmax": {"mask": state.id}}}, "needs advance"),
+        ({"steps": protocol.MAX_PRED_STEPS + 1, "then": {"argmax": {}}}, "steps"),
+        ({"steps": 2, "then": {"argmax": {}}, "stop": [10**9]}, "stop"),
+    ):
+        with pytest.raises(sy.InvalidArgument, match=message):
+            conn.call("pred", {"kv": kv.id, "tokens": ids, **args})
+    assert len(kv) == 0, "nothing refused landed"
+
+
+def test_asyncio_flavour_streams_steps_on_its_loop(gpu_worker_process) -> None:
+    info = gpu_worker_process.create_session()
+
+    async def run() -> tuple[list[int], list[int], list[int]]:
+        s = await aio.connect(info.socket_path, info.token)
+        ids = await s.tokenize(PROMPT)
+        loop, streamed = asyncio.get_running_loop(), []
+
+        def on_token(token: int) -> None:
+            assert asyncio.get_running_loop() is loop
+            streamed.append(token)
+
+        got = await s.pred_tokens(await s.kv_create(), ids, 6, on_token=on_token)
+        ref = await s.generate(await s.kv_create(), ids, 6, stop=[])
+        s.close()
+        return got, streamed, ref
+
+    try:
+        got, streamed, ref = asyncio.run(run())
+    finally:
+        gpu_worker_process.end_session(info.session_id)
+    assert got == streamed == ref
