@@ -159,3 +159,14 @@ def test_asyncio_flavour_streams_steps_on_its_loop(gpu_worker_process) -> None:
     finally:
         gpu_worker_process.end_session(info.session_id)
     assert got == streamed == ref
+
+
+def test_generate_ended_by_a_stop_token_leaves_prompt_and_output_in_the_file(session) -> None:
+    """The stop token is neither returned nor appended, and no token is appended twice."""
+    ids = session.tokenize(PROMPT)
+    want = one_by_one(session, ids, 12, temperature=1.0, seed=5)  # (greedy repeats one token)
+    cut = next(i for i in range(1, 12) if want[i] not in want[:i])  # a token not generated before
+    stop = want[cut]
+    kv = session.kv_create()
+    out = session.generate(kv, ids, 12, stop=[stop], temperature=1.0, seed=5)
+    assert out == want[:cut] and session.kv_tokens(kv) == ids + out
