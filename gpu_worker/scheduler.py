@@ -957,12 +957,18 @@ class Scheduler:
                     done.append(call)
             results = [self._resolve(call) for call in done]
         finished: list[tuple[PredCall, object]] = []
+        stepping: list[PredCall] = []
+        for call, result in zip(done, results, strict=True):
+            if call.steps > 1 and self._next_step(call, result):
+                stepping.append(call)
+            else:
+                finished.append((call, result))
         with self._cond:
-            for call, result in zip(done, results, strict=True):
-                if call.steps > 1 and self._next_step(call, result):
-                    self.queue.push(call, front=True)
+            for call in stepping:
+                if call.cut:  # its session ended since ``_next_step`` looked
+                    finished.append((call, list(call.chosen)))
                 else:
-                    finished.append((call, result))
+                    self.queue.push(call, front=True)
             self._running = []
         for call, result in finished:
             m.calls += 1
