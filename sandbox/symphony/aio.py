@@ -315,8 +315,7 @@ class AsyncSession:
         """Same contract as :meth:`symphony.Session.pred_tokens`; ``on_token`` runs on this
         event loop, before this returns."""
         checks.mask(mask, "pred")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise InvalidArgument(f"steps must be a positive integer, not {steps!r}", op="pred")
+        steps = checks.steps(steps, "pred")
         stops = checks.token_ids(stop, "pred")
         loop = asyncio.get_running_loop()
         out: list[int] = []

@@ -369,8 +369,7 @@ class Session:
         returns (for streaming). It runs on whichever thread reads the socket: keep it short and
         make no Symphony call from it; what it raises is raised here once the call is over."""
         checks.mask(mask, "pred")
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise InvalidArgument(f"steps must be a positive integer, not {steps!r}", op="pred")
+        steps = checks.steps(steps, "pred")
         stops = checks.token_ids(stop, "pred")
         out: list[int] = []
         pending = checks.token_ids(tokens, "pred")

@@ -20,6 +20,13 @@ from symphony.wire import protocol
 _CHANNEL_NAME = re.compile(protocol.CHANNEL_NAME_PATTERN)
 
 
+def steps(value: Any, op: str) -> int:
+    """A positive number of decode steps (``pred_tokens``, ``generate``'s ``max_tokens``)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise InvalidArgument(f"steps must be a positive integer, not {value!r}", op=op)
+    return value
+
+
 def token_ids(tokens: Any, op: str) -> list[int]:
     """``tokens`` as a list of ints; text (or bytes) is refused with a hint to tokenize it."""
     if isinstance(tokens, (str, bytes, bytearray)):

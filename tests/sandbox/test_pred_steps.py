@@ -19,17 +19,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(180
 PROMPT = "The capital of France is a city where"
 
 
-@pytest.fixture
-def session(gpu_worker_process):
-    info = gpu_worker_process.create_session()
-    s = sy.connect(info.socket_path, info.token)
-    try:
-        yield s
-    finally:
-        s.close()
-        gpu_worker_process.end_session(info.session_id)
-
-
 def one_by_one(s: sy.Session, ids: list[int], n: int, **choice) -> list[int]:
     """The reference: one ``pred_token`` a step, seeded ``seed + step`` as ``pred_tokens`` is."""
     kv, out, pending, seed = s.kv_create(), [], ids, choice.pop("seed", None)

@@ -21,17 +21,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(180
 PROMPT = "The capital of France is a city where"
 
 
-@pytest.fixture
-def session(gpu_worker_process):
-    info = gpu_worker_process.create_session()
-    s = sy.connect(info.socket_path, info.token)
-    try:
-        yield s
-    finally:
-        s.close()
-        gpu_worker_process.end_session(info.session_id)
-
-
 @pytest.fixture(scope="module")
 def hf_model(tiny_model_dir: Path):
     from transformers import AutoModelForCausalLM
