@@ -997,25 +997,25 @@ class Pred(Args):
     stream: bool = arg(Bool(), default=False)
 
     def _validate(self) -> None:
-        """Positions become non-negative offsets into ``tokens``."""
+        """Positions become non-negative offsets into ``tokens``; then ``steps`` is checked."""
         n = len(self.tokens)
         values = self.__dict__
+        if self.positions is None:
+            values["positions"] = (n - 1,)
+        else:
+            rows = []
+            for p in self.positions:
+                if not (type(p) is int or _is_int(p)) or not -n <= p < n:
+                    raise _bad(f"position {p!r} outside tokens (length {n})")
+                rows.append(p % n)
+            values["positions"] = tuple(rows)
         if self.steps > 1:
             if self.then is None:
                 raise _bad("steps > 1 needs then (the worker chooses each token)")
-            if self.positions is not None and [p % n if -n <= p < n else p for p in self.positions] != [n - 1]:
+            if values["positions"] != (n - 1,):
                 raise _bad("steps > 1 decodes from the last position only")
             if _is_int(self.then.mask) and not self.then.advance:
                 raise _bad("steps > 1 with a grammar mask needs advance (the worker moves it each step)")
-        if self.positions is None:
-            values["positions"] = (n - 1,)
-            return
-        rows = []
-        for p in self.positions:
-            if not (type(p) is int or _is_int(p)) or not -n <= p < n:
-                raise _bad(f"position {p!r} outside tokens (length {n})")
-            rows.append(p % n)
-        values["positions"] = tuple(rows)
 
 
 @lip_op("dist_argmax", int)

@@ -186,16 +186,10 @@ class WorkerSession:
     def deadline_error(self) -> ProtocolError:
         return ProtocolError(ErrorCode.TIMEOUT, f"run deadline of {self.limits.deadline_s}s passed")
 
-    def reserve_tokens(self, n: int) -> None:
-        """Admit ``n`` more tokens against ``max_tokens`` (counting calls still in flight)."""
-        cap = self.limits.max_tokens
-        with self._lock:
-            self._reserve(cap, n)
-
     def reserve_tokens_upto(self, least: int, most: int) -> int:
-        """Admit between ``least`` and ``most`` more tokens, as many as ``max_tokens`` leaves
-        room for (a multi-step ``pred``: its steps stop where the budget does); QUOTA when not
-        even ``least`` fit. Returns how many were admitted."""
+        """Admit between ``least`` and ``most`` more tokens against ``max_tokens`` (counting calls
+        still in flight), as many as it leaves room for (a multi-step ``pred``: its steps stop
+        where the budget does); QUOTA when not even ``least`` fit. Returns how many."""
         cap = self.limits.max_tokens
         with self._lock:
             room = most if cap is None else cap - self.usage.total_tokens - self.reserved_tokens

@@ -21,7 +21,7 @@ _CHANNEL_NAME = re.compile(protocol.CHANNEL_NAME_PATTERN)
 
 
 def steps(value: Any, op: str) -> int:
-    """A positive number of decode steps (``pred_tokens``, ``generate``'s ``max_tokens``)."""
+    """A positive number of decode steps (``pred_tokens``, both SDK flavours)."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise InvalidArgument(f"steps must be a positive integer, not {value!r}", op=op)
     return value
