@@ -713,16 +713,21 @@ class KVFS:
         self._maybe_free(file)
 
     # ------------------------------------------------------------------- prefix cache
-    def _register_full_pages(self, file: KVFile) -> None:
-        """Index the file's pages that became full (their tokens are final) under their chained
-        keys. Only device-resident, cache-enabled files with the cache on; O(new full pages)."""
-        if self.prefix is None or not file.cache or file.residency != DEVICE:
-            return
+    def _extend_chain(self, file: KVFile) -> int:
+        """Key the file's full computed pages it has no key for yet; returns how many are full."""
         bs = self.block_size
         full = file.computed // bs
         while len(file.chain) < full:
             i = len(file.chain)
             file.chain.append(chain_key(file.chain[-1] if i else b"", file.tokens[i * bs : (i + 1) * bs]))
+        return full
+
+    def _register_full_pages(self, file: KVFile) -> None:
+        """Index the file's pages that became full (their tokens are final) under their chained
+        keys. Only device-resident, cache-enabled files with the cache on; O(new full pages)."""
+        if self.prefix is None or not file.cache or file.residency != DEVICE:
+            return
+        full = self._extend_chain(file)
         for i in range(file.registered, full):
             self.prefix.register(file.tenant, file.chain[i], file.pages[i])
         file.registered = full
@@ -892,9 +897,35 @@ class KVFS:
         return self.alloc.free_count + cached + sum(len(f.pages) for f in self._evictable())
 
     def _ensure_device(self, file: KVFile) -> None:
-        if file.residency != DEVICE:
-            self._reserve(file.tenant, file.spilled_pages)
-            self.tiers.reload(file)
+        """Bring a spilled file back onto device pages. Its first full pages that the tenant's
+        prefix cache holds (a system prompt every conversation starts with) are mapped, not
+        copied: a reloaded conversation shares them again as it did before it left, so it takes
+        only its own pages of the device and of the copy. (Reloaded onto fresh pages, 48
+        conversations over one 600-token system prompt each came back with a private copy of
+        its four pages: the device held half as many of them, and every reload copied twice
+        the bytes.) The fresh pages are indexed as a new file's would be."""
+        if file.residency == DEVICE:
+            return
+        lead = self._cached_lead(file)
+        try:
+            self._reserve(file.tenant, file.spilled_pages - len(lead))
+        except BaseException:
+            self.alloc.decref(lead)
+            raise
+        self.tiers.reload(file, lead)
+        file.registered = len(lead)
+        self._register_full_pages(file)
+
+    def _cached_lead(self, file: KVFile) -> list[int]:
+        """The prefix cache's pages for the spilled file's first full pages (the longest run
+        from the first), each with a reference taken for the caller so that making room for the
+        rest cannot reclaim them."""
+        if self.prefix is None or not file.cache:
+            return []
+        full = min(self._extend_chain(file), file.spilled_pages)
+        pages = self.prefix.lookup(file.tenant, file.chain[:full])
+        self.alloc.incref(file.tenant, pages)
+        return pages
 
     @_locked
     def swap_out(self, owner: Owner) -> int:

@@ -1,8 +1,8 @@
 """Moving KV files between tiers: device pages -> host tensors -> safetensors on the KV store.
 
 Only page *data* moves here (through ``PageIO``); which file moves when is decided by the KVFS
-facade. Reloading always writes into freshly allocated pages, so a reloaded file shares no page
-with anything.
+facade. Reloading writes into freshly allocated pages, except for the leading pages KVFS finds
+in the tenant's prefix cache (``reload(lead=...)``), which are mapped shared instead.
 
 A file reloaded from host memory keeps its host tensor as a *clean copy* while nothing writes to
 it (``KVFile.host_data`` on a device-resident file; KVFS drops it before any append or truncate).
@@ -178,28 +178,32 @@ class Tiers:
         file.residency = DISK
         log.info("event=kv_spill tier=disk file=%s pages=%d", file.path, n)
 
-    def reload(self, file: KVFile) -> None:
-        """Bring a spilled file back onto fresh device pages (caller checked the budget); a
-        host tensor stays as the file's clean copy (see the module docstring)."""
+    def reload(self, file: KVFile, lead: Sequence[int] = ()) -> None:
+        """Bring a spilled file back onto device pages (caller checked the budget): ``lead``
+        are pages already holding its first pages' KV (the prefix cache's, referenced for the
+        file by the caller), the rest are fresh pages written from the spilled copy. A host
+        tensor stays as the file's clean copy (see the module docstring)."""
         if file.residency == DEVICE:
             return
         n = file.spilled_pages
+        if len(lead) > n:
+            raise ValueError(f"{len(lead)} lead pages for a file of {n}")
         if file.residency == HOST:
             data = file.host_data
         else:
             data = decode_data(self.store.get(store_key(file.tenant, file.name or "")))
-        pages = self.alloc.alloc(file.tenant, n)
-        if n:
+        fresh = self.alloc.alloc(file.tenant, n - len(lead))
+        if fresh:
             assert data is not None and data.shape[0] == n
-            self.page_io.write_pages(pages, data)
-        file.pages = pages
+            self.page_io.write_pages(fresh, data[len(lead) :])
+        file.pages = [*lead, *fresh]
         if file.residency == HOST and file.host_data is not None:
             self.clean_pages += n
         else:
             file.host_data = None
         file.spilled_pages = 0
         file.residency = DEVICE
-        log.info("event=kv_reload file=%s pages=%d", file.path, n)
+        log.info("event=kv_reload file=%s pages=%d copied=%d", file.path, n, len(fresh))
 
     def drop(self, file: KVFile) -> None:
         """Release every tier's copy (pages, host tensor); the store blob is the caller's."""

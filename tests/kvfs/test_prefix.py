@@ -195,3 +195,78 @@ def test_bad_token_ids_map_nothing_and_the_append_refuses_them(tmp_path):
     with pytest.raises(InvalidArgument):
         fs.plan_append(A, h, [-1] * (2 * BLOCK))
     fs.check()
+
+
+def _conversation(fs, io, owner, name, own_tokens):
+    """A named conversation file over the shared PROMPT's full pages plus its own tokens, closed."""
+    h = fs.create(owner, name)
+    tokens = PROMPT[: 3 * BLOCK] + own_tokens
+    mapped = fs.map_cached_prefix(owner, h, tokens, len(tokens) - 1)
+    append(fs, io, owner, h, tokens[mapped:])
+    fs.close(owner, h)
+    return tokens
+
+
+def _counting_writes(io):
+    written: list[int] = []
+    write = io.write_pages
+
+    def counted(page_ids, data):
+        written.extend(page_ids)
+        write(page_ids, data)
+
+    io.write_pages = counted
+    return written
+
+
+def test_a_reloaded_file_maps_its_cached_leading_pages_instead_of_copying_them(tmp_path):
+    fs, io = make_fs(tmp_path, num_pages=12, host_pages=16, prefix_cache=True)  # 11 usable pages
+    one = _conversation(fs, io, A, "one", [7] * (2 * BLOCK))  # 3 shared + 2 own pages
+    two = _conversation(fs, io, A, "two", [8] * (2 * BLOCK))
+    assert fs.stats().free_pages == 4  # the system prompt's 3 pages are held once
+    h = fs.create(A2, cache=False)
+    append(fs, io, A2, h, [3] * (6 * BLOCK))  # spills "one" (the least recently used)
+    assert [f.residency for f in fs.list_files("acme")] == ["host", "device"]
+    fs.close(A2, h)
+    written = _counting_writes(io)
+    h1 = fs.open(A, "one", "w")
+    h2 = fs.open(A, "two", "w")
+    pages1 = fs._handles.get(A, h1).file.pages
+    pages2 = fs._handles.get(A, h2).file.pages
+    assert pages1[:3] == pages2[:3]  # shared again, as before it left
+    assert len(written) == 2  # only its own pages were copied back
+    assert io.kv_of(fs, A, h1) == expected_kv(one) and io.kv_of(fs, A, h2) == expected_kv(two)
+    fs.check()
+
+
+def test_a_reload_without_the_cached_pages_copies_them_and_indexes_them_again(tmp_path):
+    fs, io = make_fs(tmp_path, num_pages=9, host_pages=16, prefix_cache=True)  # 8 usable pages
+    one = _conversation(fs, io, A, "one", [7] * BLOCK)  # 3 shared + 1 own page
+    h = fs.create(A2, cache=False)
+    append(fs, io, A2, h, [3] * (8 * BLOCK))  # the whole pool: "one" spills, the cache is reclaimed
+    assert fs.stats().prefix_indexed_pages == 0
+    fs.close(A2, h)
+    written = _counting_writes(io)
+    h1 = fs.open(A, "one", "w")
+    assert len(written) == 4 and io.kv_of(fs, A, h1) == expected_kv(one)
+    assert fs.stats().prefix_indexed_pages == 4  # its full pages are cached again
+    fs.close(A, h1)
+    h2 = fs.create(A2)
+    assert fs.map_cached_prefix(A2, h2, [*one, 1], len(one)) == len(one)
+    fs.check()
+
+
+def test_a_reload_that_does_not_fit_gives_its_cached_pages_back(tmp_path):
+    fs, io = make_fs(tmp_path, num_pages=12, host_pages=16, prefix_cache=True, device_pages_per_tenant=6)
+    _conversation(fs, io, A, "one", [7] * (2 * BLOCK))  # 3 shared + 2 own pages
+    h = fs.create(A2, cache=False)
+    append(fs, io, A2, h, [3] * (3 * BLOCK))  # within the bound only once "one" spills
+    assert fs.list_files("acme")[0].residency == "host"
+    with pytest.raises(NoSpace):
+        fs.open(A, "one")  # its 2 own pages do not fit beside the 3 held and its 3 cached
+    assert fs.list_files("acme")[0].residency == "host"
+    fs.check()  # every reference is a file's or the index's: none leaked by the failed reload
+    fs.close(A2, h)
+    h1 = fs.open(A, "one")
+    assert io.kv_of(fs, A, h1) == expected_kv(PROMPT[: 3 * BLOCK] + [7] * (2 * BLOCK))
+    fs.check()
