@@ -206,8 +206,10 @@ class Streamer:
 
     Only used when no stop string is watched: then the text never ends the decode, and the
     two round trips a token costs (``detokenize`` of the answer so far, ``send_to_user``) need
-    not sit between one forward and the next. Tokens that arrive while a send is in flight go
-    out together in the next one. The choice sends the final text itself after :meth:`close`.
+    not sit between one forward and the next. Each token's text goes out as its own message,
+    in order, even when several arrived during one send: the bytes a run streams (which its
+    bill counts) then depend on the tokens alone, not on how fast sends were against the decode.
+    The choice sends the final text itself after :meth:`close`.
     """
 
     def __init__(self, choice, ids):
@@ -232,8 +234,6 @@ class Streamer:
         try:
             while True:
                 count = self.queue.get()
-                while count is not None and not self.queue.empty():
-                    count = self.queue.get()  # only the newest length matters
                 if count is None:
                     return
                 self.choice.stream(detokenize(self.ids[:count]), final=False)

@@ -62,3 +62,32 @@ def test_penalties_keep_the_program_in_the_loop(gpu_worker_process) -> None:
     """A frequency penalty counts the tokens so far, which only the program does: token by token."""
     result, _, calls, _ = _run(gpu_worker_process, max_tokens=8, frequency_penalty=1.0)
     assert calls > 2 and result["choices"][0]["text"]
+
+
+def test_the_streamer_sends_every_token_however_slow_its_sends_are():
+    """What a run streams (and is billed for) depends on its tokens, not on timing: tokens that
+    arrive while a send is in flight still go out one message each, in order."""
+    import threading
+    import time
+
+    program = _builtin_program()
+    program.detokenize = lambda ids: "".join(f"<{i}>" for i in ids)
+    sent: list[str] = []
+    first_send = threading.Event()
+
+    class SlowChoice:
+        def stream(self, text, final):
+            sent.append(text)
+            first_send.set()
+            time.sleep(0.05)  # every further token arrives during this send
+
+    ids: list[int] = []
+    streamer = program.Streamer(SlowChoice(), ids)
+    ids.append(1)
+    streamer.push()
+    first_send.wait(5)
+    for tok in (2, 3, 4):
+        ids.append(tok)
+        streamer.push()
+    streamer.close()
+    assert sent == ["<1>", "<1><2>", "<1><2><3>", "<1><2><3><4>"]
