@@ -547,7 +547,7 @@ def _conversation_file(conversation):
 
 def _continue(conversation, prompt, prefill):
     """(kv, what ``prefill`` returned for the new tokens, prompt tokens reused from the
-    conversation's file)."""
+    conversation's file, tokens the file held when opened)."""
     kv = _conversation_file(conversation)
     held = kv_tokens(kv)
     common, limit = 0, min(len(held), len(prompt) - 1)  # at least one token is predicted
@@ -560,7 +560,7 @@ def _continue(conversation, prompt, prefill):
     except NoSpace:  # the file meets the tenant's stored-KV budget: go on in a private copy
         kv = kv_fork(kv)
         first = prefill(kv, prompt[common:])
-    return kv, first, common
+    return kv, first, common, len(held)
 
 
 def _refused(prompt, exc):
@@ -579,7 +579,7 @@ def main(args):
         prompts = [tokenize(p) if isinstance(p, str) else [int(t) for t in p] for p in args["prompts"]]
     n = int(args.get("n", 1))
     echo = bool(args.get("echo"))
-    jobs, prompt_tokens, cached_tokens = [], 0, 0
+    jobs, prompt_tokens, cached_tokens, opened_tokens = [], 0, 0, 0
     for p_index, prompt in enumerate(prompts):
         if not prompt:
             return {"invalid_request": {"message": "a prompt tokenizes to no tokens", "param": "prompt"}}
@@ -600,7 +600,7 @@ def main(args):
 
         try:
             if root is None:
-                root, first, reused = _continue(args["conversation"], prompt, prefill)
+                root, first, reused, opened_tokens = _continue(args["conversation"], prompt, prefill)
                 cached_tokens += reused
             elif echo and args.get("logprobs") is not None:
                 first, prompt_entries = _prompt_logprobs(root, prompt, int(args["logprobs"]), ctx.vocab)
@@ -646,5 +646,7 @@ def main(args):
     completion = sum(c.pop("completion_tokens") for c in choices)
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion}
     if args.get("conversation"):
-        usage["cached_tokens"] = cached_tokens
+        # What the file held when opened: the worker meters all of it as cached at the open,
+        # however little of it this prompt shares (api/services/responses.py: usage).
+        usage["cached_tokens"], usage["opened_tokens"] = cached_tokens, opened_tokens
     return {"choices": choices, "usage": usage}

@@ -318,14 +318,18 @@ def call_item(run: Run, call: dict, arguments: str | None = None) -> dict:
 
 def usage(run: Run) -> dict:
     """OpenAI's usage of a finished turn (sync code only: it reads the run's usage row).
-    ``cached_tokens``: the prompt tokens not computed, whether the conversation's kept KV file
-    held them (what the built-in program reports) or the worker's prefix cache served them (what
-    it metered, which counts the kept file's tokens too): the larger of the two."""
+    ``cached_tokens``: the prompt tokens not computed: those the conversation's kept KV file
+    shared with the prompt (what the built-in program reports) plus those the worker's prefix
+    cache served. The worker's metered count has both, but it counts the whole kept file at its
+    open, also the part a changed prompt (other instructions, an edited turn) truncated away: that
+    part, what the file held less what was reused, is taken off it."""
     result: dict = run.result if isinstance(run.result, dict) else {}
     used = result.get("usage") or {}
     prompt, completion = int(used.get("prompt_tokens", 0)), int(used.get("completion_tokens", 0))
     metered = UsageRecord.objects.filter(run_id=run.pk).values_list("cached_tokens", flat=True).first() or 0
-    cached = min(prompt, max(int(used.get("cached_tokens", 0)), int(metered)))
+    reused = int(used.get("cached_tokens", 0))
+    dropped = max(0, int(used.get("opened_tokens", reused)) - reused)
+    cached = min(prompt, max(reused, int(metered) - dropped))
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": cached},

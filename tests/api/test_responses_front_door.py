@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from api.models import Plan, Run, StoredResponse
+from api.models import Plan, Run, StoredResponse, UsageRecord
 from api.services import openai_compat, responses
 
 pytestmark = pytest.mark.django_db
@@ -136,6 +136,22 @@ def test_a_follow_up_renders_the_stored_chain_and_keeps_its_kv_file(api_tenant_a
     assert fresh.is_valid()
     turn = responses.prepare(tenant, fresh)
     assert turn.completion.args["conversation"]["name"] == f"resp-{turn.id.hex}"
+
+
+def test_cached_tokens_leave_out_what_a_changed_prompt_truncated_from_the_kept_file(api_tenant_a):
+    """A follow-up with other instructions shares only a few tokens with the conversation's
+    file: the worker metered the whole file as cached when it was opened, the usage says what
+    the prompt reused (plus what the prefix cache served)."""
+    tenant = api_tenant_a.tenant
+    result = {
+        "choices": [{"index": 0, "text": "Blue.", "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 65, "completion_tokens": 3, "cached_tokens": 3, "opened_tokens": 394},
+    }
+    run = _run(tenant, result)
+    UsageRecord.objects.create(tenant=tenant, run=run, cached_tokens=394)
+    assert responses.usage(run)["input_tokens_details"] == {"cached_tokens": 3}
+    UsageRecord.objects.filter(run=run).update(cached_tokens=394 + 32)  # a prefix-cache hit besides
+    assert responses.usage(run)["input_tokens_details"] == {"cached_tokens": 35}
 
 
 def test_a_refused_run_settles_failed(api_tenant_a):
