@@ -600,8 +600,9 @@ def main(args):
 
         try:
             if root is None:
-                root, first, reused, opened_tokens = _continue(args["conversation"], prompt, prefill)
+                root, first, reused, opened = _continue(args["conversation"], prompt, prefill)
                 cached_tokens += reused
+                opened_tokens += opened
             elif echo and args.get("logprobs") is not None:
                 first, prompt_entries = _prompt_logprobs(root, prompt, int(args["logprobs"]), ctx.vocab)
             else:
