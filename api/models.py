@@ -95,6 +95,13 @@ class Tenant(models.Model):
     plan = models.CharField(max_length=32, default="free")
     #: ``host`` or ``host:port`` entries a LIP of this tenant may reach through ``http_fetch``.
     allowed_tool_hosts = models.JSONField(default=list, blank=True)
+    #: The person whose account this tenant counts against: the user who created it. Bounds on
+    #: shared pools apply to an account across all its tenants (gpu_worker/resource_model.py),
+    #: so creating more tenants multiplies none of them. ``None`` for tenants made by staff or
+    #: scripts: each is then an account of its own.
+    account = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="created_tenants"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     #: Set when an owner closes the tenant (api/services/tenant_closure.py): from then on no key,
     #: member or run can use it. The row stays as the tombstone its usage and audit rows bill to.
@@ -104,6 +111,12 @@ class Tenant(models.Model):
 
     def __str__(self) -> str:
         return self.slug
+
+    @property
+    def account_key(self) -> str:
+        """The account's name on the wire and in counters: ``u<user id>``, or ``t<tenant id>``
+        for a tenant with no creator of record."""
+        return f"u{self.account_id}" if self.account_id is not None else f"t{self.pk}"
 
 
 class Membership(models.Model):

@@ -88,6 +88,10 @@ class SessionLimits:
     #: Whether the run's executor serves its ``spawn`` and ``child_cancel`` (the control plane's
     #: executor does, ``api/services/procs.py``; a session opened by hand has nobody to ask).
     spawn: bool = False
+    #: The account the run's tenant counts against (a person's tenants together): pools every
+    #: tenant shares are bounded per account (gpu_worker/resource_model.py). ``None``: the
+    #: tenant is its own account.
+    account: str | None = None
 
     @classmethod
     def parse(cls, limits: object) -> SessionLimits:
@@ -109,6 +113,9 @@ class SessionLimits:
         spawn = limits.get("spawn", False)
         if not isinstance(spawn, bool):
             raise _bad("limits.spawn must be a boolean")
+        account = limits.get("account")
+        if account is not None and (not isinstance(account, str) or not 0 < len(account) <= 64):
+            raise _bad("limits.account must be a string of 1 to 64 characters")
         return cls(
             max_tokens=_opt_int(limits, "max_tokens"),
             max_pages=_opt_int(limits, "max_pages"),
@@ -119,6 +126,7 @@ class SessionLimits:
             weight=float(weight),
             max_stream_bytes=_opt_int(limits, "max_stream_bytes") or DEFAULT_MAX_STREAM_BYTES,
             spawn=spawn,
+            account=account,
         )
 
     def page_cap(self, page_bytes: int) -> int | None:
@@ -163,6 +171,12 @@ class WorkerSession:
     tasks: set[asyncio.Task] = field(default_factory=set)
     #: Child runs this session's LIP spawned: the only ids its ``child_wait`` / ``child_cancel`` take.
     children: set[str] = field(default_factory=set)
+
+    @property
+    def account(self) -> str:
+        """The account that bounds on pools every tenant shares apply to: the one the control
+        plane named, else the tenant alone."""
+        return self.limits.account or f"tenant:{self.tenant}"
 
     def __post_init__(self) -> None:
         self.tree = self.tree or self.run_id or self.session_id

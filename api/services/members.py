@@ -196,14 +196,14 @@ def _unique_slug(name: str) -> str:
     return slug
 
 
-def _insert_tenant(name: str) -> Tenant:
+def _insert_tenant(name: str, account) -> Tenant:
     """Insert with a free slug. Two sign-ups with the same name at once can both see the same
     slug free; the loser of the unique index gets a random suffix instead of an error."""
     slug = _unique_slug(name)
     for _ in range(5):
         try:
             with transaction.atomic():
-                return Tenant.objects.create(name=name, slug=slug)
+                return Tenant.objects.create(name=name, slug=slug, account=account)
         except IntegrityError:
             slug = f"{slug[:50]}-{secrets.token_hex(3)}"
     raise IntegrityError(f"no free slug for tenant {name!r}")
@@ -217,7 +217,7 @@ def create_tenant(user, name: str) -> Tenant:
     owned = Membership.objects.filter(user=user, role=OWNER).count()
     if owned >= settings.SYMPHONY_MAX_OWNED_TENANTS:
         raise TooManyTenants(f"you already own {owned} tenants (the limit is {settings.SYMPHONY_MAX_OWNED_TENANTS})")
-    tenant = _insert_tenant(name)
+    tenant = _insert_tenant(name, account=user)
     Membership.objects.create(user=user, tenant=tenant, role=OWNER)
     _audit(user, tenant, "tenant.create", tenant.slug)
     return tenant

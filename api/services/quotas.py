@@ -181,6 +181,8 @@ def session_limits(run: Run) -> dict:
         "deadline_s": deadline,
         "allowed_hosts": hosts,
         "weight": plan.scheduling_weight,
+        # Pools shared by every tenant are bounded per account (gpu_worker/resource_model.py).
+        "account": tenant.account_key,
     }
     pages = [p for p in (plan.max_device_pages_per_run, requested.get("max_pages")) if p is not None]
     if pages:

@@ -334,6 +334,20 @@ def test_a_tenant_whose_slug_was_taken_meanwhile_gets_a_suffix_not_an_error(api_
     assert tenant.slug.startswith("alpha-") and tenant.slug != "alpha"
 
 
+def test_every_tenant_a_person_creates_counts_against_their_one_account(api_tenant_a):
+    """Bounds on shared pools apply per account (gpu_worker/resource_model.py): the tenants one
+    user creates share one account key, a tenant of another user has its own."""
+    from api.services import members
+
+    erin = _user("erin@example.com")
+    first, second = members.create_tenant(erin, "One"), members.create_tenant(erin, "Two")
+    assert first.account_id == second.account_id == erin.id
+    assert first.account_key == second.account_key == f"u{erin.id}"
+    other = members.create_tenant(_user("frank@example.com"), "Three")
+    assert other.account_key != first.account_key
+    assert api_tenant_a.tenant.account_key == f"t{api_tenant_a.tenant.pk}"  # made by a script
+
+
 def test_an_invitation_link_survives_a_secret_key_rotation_through_the_fallbacks(api_tenant_a, settings):
     owner = api_tenant_a.session_client()
     token = owner.post("/api/v1/invitations", {"email": "rot@example.com"}, format="json").json()["token"]

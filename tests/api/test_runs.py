@@ -166,6 +166,7 @@ def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_ten
         "max_kv_files": 100,
         "weight": 1.0,
         "max_stream_bytes": 16 * 1024 * 1024,
+        "account": api_tenant_a.tenant.account_key,
     }
     unbounded, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
     assert session_limits(unbounded)["deadline_s"] == 60.0
