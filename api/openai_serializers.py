@@ -63,8 +63,7 @@ class MessageContentField(serializers.Field):
             self.fail("type")
         if len(data) > MAX_CONTENT_CHARS:
             self.fail("long")
-        reject_nul(data)
-        return data
+        return data  # U+0000 included, as OpenAI and vLLM take it (api/services/run_args.py)
 
     def to_representation(self, value: str) -> str:
         return value
@@ -167,6 +166,10 @@ class _CommonSerializer(serializers.Serializer):
         child=serializers.IntegerField(min_value=0), required=False, allow_null=True, max_length=MAX_STOP_TOKEN_IDS
     )
     seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31)
+    #: vLLM's sampling extras, which its own clients send: the model's EOS does not end a choice
+    #: (``ignore_eos``); EOS and ``stop_token_ids`` are barred until ``min_tokens`` tokens.
+    ignore_eos = serializers.BooleanField(required=False, allow_null=True)
+    min_tokens = serializers.IntegerField(min_value=0, required=False, allow_null=True)
     stream = serializers.BooleanField(default=False, allow_null=True)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
     response_format = ResponseFormatSerializer(required=False, allow_null=True)
@@ -203,6 +206,16 @@ class _CommonSerializer(serializers.Serializer):
             raise serializers.ValidationError(
                 {"min_p": ["min_p cannot be combined with response_format or tools in this deployment"]}
             )
+        # A grammar ends at EOS, and a stop string seen before min_tokens would still cut the
+        # text where it starts: neither can be honoured with these, so say so.
+        for name in ("ignore_eos", "min_tokens"):
+            if attrs.get(name) and (grammar or self._uses_tool_grammar(attrs) or attrs.get("stop")):
+                raise serializers.ValidationError(
+                    {name: [f"{name} cannot be combined with response_format, tools or stop in this deployment"]}
+                )
+        limit = attrs.get("max_tokens") or attrs.get("max_completion_tokens")
+        if attrs.get("min_tokens") and limit is not None and attrs["min_tokens"] > limit:
+            raise serializers.ValidationError({"min_tokens": ["min_tokens must not exceed max_tokens"]})
         return attrs
 
     def _uses_tool_grammar(self, attrs: dict) -> bool:
@@ -224,6 +237,8 @@ class _CommonSerializer(serializers.Serializer):
             "stop": data.get("stop") or [],
             "stop_token_ids": data.get("stop_token_ids") or [],
             "seed": data.get("seed"),
+            "ignore_eos": bool(data.get("ignore_eos")),
+            "min_tokens": data.get("min_tokens") or 0,
         }
         schema = _schema(self.initial_data.get("response_format"), data.get("response_format"))
         if schema is not None:
@@ -381,8 +396,7 @@ class PromptField(serializers.Field):
         for p in data:
             if isinstance(p, list) and p and all(_is_token(t) for t in p):
                 prompts.append(p)
-            elif isinstance(p, str):
-                reject_nul(p)
+            elif isinstance(p, str):  # U+0000 included (api/services/run_args.py)
                 if not p:
                     self.fail("empty")
                 prompts.append(p)

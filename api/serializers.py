@@ -15,6 +15,7 @@ from api import parsers
 from api.models import ApiKey, AuditLog, Invitation, KVFile, Membership, Program, ProgramVersion, Run
 from api.services import accounts, programs, run_report
 from api.services.quotas import SANDBOX_RESOURCES
+from api.services.run_args import program_args
 from api.tenancy import KEY_SCOPES
 from api.validators import reject_nul, storable_json
 
@@ -399,6 +400,7 @@ class RunSerializer(serializers.ModelSerializer):
 
     def to_representation(self, instance: Run) -> dict:
         data = super().to_representation(instance)
+        data["args"] = program_args(data["args"])  # as the program saw them (U+0000 included)
         if self._in_list():  # a page of runs: no per-run queries
             data.pop("usage", None)
             data.pop("timings", None)

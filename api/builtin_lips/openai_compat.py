@@ -8,7 +8,9 @@ into the response (api/services/openai_compat.py). ``n`` choices share a prompt'
 args: ``messages`` (chat: already ``{role, content}`` strings, tools rendered) or ``prompts``
 (completions: a list of strings or token id lists), ``max_tokens``, ``temperature``, ``top_p``,
 ``top_k``, ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` (token id
-string -> offset), ``seed``, ``n``, ``stop`` (strings), ``stop_token_ids``, ``json_schema``
+string -> offset), ``seed``, ``n``, ``stop`` (strings), ``stop_token_ids``, ``ignore_eos`` (the
+model's EOS does not end a choice), ``min_tokens`` (EOS and ``stop_token_ids`` are barred until a
+choice has that many tokens, as vLLM does), ``json_schema``
 (schema JSON text), ``logprobs`` (how many top alternatives; absent: none), ``echo``, ``tools``
 (``{"call_schema": JSON text, "mode": "auto" | "required", "parallel": bool}``),
 ``conversation`` (``{"name": KV file name, "write": bool}``, /v1/responses: see below).
@@ -85,6 +87,8 @@ MAX_BIAS_ENTRIES = 4096
 MAX_STOP_TOKENS = 256
 #: Prompt positions one ``pred`` may return distributions for (echo with logprobs).
 MAX_ECHO_LOGPROB_TOKENS = 1024
+#: The bias that bars a token (``min_tokens``): far below any logit, within the worker's bound.
+BARRED = -1e9
 
 
 class Invalid(Exception):
@@ -117,7 +121,7 @@ def _fused(args):
 class Sampler:
     """One choice's token choice: temperature, top-p/top-k/min-p, logit bias and penalties."""
 
-    def __init__(self, args, index):
+    def __init__(self, args, index, ends=frozenset()):
         self.temperature = float(args.get("temperature", 1.0))
         self.top_p = float(args.get("top_p", 1.0))
         self.top_k = int(args.get("top_k") or 0)
@@ -128,12 +132,16 @@ class Sampler:
         self.seed = args.get("seed")
         self.index = index
         self.counts = {}
+        #: Tokens barred before ``min_tokens``: those that would end the choice.
+        self.ends, self.min_tokens = ends, int(args.get("min_tokens") or 0)
 
-    def bias(self):
+    def bias(self, step):
         bias = dict(self.logit_bias)
         if self.presence or self.frequency:
             for tok, count in self.counts.items():
                 bias[tok] = bias.get(tok, 0.0) - (count * self.frequency + self.presence)
+        if step < self.min_tokens:
+            bias.update(dict.fromkeys(self.ends, BARRED))
         if len(bias) > MAX_BIAS_ENTRIES:  # the worker's map bound: keep the strongest offsets
             bias = dict(sorted(bias.items(), key=lambda kv: -abs(kv[1]))[:MAX_BIAS_ENTRIES])
         return bias or None
@@ -150,7 +158,7 @@ class Sampler:
             "top_k": self.top_k,
             "seed": self._seed(step) if temperature > 0 else None,
             "mask": mask,
-            "bias": self.bias(),
+            "bias": self.bias(step),
         }
 
     def counted(self, tok):
@@ -159,7 +167,7 @@ class Sampler:
         return tok
 
     def choose(self, dist, step, mask=None, count=True):
-        bias = self.bias()
+        bias = self.bias(step)
         if self.min_p > 0 and mask is None:
             top = dist.topk(MIN_P_CANDIDATES)
             floor = top.logprobs[0] + math.log(self.min_p)
@@ -252,14 +260,16 @@ class Choice:
         #: The response grammar's state the prefill already chose the first token under.
         self.text_mask = text_mask
         self.dist, self.token = (None, first) if isinstance(first, int) else (first, None)
-        self.sampler = Sampler(args, index)
+        self.sampler = Sampler(args, index, frozenset(ctx.eos))
         self.max_tokens = int(args["max_tokens"])
         self.stops = args.get("stop") or []
         self.logprobs = args.get("logprobs")
         #: The worker chooses each text token inside its ``pred`` (see the module docstring).
         self.fused = _fused(args)
         #: Every step chooses alike: the worker may decode many tokens in one call.
-        self.same_choice = self.fused and not (self.sampler.presence or self.sampler.frequency)
+        self.same_choice = self.fused and not (
+            self.sampler.presence or self.sampler.frequency or self.sampler.min_tokens
+        )
         self.steps = 0
         self.sent = ""
         self.pending = []  # logprob entries not streamed yet
@@ -439,7 +449,8 @@ class Choice:
             if not ctx.parallel or len(self.calls) >= MAX_CALLS or not room:
                 return "tool_calls"
             self.forward(ctx.close_ids)
-            again = self.sampler.choose(self.dist, self.steps, sorted(ctx.eos | {ctx.open_ids[0]}), count=False)
+            ends = ctx.eos | ctx.grammar_end | {ctx.open_ids[0]}
+            again = self.sampler.choose(self.dist, self.steps, sorted(ends), count=False)
             if again != ctx.open_ids[0]:
                 return "tool_calls"
             self.forward(ctx.open_ids)
@@ -469,7 +480,9 @@ class Context:
     def __init__(self, args):
         info = session().info  # what the worker said at connect: no round trip
         self.vocab_size = info.vocab_size
-        self.eos = set(info.eos_token_ids) | {int(t) for t in args.get("stop_token_ids") or []}
+        stop_ids = {int(t) for t in args.get("stop_token_ids") or []}
+        #: Tokens that end a choice: the model's EOS (unless ``ignore_eos``) and ``stop_token_ids``.
+        self.eos = (set() if args.get("ignore_eos") else set(info.eos_token_ids)) | stop_ids
         self.grammar_end = set(info.eos_token_ids)
         self.vocab = Vocab()
         tools = args.get("tools")
@@ -478,7 +491,7 @@ class Context:
         self.response_grammar = self.call_grammar = None
         #: Whether the root KV is a conversation's named file (see ``Choice._pred``).
         self.conversation = bool(args.get("conversation"))
-        for tok in list(self.eos) + [int(k) for k in args.get("logit_bias") or {}]:
+        for tok in list(stop_ids) + [int(k) for k in args.get("logit_bias") or {}]:
             if not 0 <= tok < self.vocab_size:
                 param = "logit_bias" if str(tok) in (args.get("logit_bias") or {}) else "stop_token_ids"
                 raise Invalid(f"token id {tok} is outside the vocabulary (size {self.vocab_size})", param)

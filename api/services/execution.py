@@ -22,6 +22,7 @@ from api.services.cancellation import CancelWatch
 from api.services.executor_liveness import ExecutorHeartbeat, executor_alive
 from api.services.procs import ProcessBroker
 from api.services.quotas import SANDBOX_RESOURCES, plan_limits, session_limits
+from api.services.run_args import program_args
 from api.services.runs import RunOutcome, finish_run, start_run
 
 log = logging.getLogger(__name__)
@@ -62,7 +63,7 @@ def _sandbox_spec(run: Run, program_path: Path, session, worker_limits: dict):
 
     return SandboxSpec(
         program_path=str(program_path),
-        args=run.args,
+        args=program_args(run.args),
         session_socket=session.socket_path,
         session_token=session.token,
         run_id=str(run.pk),

@@ -24,6 +24,7 @@ from api.services import cancellation, quota_alerts, routing, run_handoff, tool_
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import PlanLimits, check_can_start
+from api.services.run_args import storable_args
 from api.validators import make_storable
 from gpu_worker import contracts
 from gpu_worker.contracts import EndEvent, RunEvent, StatusEvent
@@ -211,7 +212,7 @@ def create_run(
             run = Run.objects.create(
                 tenant=tenant,
                 program_version=pv,
-                args={**program.default_args, **args},
+                args=storable_args({**program.default_args, **args}),
                 limits=limits,
                 idempotency_key=idempotency_key or None,
                 idempotency_digest=digest,

@@ -60,6 +60,7 @@ from django.db import close_old_connections, connection
 
 from api.models import ProgramVersion, Run
 from api.services import run_handoff
+from api.services.run_args import program_args
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ def launch_in_process(run: Run, session: Any, worker_limits: dict) -> Any:
         return done("failed", EXIT_SETUP_FAILED, error=str(exc))
     try:
         try:
-            result = _load(code, _facade(symphony, sdk_session)).main(run.args)
+            result = _load(code, _facade(symphony, sdk_session)).main(program_args(run.args))
             json.dumps(result, allow_nan=False)
         except Exception as exc:
             message = _error_summary(exc)

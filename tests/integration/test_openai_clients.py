@@ -272,3 +272,49 @@ def test_fused_decode_chooses_what_the_distribution_path_chooses(stack, api_tena
         cut.choices[0].message.content
     )
     assert word not in cut.choices[0].message.content
+
+
+def test_vllm_sampling_extras_and_nul_characters_are_honoured(stack, api_tenant_a):
+    """What vLLM's own benchmark client sends: ``ignore_eos`` (every choice runs to
+    ``max_tokens``), ``min_tokens`` (EOS barred until then) and prompts with U+0000 (its random
+    datasets make them; OpenAI and vLLM answer them)."""
+    client = openai_client(stack, api_tenant_a.key_secret)
+    short = [{"role": "user", "content": "Reply with the single word: yes"}]
+    plain = client.chat.completions.create(model="any", messages=short, max_tokens=64, temperature=0)
+    assert plain.choices[0].finish_reason == "stop", plain  # ended by EOS before the limit
+    least = plain.usage.completion_tokens + 6
+    longer = client.chat.completions.create(
+        model="any", messages=short, max_tokens=least + 16, temperature=0, extra_body={"min_tokens": least}
+    )
+    assert longer.usage.completion_tokens >= least, longer
+    assert longer.choices[0].message.content.startswith(plain.choices[0].message.content.rstrip()), longer
+    for stream in (False, True):
+        forced = client.completions.create(
+            model="any", prompt="The end.", max_tokens=24, temperature=0, stream=stream, extra_body={"ignore_eos": True}
+        )
+        if stream:
+            chunks = list(forced)
+            assert chunks[-1].choices[0].finish_reason == "length"
+        else:
+            assert forced.choices[0].finish_reason == "length" and forced.usage.completion_tokens == 24, forced
+
+    with_nul = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "a\x00b, then say hi"}], max_tokens=4, temperature=0
+    )
+    without = client.chat.completions.create(
+        model="any", messages=[{"role": "user", "content": "ab, then say hi"}], max_tokens=4, temperature=0
+    )
+    assert with_nul.usage.prompt_tokens > without.usage.prompt_tokens, (with_nul.usage, without.usage)
+    prompt = client.completions.create(model="any", prompt="x\x00y", max_tokens=2, temperature=0)
+    assert prompt.usage.prompt_tokens >= 3 and prompt.choices, prompt
+
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="any", messages=short, max_tokens=4, extra_body={"min_tokens": 5})
+    assert "min_tokens must not exceed max_tokens" in str(refused.value)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="any", messages=short, max_tokens=8, stop=["x"], extra_body={"ignore_eos": True}
+        )
+    assert "ignore_eos cannot be combined" in str(refused.value)

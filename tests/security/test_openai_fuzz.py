@@ -80,6 +80,8 @@ VALID = {
     "frequency_penalty": st.floats(min_value=-2, max_value=2),
     "logit_bias": st.dictionaries(st.integers(0, 50_000).map(str), st.floats(-100, 100), max_size=3),
     "stop_token_ids": st.lists(st.integers(0, 50_000), max_size=3),
+    "ignore_eos": st.booleans(),
+    "min_tokens": st.integers(0, 8),
     "user": _text,
     "tools": st.lists(
         st.fixed_dictionaries(
@@ -161,7 +163,17 @@ OPTIONAL = (
     "stream",
     "response_format",
 )
-SAMPLING = ("top_k", "min_p", "presence_penalty", "frequency_penalty", "logit_bias", "stop_token_ids", "user")
+SAMPLING = (
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "stop_token_ids",
+    "ignore_eos",
+    "min_tokens",
+    "user",
+)
 SHAPES = {
     "/v1/chat/completions": _body(("model", "messages"), (*OPTIONAL, *SAMPLING, "tools", "tool_choice")),
     "/v1/completions": _body(("model", "prompt"), (*OPTIONAL, *SAMPLING)),
