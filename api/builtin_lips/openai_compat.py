@@ -602,7 +602,7 @@ def main(args):
         prompt_entries = text_mask = None
         if ctx.fused_prefill(args, n):  # the worker chooses the first token in the prefill
             text_mask = ctx.text_mask()
-            params = Sampler(args, p_index).params(0, text_mask)
+            params = Sampler(args, p_index, frozenset(ctx.eos)).params(0, text_mask)
 
             def prefill(kv, ids, params=params):
                 return pred_token(kv, ids, **params)
