@@ -350,6 +350,8 @@ def apply_chat_template(messages: Sequence[Mapping[str, str]], add_generation_pr
 
 # ------------------------------------------------------------------------------------- I/O
 def send_to_user(data: JSON) -> Call:
+    if type(data) is not str:  # the common case (text) needs no walk
+        data = checks.json_keys(data, "send_to_user", "data")
     return _call(protocol.SendToUser(data=data))
 
 
@@ -426,7 +428,7 @@ def bias_release(bias: Any) -> Call:
 
 
 def finish(result: JSON, error: str | None) -> Call:
-    return _call(protocol.Finish(result=result, error=error))
+    return _call(protocol.Finish(result=checks.json_keys(result, "finish", "result"), error=error))
 
 
 # -------------------------------------------------------------------------------- channels

@@ -76,9 +76,46 @@ def channel_name(name: Any) -> str:
     return name
 
 
+def json_keys(value: Any, op: str, what: str) -> Any:
+    """``value`` with JSON's rules for map keys, as ``json.dumps`` applies them: an int, float,
+    bool or ``None`` key becomes its JSON text (``{1: "a"}`` -> ``{"1": "a"}``).
+
+    The wire (msgpack) carries string keys only, so a result like ``{1: "a"}`` used to fail the
+    program at its very end and lose the result. Two keys that become the same string, and keys
+    JSON has no text for, are refused here naming where they are (``what`` is the value's name,
+    e.g. ``result``), never dropped."""
+    if isinstance(value, dict):
+        if all(type(k) is str for k in value):
+            return {k: json_keys(v, op, f"{what}[{k!r}]") for k, v in value.items()}
+        out: dict[str, Any] = {}
+        originals: dict[str, Any] = {}
+        for key, item in value.items():
+            text = _key_text(key, op, what)
+            if text in originals:
+                raise InvalidArgument(f"{what}: keys {originals[text]!r} and {key!r} are the same key in JSON", op=op)
+            originals[text] = key
+            out[text] = json_keys(item, op, f"{what}[{key!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [json_keys(item, op, f"{what}[{i}]") for i, item in enumerate(value)]
+    return value
+
+
+def _key_text(key: Any, op: str, what: str) -> str:
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, (bool, int, float)):
+        return json.dumps(key)  # True -> "true", None -> "null", 1.5 -> "1.5", as json.dumps does
+    raise InvalidArgument(
+        f"{what}: key {key!r} of type {type(key).__name__} cannot be a JSON key (use str, int, float, bool or None)",
+        op=op,
+    )
+
+
 def channel_value(data: Any, op: str) -> Any:
     """Refuse, before it is sent, a value JSON cannot carry or one over the message bound (the
-    worker checks both again)."""
+    worker checks both again); map keys follow JSON's rules (:func:`json_keys`)."""
+    data = json_keys(data, op, "message")
     try:
         text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

@@ -179,6 +179,7 @@ def run(path: str, on_connected: Callable[[], None] | None = None, records: list
     out_fd = os.dup(1)
     session = None
     import symphony
+    from symphony import checks
 
     def emit(record: dict[str, Any]) -> None:
         line = emit_record(out_fd, record)
@@ -200,6 +201,7 @@ def run(path: str, on_connected: Callable[[], None] | None = None, records: list
         return EXIT_SETUP_FAILED
     try:
         result = call_main(module, args, function)
+        result = checks.json_keys(result, "finish", "result")  # {1: "a"} is {"1": "a"}, as in JSON
         json.dumps(result, allow_nan=False)  # the result must be JSON: fail here, clearly, not later
     except SystemExit as exc:
         if exc.code in (None, 0):
