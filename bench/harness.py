@@ -43,6 +43,16 @@ TINY_MODEL_DIR = ROOT / "bench" / "out" / "models" / "tiny"
 TOKEN_LO, TOKEN_HI = 1000, 30000
 WORKER_START_TIMEOUT_S = 300.0
 
+#: The benchmark protocol (bench/README.md, "The protocol") a record produced by this harness
+#: follows; ``bench/results.py`` judges a record against it.
+PROTOCOL_VERSION = 1
+#: Interleaved repetitions the protocol asks for at least.
+MIN_REPS = 5
+#: A host is *busy* when its 1-minute load average before the run was above this share of its
+#: CPUs (something else was computing), or above CPUs + 1 at the start of a repetition (the
+#: benchmark's own two sides saturate the CPUs; anything past that is someone else's work).
+BUSY_LOAD_BEFORE_PER_CPU = 0.5
+
 # The LIP SDK (``import symphony``) lives in sandbox/; benchmarks run LIP code in-process.
 if str(ROOT / "sandbox") not in sys.path:
     sys.path.insert(0, str(ROOT / "sandbox"))
@@ -166,7 +176,15 @@ class Comparison:
         b = self.baseline.median
         return self.symphony.median / b if b else float("nan")
 
+    @property
+    def paired_ratios(self) -> list[float]:
+        """Symphony ÷ baseline of each repetition's pair (the two sides measured back to back),
+        which cancels the drift between repetitions that a ratio of medians keeps."""
+        pairs = zip(self.symphony.values, self.baseline.values, strict=False)
+        return [s / b for s, b in pairs if b]
+
     def to_dict(self) -> dict[str, Any]:
+        paired = self.paired_ratios
         return {
             **self.extra,  # first: a benchmark's extra keys never shadow the measured fields
             "name": self.name,
@@ -174,6 +192,12 @@ class Comparison:
             "symphony": self.symphony.to_dict(),
             "baseline": self.baseline.to_dict(),
             "ratio": self.ratio,
+            "paired_ratio": {
+                "median": statistics.median(paired) if paired else float("nan"),
+                "min": min(paired, default=float("nan")),
+                "max": max(paired, default=float("nan")),
+                "values": paired,
+            },
             "higher_is_better": self.higher_is_better,
         }
 
@@ -184,9 +208,18 @@ class Comparison:
         )
 
 
+#: The host's 1-minute load average at the start of each repetition of this process's run,
+#: written into the record (``BenchResult.protocol``).
+LOAD_PER_REP: list[float] = []
+#: The load average when this process started, before either side did anything.
+LOAD_BEFORE = os.getloadavg()[0]
+
+
 def interleaved(reps: int, symphony: Callable[[], float], baseline: Callable[[], float], cmp: Comparison) -> None:
-    """Run the two sides alternately ``reps`` times, recording into ``cmp`` (why: drift)."""
+    """Run the two sides alternately ``reps`` times, recording into ``cmp`` (why: drift), and
+    the host's load average at the start of each repetition."""
     for i in range(reps):
+        LOAD_PER_REP.append(os.getloadavg()[0])
         # Alternate which side goes first so a slow-down during one rep hits both evenly.
         order = [(symphony, cmp.symphony), (baseline, cmp.baseline)]
         for fn, sample in order if i % 2 == 0 else reversed(order):
@@ -216,6 +249,10 @@ class BenchResult:
     notes: list[str] = field(default_factory=list)
     started: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     wall_s: float = 0.0
+    #: What each side ran with, as the protocol asks the record to prove: ``{"symphony": {...},
+    #: "baseline": {...}}`` with ``forward_threads``, ``cpu_affinity``, ``omp_wait_policy``,
+    #: ``dtype``, ``max_batch`` and ``kv_bytes`` each (:func:`side_resources`).
+    sides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -225,9 +262,23 @@ class BenchResult:
             "wall_s": self.wall_s,
             "machine": machine(),
             "command": command(),
+            "protocol": self.protocol(),
             "comparisons": [c.to_dict() for c in self.comparisons],
             "memory": self.memory,
             "notes": self.notes,
+        }
+
+    def protocol(self) -> dict[str, Any]:
+        """The protocol's evidence: version, both sides' resources, the host's load."""
+        cpus = os.cpu_count() or 1
+        busy = LOAD_BEFORE > BUSY_LOAD_BEFORE_PER_CPU * cpus or any(load > cpus + 1 for load in LOAD_PER_REP)
+        return {
+            "version": PROTOCOL_VERSION,
+            "sides": self.sides,
+            "load_before": LOAD_BEFORE,
+            "load_per_rep": list(LOAD_PER_REP),
+            "busy": busy,
+            "busy_bound": {"before_per_cpu": BUSY_LOAD_BEFORE_PER_CPU, "per_rep": cpus + 1},
         }
 
     def write(self) -> Path:
@@ -260,6 +311,21 @@ def machine() -> dict[str, Any]:
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "gpu": gpu, "torch": torch.__version__}
+
+
+def side_resources(
+    *, forward_threads: int, pid: int | None, omp_wait_policy: str | None, dtype: str, max_batch: int, kv_bytes: int
+) -> dict[str, Any]:
+    """One side's entry of ``BenchResult.sides``; the CPU affinity is read from the process
+    that runs the forward (``pid``; ``None``: this process)."""
+    return {
+        "forward_threads": forward_threads,
+        "cpu_affinity": sorted(os.sched_getaffinity(pid or 0)),
+        "omp_wait_policy": omp_wait_policy or "default",
+        "dtype": dtype,
+        "max_batch": max_batch,
+        "kv_bytes": kv_bytes,
+    }
 
 
 def rss_mb(pid: int, field_name: str = "VmHWM") -> float:

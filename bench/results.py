@@ -57,6 +57,50 @@ def ratio(row: Row) -> float:
     return median(row, "symphony") / base if base else float("nan")
 
 
+# ------------------------------------------------------------------------------ protocol
+#: The protocol version this generator judges against (``bench.harness.PROTOCOL_VERSION``).
+PROTOCOL_VERSION = 1
+MIN_REPS = 5
+#: What each side's entry of a record's ``protocol.sides`` must say.
+SIDE_KEYS = ("forward_threads", "cpu_affinity", "omp_wait_policy", "dtype", "max_batch", "kv_bytes")
+#: Resources both sides must have alike (KV bytes are compared on their own: the baseline may
+#: hold more, never less).
+EQUAL_KEYS = ("forward_threads", "omp_wait_policy", "dtype", "max_batch")
+
+
+def protocol_problems(record: Record) -> list[str]:
+    """Why ``record`` does not show a run under the protocol (bench/README.md); none if it does."""
+    protocol = record.get("protocol")
+    if not isinstance(protocol, Mapping) or int(protocol.get("version") or 0) < PROTOCOL_VERSION:
+        return ["not produced under the benchmark protocol"]
+    problems = []
+    reps = record.get("config", {}).get("reps")
+    if not isinstance(reps, int) or reps < MIN_REPS:
+        problems.append(f"{reps} repetitions (at least {MIN_REPS})")
+    sides = protocol.get("sides") or {}
+    missing = [
+        f"{side}.{key}" for side in ("symphony", "baseline") for key in SIDE_KEYS if key not in sides.get(side, {})
+    ]
+    if missing:
+        return [*problems, "resources not recorded: " + ", ".join(missing)]
+    ours, theirs = sides["symphony"], sides["baseline"]
+    problems += [f"unequal {key}: {ours[key]} vs {theirs[key]}" for key in EQUAL_KEYS if ours[key] != theirs[key]]
+    if len(ours["cpu_affinity"]) != len(theirs["cpu_affinity"]):
+        problems.append(f"unequal CPUs: {len(ours['cpu_affinity'])} vs {len(theirs['cpu_affinity'])}")
+    if int(theirs["kv_bytes"]) < int(ours["kv_bytes"]):
+        problems.append(f"the baseline had less KV memory: {theirs['kv_bytes']} vs {ours['kv_bytes']} bytes")
+    return problems
+
+
+def protocol_cell(record: Record) -> str:
+    """How the record stands against the protocol, in a few words."""
+    problems = protocol_problems(record)
+    if problems:
+        return "not under the protocol"
+    busy = " (busy host)" if record["protocol"].get("busy") else ""
+    return f"protocol {record['protocol']['version']}{busy}"
+
+
 # ------------------------------------------------------------------------------ targets
 def _b1(row: Row, record: Record) -> Verdict:
     if "alpha" not in row:
@@ -239,9 +283,15 @@ def side_cell(row: Row, side: str) -> str:
 
 def ratio_cell(row: Row) -> str:
     r = ratio(row)
-    if row["unit"] == "ms" and not row.get("higher_is_better", True):
-        return f"{r:.3f}× ({100 * (r - 1):+.1f}%)"
-    return f"{r:.2f}×"
+    text = (
+        f"{r:.3f}× ({100 * (r - 1):+.1f}%)"
+        if row["unit"] == "ms" and not row.get("higher_is_better", True)
+        else f"{r:.2f}×"
+    )
+    paired = (row.get("paired_ratio") or {}).get("values") or []
+    if paired:
+        text += f"; paired {statistics.median(paired):.2f}× ({min(paired):.2f}–{max(paired):.2f})"
+    return text
 
 
 def machine_cell(record: Record) -> str:
@@ -295,6 +345,19 @@ def table(bench: Benchmark, record: Record | None) -> str:
         f"Run {str(record.get('started', '?'))[:10]} · {machine_cell(record)} · "
         f"{reps} repetitions · `{record.get('command') or 'command not recorded'}`\n\n"
     )
+    problems = protocol_problems(record)
+    if problems:
+        run += (
+            f"**Not a result under the benchmark protocol** ({'; '.join(problems)}): its verdicts are not counted.\n\n"
+        )
+    else:
+        protocol = record["protocol"]
+        loads = ", ".join(f"{x:.1f}" for x in protocol.get("load_per_rep", []))
+        busy = " **Busy host**: load above the protocol's bound." if protocol.get("busy") else ""
+        run += (
+            f"Protocol {protocol['version']}: load average {protocol.get('load_before', 0):.1f} before the run, "
+            f"{loads or '—'} at each repetition.{busy}\n\n"
+        )
     quick = " quick mode: tiny random model, not a result." if cfg.get("quick") else ""
     flags = workload_flags(str(record.get("command") or ""))
     if flags:
@@ -302,10 +365,11 @@ def table(bench: Benchmark, record: Record | None) -> str:
     for row in record.get("comparisons", []):
         verdict = bench.judge(row, record)
         cells = [row["name"], side_cell(row, "symphony"), side_cell(row, "baseline"), ratio_cell(row)]
+        verdict_cell = verdict.cell() if not problems else f"not counted ({verdict.cell()})"
         if with_ceiling:
             ceiling = b1_ceiling(row, record)
             cells.append("—" if ceiling is None else f"{ceiling:.2f}×")
-        cells += [verdict.target, verdict.cell(), (str(row.get("note", "")) + quick).strip()]
+        cells += [verdict.target, verdict_cell, (str(row.get("note", "")) + quick).strip()]
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     notes = "".join(f"\n* {n}" for n in record.get("notes", []))
     return head + run + "\n".join(lines) + "\n" + (notes + "\n" if notes else "")
@@ -313,19 +377,23 @@ def table(bench: Benchmark, record: Record | None) -> str:
 
 def overview(records: Mapping[str, Record | None]) -> str:
     """One line per benchmark: run date and which of its targeted rows met their target."""
-    lines = ["| benchmark | run | rows meeting their target | missed |", "|---|---|---|---|"]
+    lines = ["| benchmark | run | protocol | rows meeting their target | missed |", "|---|---|---|---|---|"]
     for bench in BENCHMARKS:
         record = records.get(bench.key)
         if record is None:
-            lines.append(f"| {bench.title} | not measured | — | — |")
+            lines.append(f"| {bench.title} | not measured | — | — | — |")
             continue
         judged = [(row, bench.judge(row, record)) for row in record.get("comparisons", [])]
         targeted = [(row, v) for row, v in judged if v.met is not None]
         missed = [row["name"] for row, v in targeted if not v.met]
         met = len(targeted) - len(missed)
+        if protocol_problems(record):
+            met_cell, missed_cell = "not counted", "—"
+        else:
+            met_cell, missed_cell = f"{met} of {len(targeted)}", _cell(", ".join(missed)) or "—"
         lines.append(
-            f"| {bench.title} | {str(record.get('started', '?'))[:10]} | {met} of {len(targeted)} | "
-            f"{_cell(', '.join(missed)) or '—'} |"
+            f"| {bench.title} | {str(record.get('started', '?'))[:10]} | {protocol_cell(record)} | {met_cell} | "
+            f"{missed_cell} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -336,8 +404,12 @@ Generated by `python -m bench results` (and at the end of every full-mode `pytho
 <b>|all`) from the records in `bench/results/`; do not edit by hand. Each section is the
 benchmark's latest full-mode run: both sides measured in one process tree, repetitions
 interleaved, figures are medians with every repetition in brackets, ratio = Symphony ÷ baseline of
-the medians. How each benchmark works: `bench/README.md`; what the runs found and why targets are
-missed: `bench/NOTES.md`.
+the medians, and beside it the median (min–max) of each repetition's paired ratio. A record that
+does not prove it followed the benchmark protocol (`bench/README.md`, "The protocol": equal KV
+bytes, forward threads, CPUs, OpenMP wait policy, dtype and batch on both sides, at least 5
+repetitions, the host's load recorded) is shown with why, and its verdicts are not counted. How
+each benchmark works: `bench/README.md`; what the runs found and why targets are missed:
+`bench/NOTES.md`.
 
 B1's "ceiling here (est.)" estimates the most its ratio can reach on this hardware if Symphony's misses cost
 nothing: vLLM's recompute of the document tokens its cache missed (at its own ingest's prefill

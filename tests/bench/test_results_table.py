@@ -20,13 +20,34 @@ def _cmp(name: str, unit: str, s: dict, b: dict, higher_is_better: bool = True, 
     return {**extra, "name": name, "unit": unit, "symphony": s, "baseline": b, "higher_is_better": higher_is_better}
 
 
+SIDE = {
+    "forward_threads": 2,
+    "cpu_affinity": [0, 1],
+    "omp_wait_policy": "PASSIVE",
+    "dtype": "float32",
+    "max_batch": 64,
+    "kv_bytes": 1 << 30,
+}
+
+
+def _protocol(**baseline: object) -> dict:
+    return {
+        "version": 1,
+        "sides": {"symphony": dict(SIDE), "baseline": {**SIDE, **baseline}},
+        "load_before": 0.4,
+        "load_per_rep": [2.1, 2.0, 2.2, 2.1, 2.0],
+        "busy": False,
+    }
+
+
 def _record(name: str, comparisons: list[dict], command: str = "python -m bench.x --model m", **config: object) -> dict:
     return {
         "name": name,
-        "config": {"model": "m", "quick": False, "reps": 3, **config},
+        "config": {"model": "m", "quick": False, "reps": 5, **config},
         "started": "2026-11-24T21:00:00+0000",
         "machine": {"cpus": 2, "gpu": None, "torch": "2.13", "platform": "Linux-x86_64"},
         "command": command,
+        "protocol": _protocol(),
         "comparisons": comparisons,
         "memory": {},
         "notes": ["a note of the run"],
@@ -72,7 +93,46 @@ def test_cells_ratio_and_verdicts_from_the_records() -> None:
     b2_section = md.split("## B2 completion", 1)[1].split("\n## ", 1)[0]
     assert "Run 2026-11-24" in b2_section and "`python -m bench.x --model m`" in b2_section
     assert "* a note of the run" in b2_section
-    assert "| B2 completion | 2026-11-24 | 1 of 2 | gVisor, warm |" in md
+    assert "| B2 completion | 2026-11-24 | protocol 1 | 1 of 2 | gVisor, warm |" in md
+    assert "load average 0.4 before the run, 2.1, 2.0, 2.2, 2.1, 2.0 at each repetition" in b2_section
+
+
+def test_a_record_that_does_not_prove_the_protocol_is_shown_with_why_and_not_counted() -> None:
+    rows = [_cmp("socket only", "tok/s", _side(184.0, 190.0, 180.0), _side(179.5, 170.0, 181.0))]
+    cases = {
+        "not produced under the benchmark protocol": {"protocol": None},
+        "3 repetitions (at least 5)": {"config": {"model": "m", "quick": False, "reps": 3}},
+        "the baseline had less KV memory": {"protocol": _protocol(kv_bytes=1 << 20)},
+        "unequal forward_threads: 2 vs 1": {"protocol": _protocol(forward_threads=1)},
+        "unequal omp_wait_policy": {"protocol": _protocol(omp_wait_policy="default")},
+        "resources not recorded: baseline.kv_bytes": {
+            "protocol": {
+                **_protocol(),
+                "sides": {"symphony": SIDE, "baseline": {k: v for k, v in SIDE.items() if k != "kv_bytes"}},
+            }
+        },
+    }
+    for why, change in cases.items():
+        record = {**_record("b2_completion", rows), **change}
+        assert any(why in p for p in results.protocol_problems(record)), (why, results.protocol_problems(record))
+        md = results.render({"b2": record})
+        (row,) = _rows(md, "B2 completion")
+        assert row[5] == "not counted (met)", row
+        assert "**Not a result under the benchmark protocol**" in md and why in md
+        assert "| B2 completion | 2026-11-24 | not under the protocol | not counted | — |" in md
+    compliant = _record("b2_completion", rows)
+    assert results.protocol_problems(compliant) == []
+    (row,) = _rows(results.render({"b2": compliant}), "B2 completion")
+    assert row[5] == "met"
+    busy = {**compliant, "protocol": {**_protocol(), "busy": True}}
+    assert "protocol 1 (busy host)" in results.render({"b2": busy})
+
+
+def test_the_paired_ratio_is_shown_beside_the_ratio_of_medians() -> None:
+    paired = {"median": 1.05, "min": 0.98, "max": 1.1, "values": [1.1, 0.98, 1.05]}
+    row = _cmp("socket only", "tok/s", _side(184.0), _side(180.0), paired_ratio=paired)
+    (cells,) = _rows(results.render({"b2": _record("b2_completion", [row])}), "B2 completion")
+    assert cells[3] == f"{184.0 / 180.0:.2f}×; paired 1.05× (0.98–1.10)"
 
 
 def test_a_missing_record_reads_not_measured() -> None:
@@ -82,7 +142,7 @@ def test_a_missing_record_reads_not_measured() -> None:
         rows = _rows(md, bench.title)
         assert len(rows) == 1 and rows[0][-1] == "not measured", bench.key
         assert "not measured" in section
-    assert f"| {results.BENCHMARKS[0].title} | not measured | — | — |" in md
+    assert f"| {results.BENCHMARKS[0].title} | not measured | — | — | — |" in md
 
 
 def test_b1_ceiling_and_the_floor() -> None:

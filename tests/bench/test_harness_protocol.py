@@ -1,0 +1,45 @@
+"""The harness writes the protocol's evidence into every record: each repetition's paired ratio,
+the host's load average per repetition and before the run, and whether the host was busy."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import harness
+
+
+def test_paired_ratios_pair_each_repetitions_two_sides() -> None:
+    cmp = harness.Comparison("x", "tok/s")
+    for s, b in ((10.0, 5.0), (9.0, 9.0), (12.0, 6.0)):
+        cmp.symphony.add(s)
+        cmp.baseline.add(b)
+    assert cmp.paired_ratios == [2.0, 1.0, 2.0]
+    paired = cmp.to_dict()["paired_ratio"]
+    assert paired == {"median": 2.0, "min": 1.0, "max": 2.0, "values": [2.0, 1.0, 2.0]}
+
+
+def test_interleaving_records_the_load_of_each_repetition(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness, "LOAD_PER_REP", [])
+    cmp = harness.Comparison("x", "s")
+    harness.interleaved(3, lambda: 1.0, lambda: 2.0, cmp)
+    assert len(harness.LOAD_PER_REP) == 3 and cmp.symphony.values == [1.0] * 3
+
+
+def test_a_host_busy_before_or_during_the_run_is_marked(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(harness.os, "cpu_count", lambda: 2)
+    result = harness.BenchResult("b", {})
+    monkeypatch.setattr(harness, "LOAD_BEFORE", 0.5)
+    monkeypatch.setattr(harness, "LOAD_PER_REP", [2.0, 2.5])
+    assert result.protocol()["busy"] is False and result.protocol()["version"] == harness.PROTOCOL_VERSION
+    monkeypatch.setattr(harness, "LOAD_BEFORE", 1.5)  # something else was running before
+    assert result.protocol()["busy"] is True
+    monkeypatch.setattr(harness, "LOAD_BEFORE", 0.5)
+    monkeypatch.setattr(harness, "LOAD_PER_REP", [2.0, 3.5])  # past the two sides' own load
+    assert result.protocol()["busy"] is True
+
+
+def test_a_sides_resources_name_its_cpus() -> None:
+    side = harness.side_resources(
+        forward_threads=2, pid=None, omp_wait_policy=None, dtype="float32", max_batch=64, kv_bytes=1 << 30
+    )
+    assert side["cpu_affinity"] and side["omp_wait_policy"] == "default" and side["kv_bytes"] == 1 << 30
