@@ -395,6 +395,10 @@ class Choice:
                     else:
                         self.stream(text, final=False, hold=_held_back(text, watch))
                     self.advance(tok, mask)
+        except QuotaExceeded:
+            # The run's token budget (the plan's tokens per run or this month's) ran out: the
+            # choice ends as at max_tokens, with what it has, never as a server error.
+            finish = "length"
         finally:
             if streamer is not None:
                 streamer.close()
@@ -403,7 +407,10 @@ class Choice:
         self.stream(text, final=True)
         if opened:  # the marker's last token (and its line break, as calls are written), then the call
             newline = [] if "\n" in after else ctx.newline_ids
-            self.dist = self._pred([tok, *newline])[-1]
+            try:
+                self.dist = self._pred([tok, *newline])[-1]
+            except QuotaExceeded:  # the run's token budget ran out before the call could start
+                return text, "length", False
             self.steps += len(newline)
         return text, finish, opened
 
@@ -418,7 +425,10 @@ class Choice:
         mask = ctx.call_grammar.state().advancing()
         ids = []
         while self.steps < self.max_tokens:
-            tok = self.sampler.choose(self.dist, self.steps, mask, count=False)
+            try:
+                tok = self.sampler.choose(self.dist, self.steps, mask, count=False)
+            except QuotaExceeded:  # the run's token budget ran out: as at max_tokens
+                return None
             if tok in ctx.grammar_end:
                 text = detokenize(ids)
                 value = json.loads(text)
@@ -433,7 +443,10 @@ class Choice:
                 return call
             ids.append(tok)
             self.steps += 1
-            self.dist = self._pred([tok])[-1]
+            try:
+                self.dist = self._pred([tok])[-1]
+            except QuotaExceeded:
+                return None
         return None
 
     def call_phase(self):
@@ -448,18 +461,24 @@ class Choice:
             room = self.steps + len(ctx.close_ids) + len(ctx.open_ids) + 2 < self.max_tokens
             if not ctx.parallel or len(self.calls) >= MAX_CALLS or not room:
                 return "tool_calls"
-            self.forward(ctx.close_ids)
-            ends = ctx.eos | ctx.grammar_end | {ctx.open_ids[0]}
-            again = self.sampler.choose(self.dist, self.steps, sorted(ends), count=False)
-            if again != ctx.open_ids[0]:
+            try:
+                self.forward(ctx.close_ids)
+                ends = ctx.eos | ctx.grammar_end | {ctx.open_ids[0]}
+                again = self.sampler.choose(self.dist, self.steps, sorted(ends), count=False)
+                if again != ctx.open_ids[0]:
+                    return "tool_calls"
+                self.forward(ctx.open_ids)
+            except QuotaExceeded:  # the run's token budget ran out: the calls so far stand
                 return "tool_calls"
-            self.forward(ctx.open_ids)
 
     def run(self):
         ctx = self.ctx
         if ctx.tool_mode == "required":
-            self.forward(ctx.open_ids)
-            text, opened = "", True
+            try:
+                self.forward(ctx.open_ids)
+                text, opened = "", True
+            except QuotaExceeded:  # the run's token budget ran out before the call could start
+                text, finish, opened = "", "length", False
         else:
             text, finish, opened = self.text_phase()
         if opened:
