@@ -1,20 +1,26 @@
 """Brokered I/O: the worker, never the sandbox, performs a LIP's network requests.
 
 Every request is checked against the session's ``allowed_hosts`` (``host:port`` entries, or a
-bare ``host`` for the scheme's default port). Loopback, private and link-local addresses are
-reachable only when listed literally as an IP, so a hostname cannot be used to reach the
-worker's own network. Redirects are not followed (each hop would need its own check); bodies
-are capped and every call has a timeout.
+bare ``host`` for the scheme's default port), the URL's host read in its canonical spelling
+(``address_policy.canonical_host``: ``127.1`` is 127.0.0.1). A listed name is resolved once, every
+address it resolves to must be public (``address_policy.refusal``: not loopback, private, CGNAT,
+link-local, multicast, reserved, nor an IPv6 form wrapping one), and the connection goes to an
+address so checked: https opens TCP to that address and wraps TLS with the name as SNI and for
+certificate verification, so a DNS answer that changes after the check (rebinding) is never used.
+Internal addresses are reachable only when an operator lists one literally as an IP (a tenant's
+owners cannot: ``api/services/tool_hosts.py``). Redirects are not followed (a 3xx is returned to
+the program as is), bodies are capped and every call has a timeout.
 """
 
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import socket
+import ssl
 import urllib.parse
 from dataclasses import dataclass
 
+from gpu_worker import address_policy
 from gpu_worker.protocol import ErrorCode, HttpFetch, HttpReply, ProtocolError
 
 METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"})
@@ -71,43 +77,125 @@ def parse_request(args: HttpFetch, timeout_cap: float) -> FetchRequest:
     )
 
 
-def _is_internal(addr: str) -> bool:
-    ip = ipaddress.ip_address(addr)
-    return ip.is_loopback or ip.is_private or ip.is_link_local or ip.is_unspecified or ip.is_multicast
+@dataclass(frozen=True)
+class Destination:
+    """Where a checked request goes: ``host`` (canonical; the Host header, SNI and the name the
+    certificate must carry) and the ``(family, sockaddr)`` pairs checked for it, in the
+    resolver's order. Nothing resolves ``host`` again."""
+
+    host: str
+    targets: tuple[tuple[int, tuple], ...]
 
 
-def check_allowed(req: FetchRequest, allowed_hosts: list[str]) -> str:
-    """The address to connect to, or ``EPERM`` when the host is not on the allowlist."""
-    entries = {h.lower() for h in allowed_hosts}
+def _host_key(host: str) -> str:
+    """``host`` as allowlist entries write it: an IPv6 address in brackets."""
+    return f"[{host}]" if ":" in host else host
+
+
+def _listed(keys: tuple[str, ...], port: int, default_port: int, entries: set[str]) -> str | None:
+    """The first of ``keys`` that ``entries`` list for ``port``, or None."""
+    for key in keys:
+        if f"{key}:{port}" in entries or (port == default_port and key in entries):
+            return key
+    return None
+
+
+def _resolve(host: str, port: int, numeric: bool) -> tuple[tuple[int, tuple], ...]:
+    """``host``'s addresses as ``(family, sockaddr)``, from one lookup (no DNS when ``numeric``)."""
+    flags = socket.AI_NUMERICHOST if numeric else 0
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=flags)
+    except OSError as exc:
+        raise ProtocolError(ErrorCode.IO, f"cannot resolve {host}: {exc.strerror or exc}") from None
+    return tuple(dict.fromkeys((family, sockaddr) for family, _, _, _, sockaddr in infos))
+
+
+def check_allowed(req: FetchRequest, allowed_hosts: list[str]) -> Destination:
+    """Where to connect, or ``EPERM`` when the host is not listed or reaches an internal address."""
+    try:
+        host = address_policy.canonical_host(req.host)
+    except ValueError as exc:
+        raise _bad(f"url host: {exc}") from None
+    entries = {h.strip().lower() for h in allowed_hosts}
     default_port = 443 if req.scheme == "https" else 80
-    listed = f"{req.host}:{req.port}" in entries or (req.port == default_port and req.host in entries)
-    if not listed:
+    key = _listed((_host_key(host), _host_key(req.host)), req.port, default_port, entries)
+    if key is None:
         raise ProtocolError(
             ErrorCode.PERMISSION,
             f"host {req.host}:{req.port} is not in this run's allowed_hosts"
             " (the tenant's tool hosts, narrowed by the run's limits.allowed_hosts)",
         )
-    try:
-        ipaddress.ip_address(req.host)
-        return req.host  # a literal IP that is listed is allowed as such, loopback included
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(req.host, req.port, type=socket.SOCK_STREAM)
-    except OSError as exc:
-        raise ProtocolError(ErrorCode.IO, f"cannot resolve {req.host}: {exc.strerror or exc}") from None
-    addrs = [info[4][0] for info in infos]
-    if not addrs or any(_is_internal(a) for a in addrs):
-        raise ProtocolError(ErrorCode.PERMISSION, f"host {req.host} resolves to an internal address")
-    return addrs[0]
+    literal = address_policy.ip_literal(host)
+    if literal is not None and key == _host_key(host):
+        # An address listed as itself: only an operator can list an internal one (the API
+        # refuses them), so it is reached as listed, loopback included.
+        return Destination(host, _resolve(host, req.port, numeric=True))
+    if address_policy.is_localhost_name(host):
+        raise ProtocolError(
+            ErrorCode.PERMISSION,
+            f"host {req.host} is an internal address: localhost names this machine; {_PUBLIC_ONLY}",
+        )
+    targets = _resolve(host, req.port, numeric=literal is not None)
+    if not targets:
+        raise ProtocolError(ErrorCode.IO, f"cannot resolve {req.host}: no addresses")
+    for _, sockaddr in targets:
+        why = address_policy.refusal(sockaddr[0])
+        if why is not None:
+            raise ProtocolError(
+                ErrorCode.PERMISSION, f"host {req.host} resolves to an internal address: {why}; {_PUBLIC_ONLY}"
+            )
+    return Destination(host, targets)
 
 
-def fetch(req: FetchRequest, address: str, max_bytes: int) -> HttpReply:
+_PUBLIC_ONLY = "http_fetch reaches only public addresses"
+
+
+def _connect(dest: Destination, timeout: float) -> socket.socket:
+    """A TCP connection to the first of ``dest.targets`` that accepts (a timeout ends the try)."""
+    failure: OSError | None = None
+    for family, sockaddr in dest.targets:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        try:
+            sock.connect(sockaddr)
+            return sock
+        except TimeoutError:
+            sock.close()
+            raise
+        except OSError as exc:
+            sock.close()
+            failure = exc
+    assert failure is not None
+    raise failure
+
+
+class _CheckedConnection(http.client.HTTPConnection):
+    """An HTTPConnection over a socket already open to a checked address. It never opens one of
+    its own: ``http.client`` would resolve the name again, and the answer may differ."""
+
+    def __init__(self, sock: socket.socket, host: str, port: int, timeout: float) -> None:
+        super().__init__(host, port, timeout=timeout)
+        self.sock = sock
+
+    def connect(self) -> None:
+        raise http.client.NotConnected("the checked connection is closed; http_fetch does not reconnect")
+
+
+def fetch(req: FetchRequest, dest: Destination, max_bytes: int) -> HttpReply:
     """Perform the request (blocking; run it in a thread). Body capped at ``max_bytes``."""
-    conn_cls = http.client.HTTPSConnection if req.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(address if req.scheme == "http" else req.host, req.port, timeout=req.timeout)
+    conn: _CheckedConnection | None = None
     try:
-        headers = {"Host": req.host if req.port in (80, 443) else f"{req.host}:{req.port}", **req.headers}
+        sock = _connect(dest, req.timeout)
+        if req.scheme == "https":
+            try:
+                sock = ssl.create_default_context().wrap_socket(sock, server_hostname=dest.host)
+            except BaseException:
+                sock.close()
+                raise
+        conn = _CheckedConnection(sock, dest.host, req.port, req.timeout)
+        default_port = 443 if req.scheme == "https" else 80
+        host = _host_key(dest.host)
+        headers = {"Host": host if req.port == default_port else f"{host}:{req.port}", **req.headers}
         conn.request(req.method, req.path, body=req.body, headers=headers)
         resp = conn.getresponse()
         body = resp.read(max_bytes + 1)
@@ -121,4 +209,5 @@ def fetch(req: FetchRequest, address: str, max_bytes: int) -> HttpReply:
     except (OSError, http.client.HTTPException) as exc:
         raise ProtocolError(ErrorCode.IO, f"http_fetch failed: {type(exc).__name__}: {exc}") from None
     finally:
-        conn.close()
+        if conn is not None:
+            conn.close()

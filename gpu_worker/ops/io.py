@@ -66,11 +66,11 @@ async def http_fetch(ctx: OpContext, s: WorkerSession, args: p.HttpFetch) -> p.H
         cap = min(cap, left)
     req = brokered_io.parse_request(args, cap)
     s.usage.io_calls += 1
-    address = await ctx.in_thread(brokered_io.check_allowed, req, list(s.limits.allowed_hosts))
+    dest = await ctx.in_thread(brokered_io.check_allowed, req, list(s.limits.allowed_hosts))
     log.info(
         "event=http_fetch session=%s tenant=%s run=%s host=%s:%d", s.session_id, s.tenant, s.run_id, req.host, req.port
     )
-    return await ctx.blocked_on_io(s, ctx.in_thread(brokered_io.fetch, req, address, ctx.http_max_bytes))
+    return await ctx.blocked_on_io(s, ctx.in_thread(brokered_io.fetch, req, dest, ctx.http_max_bytes))
 
 
 @lip_op(p.Sleep)
