@@ -174,7 +174,9 @@ def session_limits(run: Run) -> dict:
         max_tokens = max(0, min(max_tokens, plan.tokens_per_month - tokens_this_month(tenant)))
     deadline = min(float(requested.get("deadline_s") or DEFAULT_RUN_SECONDS), float(plan.max_run_seconds))
     # A run may narrow the tenant's tool allowlist, never widen it.
-    narrowed = {str(h).strip().lower() for h in requested.get("allowed_hosts") or ()}
+    from api.services import tool_hosts  # it reads plans from here
+
+    narrowed = {tool_hosts.spelling(h) for h in requested.get("allowed_hosts") or ()}
     hosts = [h for h in tenant.allowed_tool_hosts if "allowed_hosts" not in requested or h.lower() in narrowed]
     out: dict = {
         "max_tokens": max_tokens,

@@ -107,13 +107,23 @@ def set_hosts(actor, tenant: Tenant, hosts: list[str]) -> list[str]:
     return clean
 
 
+def spelling(entry: object) -> str:
+    """The form a run's ``limits.allowed_hosts`` entry is compared in: the canonical one the
+    tenant's list is stored in (``134744072`` and ``8.8.8.8`` are one host), or, for an entry
+    the list could never hold, its trimmed lower-case text (which then matches nothing)."""
+    try:
+        return normalize(str(entry))
+    except ToolHostsInvalid:
+        return str(entry).strip().lower()
+
+
 def check_run_hosts(tenant: Tenant, limits: dict) -> None:
     """Refuse a run whose ``limits.allowed_hosts`` name hosts outside the tenant's list."""
     requested = limits.get("allowed_hosts")
     if not requested:
         return
     allowed = {str(h).lower() for h in tenant.allowed_tool_hosts}
-    outside = [h for h in dict.fromkeys(requested) if str(h).strip().lower() not in allowed]
+    outside = [h for h in dict.fromkeys(requested) if spelling(h) not in allowed]
     if outside:
         raise ToolHostsInvalid(
             "limits.allowed_hosts names hosts outside the tenant's tool hosts: "

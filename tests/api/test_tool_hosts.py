@@ -92,3 +92,17 @@ def test_a_run_naming_hosts_outside_the_list_is_a_400_naming_them(api_tenant_a, 
     from api.models import Run
 
     assert session_limits(Run.objects.get(pk=ok.json()["id"]))["allowed_hosts"] == ["api.example.com"]
+
+
+def test_a_run_may_name_a_listed_host_in_another_spelling(api_tenant_a, program):
+    """The list is stored canonical (``134744072`` is kept as ``8.8.8.8``); a run naming the same
+    host in another spelling narrows to it instead of being refused."""
+    from api.models import Run
+
+    owner = api_tenant_a.session_client()
+    stored = owner.put("/api/v1/tool-hosts", {"hosts": ["134744072", "bücher.example"]}, format="json").json()
+    assert stored["hosts"] == ["8.8.8.8", "xn--bcher-kva.example"], stored
+    body = {"program": program.pk, "limits": {"allowed_hosts": ["0x08080808", "BÜCHER.example."]}}
+    ok = api_tenant_a.key_client().post("/api/v1/runs", body, format="json")
+    assert ok.status_code == 201, ok.content
+    assert session_limits(Run.objects.get(pk=ok.json()["id"]))["allowed_hosts"] == ["8.8.8.8", "xn--bcher-kva.example"]
