@@ -213,6 +213,14 @@ class _CommonSerializer(serializers.Serializer):
                 raise serializers.ValidationError(
                     {name: [f"{name} cannot be combined with response_format, tools or stop in this deployment"]}
                 )
+        if attrs.get("stream_options") is not None and not attrs.get("stream"):
+            raise serializers.ValidationError(
+                {"stream_options": ["stream_options is only allowed when stream is true (as OpenAI answers)"]}
+            )
+        if attrs.get("max_tokens") is not None and attrs.get("max_completion_tokens") is not None:
+            raise serializers.ValidationError(
+                {"max_tokens": ["give max_tokens or max_completion_tokens, not both (as OpenAI answers)"]}
+            )
         limit = attrs.get("max_tokens") or attrs.get("max_completion_tokens")
         if attrs.get("min_tokens") and limit is not None and attrs["min_tokens"] > limit:
             raise serializers.ValidationError({"min_tokens": ["min_tokens must not exceed max_tokens"]})

@@ -126,6 +126,12 @@ WEATHER = {
         ("/v1/completions", {"prompt": [[1, 2], "x", 3]}, "prompt"),
         ("/v1/completions", {"prompt": ["a"] * 17}, "prompt"),
         ("/v1/completions", {"prompt": ["a"] * 5, "n": 8}, "n"),
+        ("/v1/chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+        ("/v1/completions", {"stream": False, "stream_options": {"include_usage": True}}, "stream_options"),
+        ("/v1/chat/completions", {"max_tokens": 5, "max_completion_tokens": 5}, "max_tokens"),
+        ("/v1/chat/completions", {"min_tokens": 9, "max_tokens": 4}, "min_tokens"),
+        ("/v1/chat/completions", {"ignore_eos": True, "stop": ["x"]}, "ignore_eos"),
+        ("/v1/completions", {"min_tokens": 2, "response_format": {"type": "json_object"}}, "min_tokens"),
     ],
 )
 def test_parameters_not_honoured_are_a_400_naming_them(api_tenant_a, path, extra, param):
