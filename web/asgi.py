@@ -20,6 +20,7 @@ from django.core.asgi import get_asgi_application
 
 from api.client_address import client_address, parse_networks
 from web.body_limit import BodyLimit
+from web.csp import ContentSecurityPolicyASGI
 from web.inflight_limit import InflightLimit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
@@ -36,10 +37,13 @@ def _client_of(scope) -> str:
     return client_address(peer, forwarded, _proxies)
 
 
-application = InflightLimit(
-    BodyLimit(get_asgi_application(), settings.SYMPHONY_MAX_REQUEST_BYTES),
-    per_client=settings.SYMPHONY_MAX_INFLIGHT_PER_CLIENT,
-    total=settings.SYMPHONY_MAX_INFLIGHT_TOTAL,
-    body_idle_timeout_s=settings.SYMPHONY_BODY_IDLE_TIMEOUT_S,
-    client_of=_client_of,
+# Outermost: the refusals of the layers in front of Django carry the policy too (web/csp.py).
+application = ContentSecurityPolicyASGI(
+    InflightLimit(
+        BodyLimit(get_asgi_application(), settings.SYMPHONY_MAX_REQUEST_BYTES),
+        per_client=settings.SYMPHONY_MAX_INFLIGHT_PER_CLIENT,
+        total=settings.SYMPHONY_MAX_INFLIGHT_TOTAL,
+        body_idle_timeout_s=settings.SYMPHONY_BODY_IDLE_TIMEOUT_S,
+        client_of=_client_of,
+    )
 )

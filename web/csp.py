@@ -8,7 +8,13 @@ carry ``style`` attributes and ``<style>`` blocks, so inline styles are allowed 
 (``/api/docs/``) loads its bundle and stylesheet from ``SWAGGER_UI_DIST`` (a CDN unless the
 sidecar is used) and has one inline ``<style>``; its start-up script is served as a file
 (web/urls.py uses the split view), so scripts stay limited to this origin and that one source.
-JSON responses carry a policy too (a browser that renders one as a document runs nothing)."""
+JSON responses carry a policy too (a browser that renders one as a document runs nothing).
+
+Every response means those answered before the rest of Django too: the health probe and
+``/metrics`` answer from middleware ahead of host validation, so :func:`content_security_policy`
+comes first in ``MIDDLEWARE`` (it once came after them, and ``/api/v1/health`` had no policy);
+and the refusals ``web/asgi.py`` sends in front of Django (413, 408, 429, 503) get theirs from
+:class:`ContentSecurityPolicyASGI`, the outermost ASGI layer."""
 
 from __future__ import annotations
 
@@ -18,6 +24,8 @@ from urllib.parse import urlsplit
 
 from django.http import HttpRequest, HttpResponse
 from django.utils.decorators import sync_and_async_middleware
+
+from web.body_limit import ASGIApp, Message, Receive, Scope, Send
 
 HEADER = "Content-Security-Policy"
 
@@ -88,3 +96,26 @@ def content_security_policy(get_response: Callable):
             return add(request, get_response(request))
 
     return middleware
+
+
+class ContentSecurityPolicyASGI:
+    """ASGI middleware: the path's policy on every HTTP response that has none of its own,
+    those the ASGI layers in front of Django answer included."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        policy = policy_for(scope.get("path", "")).encode("latin-1")
+
+        async def send_with_policy(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                if not any(name.lower() == HEADER.lower().encode() for name, _ in headers):
+                    message = {**message, "headers": [*headers, (HEADER.lower().encode(), policy)]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_policy)

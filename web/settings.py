@@ -54,11 +54,12 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: every response gets a policy, those of the probes below answered early included.
+    "web.csp.content_security_policy",  # per page kind: console, admin, Swagger UI (web/csp.py)
     "api.client_address.client_address_middleware",  # REMOTE_ADDR = the client, before anything reads it
     "api.health.HealthProbeMiddleware",  # before host validation and HTTPS redirect (LB probes)
     "api.metrics_endpoint.MetricsEndpointMiddleware",  # the same for Prometheus scrapers (token-guarded)
     "django.middleware.security.SecurityMiddleware",
-    "web.csp.content_security_policy",  # per page kind: console, admin, Swagger UI (web/csp.py)
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

@@ -55,3 +55,59 @@ def test_swagger_ui_has_no_inline_script_and_loads_only_from_this_origin():
 def test_the_openai_endpoints_and_errors_carry_the_policy_too():
     assert HEADER in Client().get("/v1/models").headers
     assert HEADER in Client().get("/api/v1/no-such-route").headers
+
+
+def test_the_probes_answered_before_the_rest_of_django_carry_the_policy():
+    """The health probe and /metrics answer from middleware ahead of host validation; the policy
+    once came after them, so /api/v1/health was the one API response without it."""
+    for response in (Client().get("/api/v1/health"), Client().head("/api/v1/health"), Client().get("/metrics")):
+        assert response.status_code in (200, 403, 503), response.content[:200]
+        assert _directives(response)["frame-ancestors"] == "'none'", response.headers
+
+
+def _asgi_request(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict[bytes, bytes]]:
+    """One request through the real ASGI application (web/asgi.py), in-process."""
+    import asyncio
+
+    from asgiref.sync import async_to_sync
+
+    from web.asgi import application
+
+    sent: list[dict] = []
+    bodies = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive() -> dict:
+        if bodies:
+            return bodies.pop()
+        await asyncio.Event().wait()  # the client stays connected until the response is sent
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    # async_to_sync from this thread: Django's sync code runs here, in the test's transaction.
+    async_to_sync(application)(scope, receive, send)
+    start = next(m for m in sent if m["type"] == "http.response.start")
+    return start["status"], {name.lower(): value for name, value in start["headers"]}
+
+
+def test_every_asgi_response_carries_the_policy_those_refused_in_front_of_django_included(settings):
+    status, headers = _asgi_request("GET", "/api/v1/health", [])
+    assert status in (200, 503) and b"frame-ancestors 'none'" in headers[HEADER.lower().encode()]
+    too_big = str(settings.SYMPHONY_MAX_REQUEST_BYTES + 1).encode()
+    status, headers = _asgi_request("POST", "/api/v1/programs", [(b"content-length", too_big)])
+    assert status == 413 and HEADER.lower().encode() in headers, headers
