@@ -55,6 +55,18 @@ def _count_or_off(minimum: int) -> Callable[[str], int | None]:
     return parse
 
 
+def _at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= ``minimum``."""
+
+    def parse(value: str) -> int:
+        count = int(value)
+        if count < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}")
+        return count
+
+    return parse
+
+
 def _positive(cast: Callable[[str], float]) -> Callable[[str], float]:
     """An argparse type: a number of ``cast`` above 0."""
 
@@ -136,9 +148,9 @@ def _parser() -> argparse.ArgumentParser:
     grammar = GrammarConfig()
     p.add_argument(
         "--grammar-compile-processes",
-        type=_positive(int),
+        type=_at_least(2),
         default=grammar.processes,
-        help="child processes compiling grammars (one tenant uses one at a time)",
+        help="child processes compiling grammars (>= 2: one account may hold at most all but a quarter, at least 1)",
     )
     p.add_argument(
         "--grammar-compile-timeout-s",

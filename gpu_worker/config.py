@@ -86,7 +86,8 @@ class GrammarConfig:
     """Budgets of one grammar compile (``grammar`` op): a hostile schema costs at most this."""
 
     #: Child processes that compile (a compile cannot be interrupted in-process; a child can be
-    #: killed); one tenant uses at most one at a time.
+    #: killed), a pool shared per account: one account compiles in at most its ceiling
+    #: (``resource_model``, 1 of 2); at least 2, so one account never holds them all.
     processes: int = 2
     #: Seconds one compile may run before its child is killed and the call refused.
     timeout_s: float = 10.0

@@ -17,7 +17,6 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -67,9 +66,10 @@ class GrammarCompiler:
     processes (``grammar_pool``) under the worker's grammar budgets.
 
     Everything but the compile itself runs on the event loop: a cache hit returns at once and
-    never waits for anyone's compile; concurrent requests for one source share one compile; a
-    tenant compiles one source at a time, so with two or more children another tenant always
-    finds one. Refusals are remembered too (a timeout only for ``REFUSAL_TTL_S``, since load
+    never waits for anyone's compile; concurrent requests for one source share one compile; an
+    *account* (a person's tenants together) compiles in at most the pool's ceiling of the
+    children at once, and a waiting account that holds none goes first (``grammar_pool``), so
+    another account always finds one soon. Refusals are remembered too (a timeout only for ``REFUSAL_TTL_S``, since load
     may have caused it), so resubmitting a hostile source does not cost another child.
     """
 
@@ -81,7 +81,6 @@ class GrammarCompiler:
         self._pool: CompilePool | None = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._inflight: dict[tuple[str, str], asyncio.Task] = {}
-        self._gates: dict[str, tuple[asyncio.Lock, list[int]]] = {}
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar")
         self.compiled = 0
         self.hits = 0
@@ -112,8 +111,9 @@ class GrammarCompiler:
         killed = self._pool.killed if self._pool is not None else 0
         return {"compiled": self.compiled, "cache_hits": self.hits, "refused": self.refused, "killed": killed}
 
-    async def compile(self, args: GrammarArgs, tenant: str = "") -> Any:
-        """The compiled grammar of the one source ``args`` gives (cached), or BAD_ARGS."""
+    async def compile(self, args: GrammarArgs, account: str) -> Any:
+        """The compiled grammar of the one source ``args`` gives (cached), or BAD_ARGS; a compile
+        counts against ``account`` (``WorkerSession.account``)."""
         ((kind, given),) = [(k, v) for k, v in vars(args).items() if v is not None]
         source = grammar_source(kind, given)
         key = (kind, source)
@@ -125,7 +125,7 @@ class GrammarCompiler:
         if task is None:
             if self._pool is None:
                 raise ProtocolError(ErrorCode.INTERNAL, "grammar compiler is not started")
-            task = asyncio.get_running_loop().create_task(self._compile(key, tenant))
+            task = asyncio.get_running_loop().create_task(self._compile(key, account))
             self._inflight[key] = task
             task.add_done_callback(partial(self._compiled, key))
         # Shielded: one requester going away must not cancel the compile the others share.
@@ -155,15 +155,14 @@ class GrammarCompiler:
         while len(self._cache) > CACHE_SIZE:
             self._cache.popitem(last=False)
 
-    async def _compile(self, key: tuple[str, str], tenant: str) -> Any:
+    async def _compile(self, key: tuple[str, str], account: str) -> Any:
         kind, source = key
         assert self._pool is not None
         reply: dict[str, Any] | None = None
-        async with self._gate(tenant):
-            # Raised outside the gate: contextlib sets attributes on what passes through, and a
-            # ProtocolError is frozen.
-            with contextlib.suppress(CompileTimeout):
-                reply = await self._pool.compile(kind, source, self.budget.timeout_s)
+        # The refusal is raised outside the pool's slot: contextlib sets attributes on what
+        # passes through, and a ProtocolError is frozen.
+        with contextlib.suppress(CompileTimeout):
+            reply = await self._pool.compile(kind, source, self.budget.timeout_s, account)
         if reply is None:
             error = ProtocolError(
                 ErrorCode.BAD_ARGS,
@@ -186,19 +185,6 @@ class GrammarCompiler:
         self.refused += 1
         self._remember(key, _Refusal(error, expires_at))
         raise error
-
-    @contextlib.asynccontextmanager
-    async def _gate(self, tenant: str) -> AsyncIterator[None]:
-        """One compile at a time per tenant (entries removed once nobody holds or waits)."""
-        lock, users = self._gates.setdefault(tenant, (asyncio.Lock(), [0]))
-        users[0] += 1
-        try:
-            async with lock:
-                yield
-        finally:
-            users[0] -= 1
-            if users[0] == 0:
-                del self._gates[tenant]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,13 @@
 
 Everything here runs on the worker's event loop: a compile is a frame written to an idle
 child and awaited with the time budget. A child past the budget is killed (what it held goes
-with it) and a fresh one started in the background, so the next compile does not wait for it.
+with it) and a fresh one started.
+
+The children are a pool shared by every tenant (``resource_model.PoolName.GRAMMAR_PROCESSES``),
+handed out per *account* (``account_slots``): one account compiles in at most the pool's ceiling
+of them at once (with two: one), so the others always find one free. An account whose compile
+was killed keeps its slot (not its caller, who has the refusal at once) until the replacement
+child is ready: the restart is its cost, and the reserve left for the others stays a ready child.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from typing import Any
 
 import msgpack
 
+from gpu_worker.account_slots import AccountSlots
 from gpu_worker.grammar_child import encode_frame
+from gpu_worker.resource_model import Pool, PoolName
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +56,12 @@ class _Child:
 
 
 class CompilePool:
-    """``processes`` children; ``compile(kind, source, timeout_s)`` -> serialized grammar."""
+    """``processes`` children; ``compile(kind, source, timeout_s, account)`` -> serialized grammar."""
 
     def __init__(self, tokenizer_info_json: str, processes: int, max_bytes: int) -> None:
         self._init = {"tokenizer_info": tokenizer_info_json, "max_bytes": max_bytes}
         self._processes = processes
+        self.slots = AccountSlots(Pool(PoolName.GRAMMAR_PROCESSES, processes))
         self._idle: asyncio.Queue[_Child] = asyncio.Queue()
         self._starting: set[asyncio.Task] = set()
         self._children: set[_Child] = set()
@@ -65,12 +74,14 @@ class CompilePool:
             self._replace()
         await asyncio.gather(*self._starting, return_exceptions=True)
 
-    def _replace(self) -> None:
+    def _replace(self) -> asyncio.Task | None:
+        """Start a child in the background (``None`` once closed)."""
         if self._closed:
-            return
+            return None
         task = asyncio.get_running_loop().create_task(self._spawn())
         self._starting.add(task)
         task.add_done_callback(self._starting.discard)
+        return task
 
     async def _spawn(self) -> None:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -104,24 +115,43 @@ class CompilePool:
         with contextlib.suppress(Exception):
             await child.proc.wait()
 
-    async def compile(self, kind: str, source: str, timeout_s: float) -> dict[str, Any]:
-        """``{"ok": serialized}`` or ``{"err": message}``; raises :class:`CompileTimeout`."""
-        child = await self._idle.get()
+    async def compile(self, kind: str, source: str, timeout_s: float, account: str) -> dict[str, Any]:
+        """``{"ok": serialized}`` or ``{"err": message}`` of a compile counted against
+        ``account``; raises :class:`CompileTimeout`."""
+        await self.slots.acquire(account)
+        slot_handed_on = False
         try:
-            reply = await asyncio.wait_for(child.request({"kind": kind, "source": source}), timeout_s)
-        except TimeoutError:
-            self.killed += 1
-            log.warning("event=grammar_compile_killed pid=%d kind=%s timeout_s=%s", child.proc.pid, kind, timeout_s)
-            await self._reap(child)
-            self._replace()
-            raise CompileTimeout from None
-        except BaseException:
-            # A child that died or a compile cancelled mid-frame: the stream is out of step.
-            await self._reap(child)
-            self._replace()
-            raise
-        self._idle.put_nowait(child)
-        return reply
+            child = await self._idle.get()
+            try:
+                reply = await asyncio.wait_for(child.request({"kind": kind, "source": source}), timeout_s)
+            except TimeoutError:
+                self.killed += 1
+                log.warning(
+                    "event=grammar_compile_killed pid=%d kind=%s timeout_s=%s account=%s",
+                    child.proc.pid,
+                    kind,
+                    timeout_s,
+                    account,
+                )
+                await self._reap(child)
+                replacement = self._replace()
+                if replacement is not None:
+                    # The refusal answers now; the account's slot is given back once the
+                    # replacement is ready (or was given up and retried), so the restart is the
+                    # account's cost and the others keep a ready child.
+                    replacement.add_done_callback(lambda _task: self.slots.release(account))
+                    slot_handed_on = True
+                raise CompileTimeout from None
+            except BaseException:
+                # A child that died or a compile cancelled mid-frame: the stream is out of step.
+                await self._reap(child)
+                self._replace()
+                raise
+            self._idle.put_nowait(child)
+            return reply
+        finally:
+            if not slot_handed_on:
+                self.slots.release(account)
 
     async def close(self) -> None:
         self._closed = True

@@ -44,7 +44,7 @@ async def dist_release(ctx: OpContext, s: WorkerSession, args: p.DistRelease) ->
 
 @lip_op(p.Grammar)
 async def grammar(ctx: OpContext, s: WorkerSession, args: p.Grammar) -> p.GrammarRef:
-    compiled = await ctx.grammar.compile(args, s.tenant)
+    compiled = await ctx.grammar.compile(args, s.account)
     return p.GrammarRef(grammar=s.grammars.add_grammar(compiled))
 
 

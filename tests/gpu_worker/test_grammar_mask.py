@@ -27,7 +27,7 @@ async def _compile(compiler: GrammarCompiler, schema: dict) -> object:
     """One compile the worker's way (in a child process), then the children stopped."""
     await compiler.start()
     try:
-        return await compiler.compile(protocol.Grammar(json_schema=schema))
+        return await compiler.compile(protocol.Grammar(json_schema=schema), "u1")
     finally:
         await compiler.close()
 

@@ -127,6 +127,73 @@ def test_a_hostile_schema_costs_its_tenant_not_every_tenants_grammars(worker) ->
         worker.end_session(b_info.session_id)
 
 
+#: What a third tenant's first-time schema must compile within while two tenants of one account
+#: keep slow compiles going; it compiles in about 0.01 s on an idle worker here (printed).
+THIRD_TENANT_BOUND_S = 1.0
+
+
+def test_two_tenants_of_one_account_cannot_take_every_compile_process(worker) -> None:
+    """The compile processes are bounded per account: two tenants of one person (one account in
+    their session limits) each keeping a hostile compile going once held both processes, and a
+    third tenant's first-time schema waited out the budget behind them (0.5 s became 5.8-12.9 s).
+    Now the account holds one of the two, so the third tenant's compiles answer as on an idle
+    worker."""
+    shared = f"u-shared-{uuid.uuid4().hex[:6]}"
+    infos = [worker.create_session(f"tenant-{name}", account=shared) for name in ("a1", "a2")]
+    c_info = worker.create_session("tenant-c")
+    attackers = [sy.connect(info.socket_path, info.token) for info in infos]
+    c = sy.connect(c_info.socket_path, c_info.token)
+    stop = threading.Event()
+    attempts: list[tuple[str, float, str]] = []
+
+    def keep_compiling(name: str, conn: sy.Session) -> None:
+        while not stop.is_set():
+            schema = {**hostile_schema("c-x"), "title": f"{name}-{uuid.uuid4().hex}"}  # never cached
+            started = time.monotonic()
+            try:
+                conn.grammar(schema)
+                outcome = "compiled"
+            except sy.SymphonyError as exc:
+                outcome = type(exc).__name__
+            attempts.append((name, time.monotonic() - started, outcome))
+
+    def first_time_compile(i: int) -> float:
+        started = time.monotonic()
+        c.grammar({"type": "object", "title": f"third-{uuid.uuid4().hex}-{i}"})
+        return time.monotonic() - started
+
+    threads = [threading.Thread(target=keep_compiling, args=(f"a{i}", a)) for i, a in enumerate(attackers)]
+    try:
+        idle = first_time_compile(-1)
+        for thread in threads:
+            thread.start()
+        time.sleep(1.5)  # both tenants of the account are compiling, or queued
+        contended = []
+        # Spread over two compile budgets, so kills and child restarts fall among them.
+        for i in range(8):
+            contended.append(first_time_compile(i))
+            time.sleep(2.0)
+        both_running = all(t.is_alive() for t in threads)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=COMPILE_BUDGET_S * 4)
+        for conn in (*attackers, c):
+            conn.close()
+        for info in (*infos, c_info):
+            worker.end_session(info.session_id)
+    print(
+        f"\nthird tenant's first-time compile: idle {idle:.2f} s; beside two tenants of one account "
+        f"compiling: {[round(t, 2) for t in contended]} s (max {max(contended):.2f} s, bound {THIRD_TENANT_BOUND_S} s)"
+    )
+    print(f"the account's compiles: {[(n, round(t, 1), o) for n, t, o in attempts]}")
+    assert both_running, "the account's tenants should have kept compiling throughout"
+    assert max(contended) < THIRD_TENANT_BOUND_S, f"the third tenant waited behind one account: {contended}"
+    assert all(o == "InvalidArgument" for _, _, o in attempts), attempts
+    assert len(attempts) >= 2, "the account's hostile compiles should have run to the budget"
+    worker.assert_alive()
+
+
 def _chat(base_url: str, secret: str, response_format: dict) -> tuple[int, dict, float]:
     import httpx
 
