@@ -10,6 +10,7 @@ from rest_framework.exceptions import APIException
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
+from api.services import server_errors
 from api.services.accounts import EmailTaken
 from api.services.kvfiles import WorkerUnavailable
 from api.services.mail import MailUnavailable
@@ -38,9 +39,19 @@ DOMAIN_ERRORS = {
 }
 
 
+#: What the client of a 5xx domain error is told; the exception's own text (a worker's socket
+#: error names server paths) is logged under the request id the body carries.
+SERVER_ERROR_MESSAGES = {
+    WorkerUnavailable: "the GPU worker is unavailable; retry shortly",
+    MailUnavailable: "mail cannot be sent right now; try again in a minute",
+}
+
+
 def exception_handler(exc: Exception, context: dict) -> Response | None:
     for cls, (code_status, code) in DOMAIN_ERRORS.items():
         if isinstance(exc, cls):
+            if code_status >= 500:
+                return _server_error(exc, code_status, code)
             message = "still referenced by runs" if isinstance(exc, ProtectedError) else str(exc)
             return Response({"error": {"code": code, "message": message, "detail": None}}, status=code_status)
     # Django's own 404/403 (get_object_or_404, get_object) become DRF's, as DRF's handler does
@@ -59,3 +70,10 @@ def exception_handler(exc: Exception, context: dict) -> Response | None:
     message = detail.get("detail", "request failed") if isinstance(detail, dict) else "request failed"
     response.data = {"error": {"code": code, "message": str(message), "detail": detail}}
     return response
+
+
+def _server_error(exc: Exception, code_status: int, code: str) -> Response:
+    request_id = server_errors.record(code, f"{type(exc).__name__}: {exc}", exc_info=exc)
+    message = next((m for cls, m in SERVER_ERROR_MESSAGES.items() if isinstance(exc, cls)), "internal error")
+    body = {"error": {"code": code, "message": message, "detail": None, "request_id": request_id}}
+    return Response(body, status=code_status, headers={"Retry-After": "1"} if code_status == 503 else None)

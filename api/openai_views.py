@@ -31,7 +31,7 @@ from api.authentication import KeyRefused, bearer_key
 from api.models import ApiKey, Run
 from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
 from api.run_events_view import sse_response, stream_entries
-from api.services import openai_compat, run_handoff, stream_leases
+from api.services import openai_compat, run_handoff, server_errors, stream_leases
 from api.services.openai_compat import (
     CompletionRequest,
     chunk_body,
@@ -158,9 +158,16 @@ async def _recorded(run: Run) -> Run:
     return done if done is not None else await db_call(Run.objects.select_related("usage").get, pk=run.pk)
 
 
+def _failure_body(run: Run) -> dict:
+    """The error a client of a failed or timed-out run sees: no error text of the run (the
+    built-in program's carries its frames and server paths), a request id its cause is logged
+    under."""
+    message, request_id = server_errors.run_failure(run)
+    return error_body(message, "server_error", request_id=request_id)
+
+
 def _failure(run: Run) -> JsonResponse:
-    status = 408 if run.status == "timed_out" else 500
-    return JsonResponse(error_body(f"run {run.pk} {run.status}: {run.error[:2000]}", "server_error"), status=status)
+    return JsonResponse(_failure_body(run), status=408 if run.status == "timed_out" else 500)
 
 
 async def _abandon(run: Run) -> None:
@@ -209,7 +216,7 @@ async def _run_chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[byte
         raise
     done = await _recorded(run)
     if done.status != "succeeded":
-        yield sse(error_body(f"run {done.pk} {done.status}: {done.error[:2000]}", "server_error"))
+        yield sse(_failure_body(done))
         return
     refused = refusal(parsed, done)
     if refused is not None:

@@ -28,7 +28,7 @@ from api.models import ApiKey, Run, StoredResponse
 from api.openai_views import _abandon, _allow, _key, _key_and_plan, _Refused, _start_leased
 from api.responses_serializers import ResponseCreateSerializer
 from api.run_events_view import sse_response, stream_entries
-from api.services import responses, stream_leases
+from api.services import responses, server_errors, stream_leases
 from api.services.openai_compat import error_body
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded
 from api.services.responses import Turn
@@ -91,8 +91,8 @@ def _finish(turn: Turn) -> tuple[int, dict]:
     if run.status in ("failed", "timed_out"):
         if turn.row is not None:
             responses.settle(turn.row)
-        status = 408 if run.status == "timed_out" else 500
-        return status, error_body(f"run {run.pk} {run.status}: {run.error[:2000]}", "server_error")
+        message, request_id = server_errors.run_failure(run)
+        return 408 if run.status == "timed_out" else 500, error_body(message, "server_error", request_id=request_id)
     result = responses.outcome(run)
     if result["status"] == "failed":  # the LIP refused the request: the client's input is at fault
         if turn.row is not None:

@@ -13,6 +13,8 @@ from django.views.defaults import page_not_found
 from django.views.defaults import server_error as django_server_error
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from api.services import server_errors
+
 
 @never_cache
 def console(request, route: str = ""):
@@ -24,20 +26,27 @@ def console(request, route: str = ""):
 
 
 def _api_error(
-    request, status: int, rest: tuple[str, str], openai: tuple[str, str, str], headers: dict | None = None
+    request,
+    status: int,
+    rest: tuple[str, str],
+    openai: tuple[str, str, str],
+    headers: dict | None = None,
+    request_id: str | None = None,
 ) -> JsonResponse | None:
     """The error in the envelope of the front door the request came through: the REST API's
     (``rest``: code, message) under /api/, OpenAI's (``openai``: message, type, code) under
-    /v1/; ``None`` elsewhere, where Django's own page answers."""
+    /v1/; ``None`` elsewhere, where Django's own page answers. A server error carries the
+    ``request_id`` its cause was logged under."""
     if request.path.startswith("/api/"):
         code, message = rest
-        return JsonResponse(
-            {"error": {"code": code, "message": message, "detail": None}}, status=status, headers=headers
-        )
+        error = {"code": code, "message": message, "detail": None}
+        if request_id is not None:
+            error["request_id"] = request_id
+        return JsonResponse({"error": error}, status=status, headers=headers)
     if request.path.startswith("/v1/"):
         from api.services.openai_compat import error_body
 
-        return JsonResponse(error_body(*openai), status=status, headers=headers)
+        return JsonResponse(error_body(*openai, request_id=request_id), status=status, headers=headers)
     return None
 
 
@@ -68,9 +77,12 @@ def server_error(request):
     status, headers = (503, {"Retry-After": "1"}) if unavailable else (500, None)
     message = "the database is unavailable; retry shortly" if unavailable else "internal error"
     code = "database_unavailable" if unavailable else "server_error"
-    return _api_error(request, status, (code, message), (message, "server_error", code), headers) or (
-        django_server_error(request)
-    )
+    # The body names no cause (exception text carries server paths); the log has it, traceback
+    # and all, under the id the body carries.
+    request_id = server_errors.record(code, f"{request.method} {request.path}", exc_info=sys.exc_info())
+    return _api_error(
+        request, status, (code, message), (message, "server_error", code), headers, request_id=request_id
+    ) or (django_server_error(request))
 
 
 handler404 = not_found

@@ -254,7 +254,13 @@ def usage_chunk(request: CompletionRequest, run: Run) -> dict:
     }
 
 
-def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict:
+def error_body(
+    message: str, type_: str, code: str | None = None, param: str | None = None, request_id: str | None = None
+) -> dict:
     """OpenAI's error envelope (the ``openai`` client raises typed errors from it); ``param``
-    names the request field at fault."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    names the request field at fault; a server error carries the ``request_id`` its cause is
+    logged under (api/services/server_errors.py)."""
+    error = {"message": message, "type": type_, "param": param, "code": code}
+    if request_id is not None:
+        error["request_id"] = request_id
+    return {"error": error}

@@ -357,7 +357,9 @@ def outcome(run: Run) -> dict:
     if run.status == "cancelled":
         return {"status": "cancelled", "output": [], "usage": None, "error": None, "incomplete": None}
     if run.status in Run.TERMINAL:
-        error = {"code": "server_error", "message": f"run {run.pk} {run.status}: {run.error[:2000]}"}
+        # The run's error text stays out (the built-in program's carries server paths).
+        words = "timed out" if run.status == "timed_out" else run.status
+        error = {"code": "server_error", "message": f"run {run.pk} {words}"}
         return {"status": "failed", "output": [], "usage": None, "error": error, "incomplete": None}
     return {"status": "in_progress", "output": [], "usage": None, "error": None, "incomplete": None}
 
