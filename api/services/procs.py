@@ -130,7 +130,9 @@ def resolve_entry(version: ProgramVersion, entry: object) -> str:
     if _defines(source, function) is False:
         where = f"module {module}" if module else "the program"
         raise SpawnRefused(ErrorCode.BAD_ARGS, f"unknown entry {entry!r}: {where} defines no {function}(args)")
-    return f"{module}:{function}" if (module or function != "main") else ""
+    # A single-file program's own function is stored as ``self:function``, as the author wrote it
+    # (``:function`` read as a typo in listings); the runner reads ``self`` as the program itself.
+    return f"{module or 'self'}:{function}" if (module or function != "main") else ""
 
 
 # -------------------------------------------------------------------------------- spawning

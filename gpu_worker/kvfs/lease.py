@@ -40,7 +40,6 @@ from dataclasses import asdict, dataclass
 from gpu_worker.kvfs.errors import Busy, Exists, KVFSError, NotFound, StoreFull
 from gpu_worker.kvfs.files import validate_name, validate_tenant
 from gpu_worker.kvfs.store import Conflict, KVStore
-from gpu_worker.protocol import ErrorCode
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +52,13 @@ CAS_ATTEMPTS = 8
 
 
 class StoreUnavailable(KVFSError):
-    """The KV store could not be read or written: nothing is served that it cannot vouch for."""
-
-    code = ErrorCode.IO
+    """The KV store could not be read or written: nothing is served that it cannot vouch for
+    (a LIP reads ``EIO``: gpu_worker/ops/errors.py)."""
 
 
 class LeaseLost(KVFSError):
-    """This worker's write lease was taken over (it expired) or the file was deleted meanwhile."""
-
-    code = ErrorCode.IO
+    """This worker's write lease was taken over (it expired) or the file was deleted meanwhile
+    (``EIO`` to a LIP)."""
 
 
 def lease_key(tenant: str, name: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from gpu_worker import kvfs, scheduler
+from gpu_worker.kvfs.lease import LeaseLost, StoreUnavailable
 from gpu_worker.protocol import ErrorCode, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -19,6 +20,9 @@ _CODES: tuple[tuple[type[Exception], str], ...] = (
     (kvfs.Exists, ErrorCode.EXISTS),
     (kvfs.InvalidArgument, ErrorCode.BAD_ARGS),
     (kvfs.Busy, ErrorCode.BUSY),
+    # The store's outage is the program's I/O failing (it may retry), not a worker bug.
+    (StoreUnavailable, ErrorCode.IO),
+    (LeaseLost, ErrorCode.IO),
     (kvfs.KVFSError, ErrorCode.INTERNAL),
     (scheduler.SessionEnded, ErrorCode.TIMEOUT),
     (scheduler.ShuttingDown, ErrorCode.BUSY),

@@ -83,7 +83,7 @@ def load_entry() -> tuple[str, str]:
     if not isinstance(raw, str):
         raise SetupError("the run's entry must be a string")
     module, _, function = raw.partition(":")
-    return module, function or "main"
+    return ("" if module == "self" else module), function or "main"
 
 
 def _is_zip(path: str) -> bool:

@@ -102,7 +102,7 @@ def test_entries_are_checked_against_the_bundle(api_tenant_a):
     single = _program(api_tenant_a.tenant, SINGLE).versions.get()
     bundle = _program(api_tenant_a.tenant, BUNDLE, "b.zip").versions.get()
     assert procs.resolve_entry(single, None) == ""
-    assert procs.resolve_entry(single, "self:helper") == ":helper"
+    assert procs.resolve_entry(single, "self:helper") == "self:helper"  # shown as the author wrote it
     assert procs.resolve_entry(bundle, "agents.scout") == "agents.scout:main"
     assert procs.resolve_entry(bundle, "agents/scout.py:other") == "agents.scout:other"
     for version, entry, said in [
@@ -120,7 +120,7 @@ def test_entries_are_checked_against_the_bundle(api_tenant_a):
 def test_a_child_is_recorded_with_its_parent_and_a_deadline_within_the_parents(api_tenant_a, plan):
     parent = _running(api_tenant_a.tenant)
     child = procs.create_child(str(parent.pk), "self:helper", {"k": [1, 2]}, {"deadline_s": 100}, 12.5)
-    assert (child.parent_id, child.depth, child.entry, child.status) == (parent.pk, 1, ":helper", "queued")
+    assert (child.parent_id, child.depth, child.entry, child.status) == (parent.pk, 1, "self:helper", "queued")
     assert child.program_version_id == parent.program_version_id and child.tenant_id == parent.tenant_id
     assert child.args == {"k": [1, 2]} and child.limits == {"deadline_s": 12.5}
     # A child that states no deadline gets what its parent has left; one shorter keeps its own.
@@ -270,9 +270,10 @@ def test_a_run_lists_its_children_and_runs_filter_by_parent(api_tenant_a, api_te
     client = api_tenant_a.key_client()
     body = client.get(f"/api/v1/runs/{parent.pk}").json()
     assert [c["id"] for c in body["children"]] == [str(k.pk) for k in kids]
-    assert [c["entry"] for c in body["children"]] == ["", ":helper"] and body["parent"] is None
+    assert [c["entry"] for c in body["children"]] == ["", "self:helper"] and body["parent"] is None
     child = client.get(f"/api/v1/runs/{kids[1].pk}").json()
-    assert (child["parent"], child["depth"], child["entry"], child["children"]) == (str(parent.pk), 1, ":helper", [])
+    expected = (str(parent.pk), 1, "self:helper", [])
+    assert (child["parent"], child["depth"], child["entry"], child["children"]) == expected
     listed = client.get(f"/api/v1/runs?parent={parent.pk}").json()["results"]
     assert sorted(r["id"] for r in listed) == sorted(str(k.pk) for k in kids)
     assert "children" not in listed[0]

@@ -152,7 +152,7 @@ def test_runs_can_be_followed_and_read_on_a_phone(console_server, browser, tmp_p
     Run.objects.filter(pk=failed.pk).update(finished_at=now)
     # A run the failed one spawned before it failed (symphony.spawn): its run tree links to it.
     child = Run.objects.create(
-        tenant=tenant, program_version=version, status="succeeded", parent=failed, depth=1, entry=":helper"
+        tenant=tenant, program_version=version, status="succeeded", parent=failed, depth=1, entry="self:helper"
     )
     live = Run.objects.create(tenant=tenant, program_version=version, status="running", worker="local", started_at=now)
     KVFile.objects.create(

@@ -167,8 +167,15 @@ def test_a_store_that_cannot_be_read_is_a_clear_error_not_a_stale_copy(two):
         raise ConnectionError("store unreachable")
 
     b.store.get_versioned = down  # type: ignore[method-assign]
-    with pytest.raises(StoreUnavailable, match="unreachable"):
+    with pytest.raises(StoreUnavailable, match="unreachable") as outage:
         b.open(B, "ctx", "r")
+    # A LIP reads the outage as its I/O failing (EIO: symphony.IOFailed, an OSError it may
+    # retry), not as a worker bug (EINTERNAL).
+    from gpu_worker.ops.errors import wire_error
+    from gpu_worker.protocol import ErrorCode
+
+    error = wire_error(outage.value, "kv_open", "s1")
+    assert error.code == ErrorCode.IO and "unreachable" in error.message
 
 
 def test_the_lease_sits_next_to_the_blob(two):

@@ -44,6 +44,20 @@ def test_the_staged_entry_picks_a_module_and_function_of_the_bundle(monkeypatch,
     assert run.call_main(loaded, {}, function) == 2
 
 
+def test_a_single_file_programs_own_function_is_staged_as_self(monkeypatch, tmp_path):
+    """The control plane stores ``self:helper`` (api/services/procs.py): the runner reads
+    ``self`` as the program itself."""
+    single = tmp_path / "p.py"
+    single.write_text("def main(args):\n    return 1\n\ndef helper(args):\n    return 2\n")
+    lip = tmp_path / "lip"
+    lip.mkdir()
+    name = stage_program(SandboxSpec(str(single), {}, "/x.sock", "t", "r", "tenant", entry="self:helper"), lip)
+    monkeypatch.setenv(run.ENV_ARGS_FILE, str(lip / "args.json"))
+    module, function = run.load_entry()
+    assert (module, function) == ("", "helper")
+    assert run.call_main(run.load_program(str(lip / name), module, function), {}, function) == 2
+
+
 def test_a_run_a_client_started_runs_main(monkeypatch, tmp_path, bundle):
     lip = tmp_path / "lip"
     lip.mkdir()

@@ -79,11 +79,11 @@ describe("run trees", () => {
   it("shows who spawned a child, and nothing for a run outside any tree", () => {
     const { unmount } = render(
       <MemoryRouter>
-        <RunTree run={{ ...RUN, parent: "0f0e0d0c-0000-4000-8000-0000000000aa", depth: 1, entry: ":helper" }} />
+        <RunTree run={{ ...RUN, parent: "0f0e0d0c-0000-4000-8000-0000000000aa", depth: 1, entry: "self:helper" }} />
       </MemoryRouter>,
     );
     expect(screen.getByRole("link", { name: "run 0f0e0d0c" }).getAttribute("href")).toBe("/runs/0f0e0d0c-0000-4000-8000-0000000000aa");
-    expect(screen.getByText(/entry :helper/)).toBeTruthy();
+    expect(screen.getByText(/entry self:helper/)).toBeTruthy();
     unmount();
     render(<MemoryRouter><RunTree run={RUN} /></MemoryRouter>);
     expect(screen.queryByTestId("run-tree")).toBeNull();
