@@ -217,6 +217,13 @@ def _mask_bias(mask: Any, bias: Any) -> dict[str, Any]:
         if ref is not None:
             params["bias_ref"] = int(ref)
         elif isinstance(bias, Mapping):
+            if len(bias) > protocol.MAX_MAP_ENTRIES:
+                raise InvalidArgument(
+                    f"a sparse bias map holds at most {protocol.MAX_MAP_ENTRIES} entries, this one {len(bias)}:"
+                    " build a bias vector once in the worker with sy.bias_set(ids, value) or"
+                    " sy.bias_vector(values) and pass it as bias= (it is reused by every call)",
+                    op="bias",
+                )
             params["bias"] = {int(k): float(v) for k, v in bias.items()}
         else:
             raise InvalidArgument(

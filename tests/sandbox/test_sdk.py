@@ -455,6 +455,9 @@ def test_bias_vectors_steer_choices_combine_with_a_mask_and_are_capped(session) 
     odd = base % 2 == 1
     half = [t for t in range(vocab) if (t % 2 == 1) != odd]  # the parity the argmax lacks
     assert len(half) > protocol.MAX_MAP_ENTRIES
+    # As a sparse map it is too large for one frame: the error names the call that fits.
+    with pytest.raises(sy.InvalidArgument, match=r"at most 4096 entries.*sy\.bias_set"):
+        d.argmax(bias=dict.fromkeys(half, 50.0))
     with session.bias_set(half, 50.0) as green:
         assert d.argmax(bias=green) % 2 != base % 2
         assert all(d.sample(temperature=1.0, seed=s, bias=green) % 2 != base % 2 for s in range(5))
