@@ -8,9 +8,11 @@ serves them with the database:
 * ``spawn`` checks the entry against the program's bundle and the limits like ``POST /runs``
   does, then, under the tenant's row lock, the plan: children per run (``max_children_per_run``,
   counted over the run's life, so a loop of spawns stops), tree depth (``max_spawn_depth``, so a
-  recursive spawn stops) and the tenant's concurrent runs, children included. A spawn past any
-  of them is **refused at once** (EDQUOT), never queued: a parent waiting on a child that waits
-  for a slot the parent holds would deadlock the tenant.
+  recursive spawn stops) and the tree's live runs below its root (``max_children_per_run`` too).
+  A tree counts **once** against the tenant's concurrent runs (its root does), so the documented
+  patterns (a coordinator and its team) run on every plan. A spawn past any bound is **refused
+  at once** (EDQUOT), never queued: a parent waiting on a child that waits for a slot the parent
+  holds would deadlock the tree.
 * The child runs **in a thread of the parent's executor** (``execute_run``, no Celery hop): it
   needs no executor slot, so it cannot wait for one, and it runs on the parent's worker by
   construction, where the parent's KV files and batches are. Its own sandbox and session, as
@@ -38,7 +40,7 @@ from django.db import close_old_connections, connection, transaction
 from rest_framework import serializers as drf
 
 from api.models import ProgramVersion, Run, Tenant
-from api.services.quotas import QuotaExceeded, check_can_start, plan_limits
+from api.services.quotas import QuotaExceeded, check_can_start, live_descendants, plan_limits
 from gpu_worker import contracts
 from gpu_worker.protocol import ErrorCode
 
@@ -198,14 +200,19 @@ def create_child(parent_id: str, entry: object, args: object, limits: object, re
                 f"spawn refused: plan {tenant.plan} allows {plan.max_children_per_run} children per run"
                 f" (max_children_per_run) and this run has spawned {spawned}",
             )
-        try:
-            check_can_start(tenant, child_limits)
-        except QuotaExceeded as exc:
+        root = _root_of(parent)
+        live = live_descendants(root, plan.max_spawn_depth)
+        if live >= plan.max_children_per_run:
             raise SpawnRefused(
                 ErrorCode.QUOTA,
-                f"spawn refused: {exc} (children count as runs; a spawn past a limit is refused,"
-                " not queued, so a parent waiting on its children cannot hold the tenant's slots)",
-            ) from None
+                f"spawn refused: plan {tenant.plan} allows {plan.max_children_per_run} live runs below the root"
+                f" of a run tree (max_children_per_run) and this tree has {live}; a spawn past a limit is"
+                " refused, not queued, so a parent waiting on its children cannot deadlock its tree",
+            )
+        try:
+            check_can_start(tenant, child_limits, plan, child=True)
+        except QuotaExceeded as exc:
+            raise SpawnRefused(ErrorCode.QUOTA, f"spawn refused: {exc}") from None
         child = Run.objects.create(
             tenant=tenant,
             program_version=parent.program_version,
@@ -219,6 +226,15 @@ def create_child(parent_id: str, entry: object, args: object, limits: object, re
         )
     log.info("run_spawned run=%s parent=%s tenant=%s entry=%s", child.pk, parent.pk, tenant.slug, canonical or "main")
     return child
+
+
+def _root_of(run: Run) -> object:
+    """The id of the root run of ``run``'s tree (a tree is as deep as its plan allows, a few
+    levels: one query a level)."""
+    node_id, parent_id = run.pk, run.parent_id
+    while parent_id is not None:
+        node_id, parent_id = parent_id, Run.objects.filter(pk=parent_id).values_list("parent_id", flat=True).first()
+    return node_id
 
 
 def cancel_child(parent_id: str, child_id: str) -> bool:

@@ -59,8 +59,6 @@ SANDBOX_RESOURCES = {
     "pids": (128, 1024),
     "output_limit_bytes": (1 << 20, 16 << 20),
 }
-#: A run that states no deadline gets this many seconds (capped by the plan).
-DEFAULT_RUN_SECONDS = 60
 
 
 class QuotaExceeded(Exception):
@@ -122,8 +120,25 @@ def tokens_this_month(tenant: Tenant) -> int:
     return int(sums["p"] or 0) + int(sums["d"] or 0)
 
 
+LIVE = ("queued", "running")
+
+
 def _active_runs(tenant: Tenant) -> int:
-    return Run.objects.filter(tenant=tenant, status__in=["queued", "running"]).count()
+    """The tenant's live run trees: a root run with its children counts once (a tree's children
+    are bounded by the plan's own caps, ``create_child``)."""
+    return Run.objects.filter(tenant=tenant, status__in=LIVE, parent__isnull=True).count()
+
+
+def live_descendants(root_id: object, max_depth: int) -> int:
+    """Queued or running runs below ``root_id`` in its tree (at most ``max_depth`` levels)."""
+    count, level = 0, [root_id]
+    for _ in range(max_depth):
+        rows = list(Run.objects.filter(parent_id__in=level).values_list("pk", "status"))
+        if not rows:
+            break
+        count += sum(1 for _pk, status in rows if status in LIVE)
+        level = [pk for pk, _status in rows]
+    return count
 
 
 def current_use(tenant: Tenant) -> dict:
@@ -146,13 +161,14 @@ def quota_view(tenant: Tenant) -> dict:
     }
 
 
-def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None) -> None:
+def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None, *, child: bool = False) -> None:
     """Refuse a run the plan does not allow; the message names the limit. ``plan``: the
-    tenant's plan when the caller has read it already."""
+    tenant's plan when the caller has read it already. ``child``: a spawned run, which counts
+    within its tree (``create_child``), not against the tenant's concurrent runs."""
     plan = plan or plan_limits(tenant)
     # Only what is checked here is counted (not current_use's KV sums): every run creation,
     # each /v1 request included, runs this under its tenant's row lock.
-    if _active_runs(tenant) >= plan.max_concurrent_runs:
+    if not child and _active_runs(tenant) >= plan.max_concurrent_runs:
         raise ConcurrencyLimitReached(f"plan {tenant.plan} allows {plan.max_concurrent_runs} concurrent runs")
     if int(limits.get("max_tokens", 0)) > plan.max_tokens_per_run:
         raise QuotaExceeded(f"max_tokens above plan limit {plan.max_tokens_per_run}")
@@ -172,7 +188,8 @@ def session_limits(run: Run) -> dict:
     max_tokens = min(int(requested.get("max_tokens") or plan.max_tokens_per_run), plan.max_tokens_per_run)
     if plan.tokens_per_month is not None:
         max_tokens = max(0, min(max_tokens, plan.tokens_per_month - tokens_this_month(tenant)))
-    deadline = min(float(requested.get("deadline_s") or DEFAULT_RUN_SECONDS), float(plan.max_run_seconds))
+    # A run that states no deadline gets its plan's (what the author's plan pays for).
+    deadline = min(float(requested.get("deadline_s") or plan.max_run_seconds), float(plan.max_run_seconds))
     # A run may narrow the tenant's tool allowlist, never widen it.
     from api.services import tool_hosts  # it reads plans from here
 

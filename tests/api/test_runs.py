@@ -169,7 +169,7 @@ def test_session_limits_cap_the_run_by_plan_and_carry_the_tool_allowlist(api_ten
         "account": api_tenant_a.tenant.account_key,
     }
     unbounded, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
-    assert session_limits(unbounded)["deadline_s"] == 60.0
+    assert session_limits(unbounded)["deadline_s"] == 120.0  # no deadline asked: the plan's
     # A run may tighten what the plan and the tenant allow, never loosen it.
     api_tenant_a.tenant.allowed_tool_hosts = ["127.0.0.1:8765", "127.0.0.1:9000"]
     api_tenant_a.tenant.save()

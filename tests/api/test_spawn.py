@@ -148,14 +148,24 @@ def test_a_recursive_spawn_stops_at_the_plans_depth(api_tenant_a, plan):
     assert caught.value.code == ErrorCode.QUOTA
 
 
-def test_children_count_against_the_tenants_concurrency_and_are_refused_not_queued(api_tenant_a, plan):
-    Plan.objects.filter(name="free").update(max_concurrent_runs=2)
+def test_a_tree_counts_once_against_concurrency_and_its_live_runs_are_capped(api_tenant_a, plan):
+    """A coordinator and its team of three run on a plan of 2 concurrent runs: the tree counts
+    once (its root). Below the root, live runs of the whole tree are capped by
+    ``max_children_per_run`` and a spawn past it is refused at once, not queued."""
+    Plan.objects.filter(name="free").update(max_concurrent_runs=2, max_children_per_run=3)
     parent = _running(api_tenant_a.tenant)
-    procs.create_child(str(parent.pk), None, {}, None, 30)
-    with pytest.raises(procs.SpawnRefused, match=r"allows 2 concurrent runs.*refused, not queued") as caught:
-        procs.create_child(str(parent.pk), None, {}, None, 30)
+    team = [procs.create_child(str(parent.pk), None, {}, None, 30) for _ in range(3)]
+    assert Run.objects.filter(parent=parent).count() == 3
+    assert start_run(str(team[0].pk), "w1") is not None
+    with pytest.raises(procs.SpawnRefused, match=r"3 live runs below the root.*refused, not queued") as caught:
+        procs.create_child(str(team[0].pk), None, {}, None, 30)  # a grandchild counts in the tree too
     assert caught.value.code == ErrorCode.QUOTA
-    assert Run.objects.filter(parent=parent).count() == 1
+    # The tenant's second tree still starts; a third does not.
+    _running(api_tenant_a.tenant, name="second.py")
+    from api.services.quotas import ConcurrencyLimitReached, check_can_start
+
+    with pytest.raises(ConcurrencyLimitReached, match="allows 2 concurrent runs"):
+        check_can_start(api_tenant_a.tenant, {})
 
 
 @pytest.mark.parametrize(
