@@ -36,12 +36,13 @@ examples:
   symphony runs ls --status failed              # newest first, 20 unless --limit
   symphony runs show RUN_ID                     # with the runs it spawned
   symphony runs ls --parent RUN_ID              # the runs a run spawned
-  symphony follow RUN_ID                        # re-attach to a run's output
+  symphony follow RUN_ID > answer.txt           # re-attach; the answer alone on stdout
+  symphony follow RUN_ID -v                     # also the run's KV usage on stderr
   symphony logs RUN_ID                          # what the program printed (stdout, stderr)
   symphony kv ls && symphony usage --json
 
-exit codes: 0 succeeded/ok, 1 run failed or error, 2 usage error, 3 run cancelled,
-            4 run timed out, 130 interrupted (Ctrl-C)
+exit codes: 0 succeeded/ok, 1 run failed or error, 2 usage error, 3 run cancelled
+            (symphony cancel, the API), 4 run timed out, 130 interrupted (Ctrl-C)
 """
 
 RUN_EXAMPLES = """\
@@ -51,7 +52,8 @@ examples:
   symphony run prog.py --follow --json | jq -c 'select(.event == "token")'
 
 With --follow the exit code is the run's: 0 succeeded, 1 failed, 3 cancelled, 4 timed out.
-Ctrl-C while following asks (from a terminal) whether to cancel; the run goes on otherwise.
+Ctrl-C while following asks (from a terminal) whether to cancel; the run goes on otherwise;
+either way the exit code is 130.
 """
 
 
@@ -83,7 +85,7 @@ def _saved() -> dict:
 
 
 def _common_flags(suppress: bool) -> argparse.ArgumentParser:
-    """``--url``/``--api-key``/``--json``/``--human``, accepted before the command and after it
+    """``--url``/``--api-key``/``--json``/``--human``/``--verbose``, accepted before the command and after it
     (``symphony login --api-key ...`` as well as ``symphony --api-key ... login``). On the
     commands' parsers the defaults are suppressed, so a flag given before the command is not
     reset by them."""
@@ -107,6 +109,13 @@ def _common_flags(suppress: bool) -> argparse.ArgumentParser:
         const="human",
         default=default,
         help="print tables and text; the default on a terminal, and for follow and logs",
+    )
+    flags.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS if suppress else False,
+        help="follow: also the run's KV usage (kv: lines) and what a cancelled program reported, on stderr",
     )
     return flags
 
@@ -225,7 +234,7 @@ def _run(client: Client, opts: argparse.Namespace, as_json: bool) -> Answer:
         print(json.dumps({"event": "created", "data": run}), flush=True)
     else:
         print(_run_line(run), file=sys.stderr, flush=True)
-    return Answer(code=follow(client, run["id"], as_json, sys.stdout, sys.stderr, sys.stdin))
+    return Answer(code=follow(client, run["id"], as_json, sys.stdout, sys.stderr, sys.stdin, opts.verbose))
 
 
 def _dispatch(client: Client, opts: argparse.Namespace, as_json: bool) -> Answer:
@@ -250,7 +259,7 @@ def _dispatch(client: Client, opts: argparse.Namespace, as_json: bool) -> Answer
         run = client.cancel_run(opts.run_id)
         return Answer(run, human=_run_line(run))
     if command in ("follow", "events"):
-        return Answer(code=follow(client, opts.run_id, as_json, sys.stdout, sys.stderr, sys.stdin))
+        return Answer(code=follow(client, opts.run_id, as_json, sys.stdout, sys.stderr, sys.stdin, opts.verbose))
     if command == "logs":
         logs = client.run_logs(opts.run_id)
         if as_json:
@@ -311,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ApiError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {exc.message if exc.status == 0 else exc}", file=sys.stderr)  # 0: no HTTP answer
         return EXIT_ERROR
     except httpx.HTTPError as exc:
         print(f"error: cannot reach {url}: {exc}", file=sys.stderr)

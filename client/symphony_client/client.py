@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from symphony_client.output import plural
 from symphony_client.types import TERMINAL_STATUSES, Program, ProgramVersion, Pushed, Run, RunLogs
 
 
@@ -47,6 +48,19 @@ def _spelled_out(message: str, detail: object) -> str:
     if not fields:
         return message
     return fields if message == "request failed" else f"{message} ({fields})"
+
+
+class StreamLost(ApiError):
+    """A run's event stream that had been open broke off and could not be resumed: the run may
+    well go on (``status`` 0: no HTTP answer says so)."""
+
+    def __init__(self, run_id: str, reconnects: int, waited: float) -> None:
+        message = (
+            f"the events stream of run {run_id} broke off and {plural(reconnects, 'reconnection')}"
+            f" over {waited:.0f} s failed"
+        )
+        super().__init__(0, "stream_lost", message)
+        self.run_id = run_id
 
 
 @dataclass(frozen=True)
@@ -246,21 +260,26 @@ class Client:
         return self._call("GET", f"runs/{run_id}/logs")
 
     def events(self, run_id: str, last_event_id: str | None = None, reconnects: int = 5) -> Iterator[Event]:
-        """Yield the run's events until ``end``. A stream that breaks or closes before ``end``
-        (server restart, Redis failover past the server's own retries) is resumed with
-        ``Last-Event-ID`` up to ``reconnects`` times in a row, so no event is lost or repeated.
-        Resuming after the run's ``end`` yields nothing (the server answers 204)."""
-        failures, throttled = 0, 0.0
+        """Yield the run's events until ``end``. A server that cannot be reached raises httpx's
+        error at once, like every other call. Once the stream has been open, one that breaks or
+        closes before ``end`` (server restart, Redis failover past the server's own retries) is
+        resumed with ``Last-Event-ID``, so no event is lost or repeated: up to ``reconnects``
+        times in a row, waiting 1, 2, 4, 8, 8 s before them (23 s in all for the default 5),
+        then :class:`StreamLost`. Resuming after the run's ``end`` yields nothing (the server
+        answers 204)."""
+        failures, throttled, waited = 0, 0.0, 0.0
+        opened: list[bool] = []  # the stream answered 200 once: failures from then on are retried
         while True:
             try:
-                for event in self._event_stream(run_id, last_event_id):
-                    failures = 0
+                for event in self._event_stream(run_id, last_event_id, opened):
+                    failures, waited = 0, 0.0
                     last_event_id = event.id or last_event_id
                     yield event
                     if event.type == "end":
                         return
             except httpx.TransportError:
-                pass  # counted below like a stream closed before ``end``
+                if not opened:
+                    raise
             except _AfterEnd:
                 return
             except _Throttled as wait:
@@ -270,12 +289,14 @@ class Client:
                 time.sleep(wait.seconds)
                 throttled += wait.seconds
                 continue
+            if failures >= reconnects:
+                raise StreamLost(run_id, failures, waited)
             failures += 1
-            if failures > reconnects:
-                raise ApiError(0, "stream_lost", f"events of run {run_id} broke off {failures} times in a row")
-            time.sleep(min(8.0, 0.5 * 2**failures))
+            pause = min(8.0, 0.5 * 2**failures)
+            time.sleep(pause)
+            waited += pause
 
-    def _event_stream(self, run_id: str, last_event_id: str | None) -> Iterator[Event]:
+    def _event_stream(self, run_id: str, last_event_id: str | None, opened: list[bool]) -> Iterator[Event]:
         headers = {"Last-Event-ID": last_event_id} if last_event_id else {}
         with self._http.stream("GET", f"runs/{run_id}/events", headers=headers, timeout=None) as response:
             if response.status_code == 204:
@@ -286,6 +307,7 @@ class Client:
                 if wait is not None:
                     raise _Throttled(wait)
                 raise ApiError(response.status_code, "http_error", response.text[:500])
+            opened[:] = [True]
             fields: dict[str, str] = {}
             for line in response.iter_lines():
                 if line == "":

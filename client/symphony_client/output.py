@@ -22,6 +22,26 @@ COLUMNS: dict[str, Sequence[tuple[str, str]]] = {
 CELL_CHARS = 60
 
 
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 event``, ``2 events``, ``0 events``: a count with its noun agreeing (``words``: an
+    irregular plural)."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
+def run_title(run: Mapping[str, Any]) -> str:
+    """What to call a run, which has no name of its own: its program's name, the function it
+    runs when not ``main``, and its first argument (``completion prompt="What is..."``)."""
+    title = str(run.get("program_name") or f"program {run.get('program')}")
+    if run.get("entry"):
+        title += f" {run['entry']}"
+    args = run.get("args")
+    if isinstance(args, dict) and args:
+        key, value = next(iter(args.items()))
+        shown = cell(value) if value != "" else ""
+        title += f' {key}="{shown}"' if isinstance(value, str) else f" {key}={shown}"
+    return title
+
+
 def as_json(data: object, compact: bool = False) -> str:
     return json.dumps(data, indent=None if compact else 2)
 
@@ -48,11 +68,11 @@ def table(rows: Sequence[dict], kind: str) -> str:
 
 
 def run_record(run: Mapping[str, Any]) -> str:
-    """``runs show``: the run's fields, then its timings and usage one per line (``-`` for a
-    phase that has not happened; usage appears once the run has ended), then the runs it
-    spawned, one a line (``id status entry``)."""
+    """``runs show``: a line naming the run (:func:`run_title`), then its fields, then its
+    timings and usage one per line (``-`` for a phase that has not happened; usage appears once
+    the run has ended), then the runs it spawned, one a line (``id status entry``)."""
     base = {k: v for k, v in run.items() if k not in ("usage", "timings", "children")}
-    lines = [record(base)]
+    lines = [f"{run_title(run)}  (run {run.get('id')}, {run.get('status')})", "", record(base)]
     timings = run.get("timings") or {}
     usage = run.get("usage")
     extra: dict[str, object] = {}

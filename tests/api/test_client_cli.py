@@ -1,50 +1,83 @@
-"""The ``symphony`` CLI against the real ASGI app: login (saved 0600), programs push (new program,
-then a new version), idempotent run, events, cancel, kv ls/rm, usage, and clear errors; following
-a run (text on stdout, the rest on stderr, its status as the exit code, Ctrl-C), runs ls/show;
-the Python client's list_runs and wait."""
+"""The installed ``symphony`` CLI (the ``.venv/bin/symphony`` entry point) against the real ASGI
+app: login (saved 0600), programs push (new program, then a new version), idempotent run, events,
+cancel, kv ls/rm, usage, and clear errors; following a run (the streamed text alone on stdout,
+byte for byte, the rest on stderr, ``kv:`` lines with ``-v`` only, nothing cutting the answer on a
+shared terminal, its status as the exit code, Ctrl-C, a cancel through the real stack, an
+unreachable server), runs ls/show; the Python client's list_runs and wait."""
 
 from __future__ import annotations
 
 import json
 import os
 import pty
+import re
+import select
 import signal
+import socket
 import stat
 import subprocess
-import sys
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from api.models import KVFile, Program, ProgramVersion, Run
 from api.services import programs
 from api.services.runs import publish_end, publish_event
-from gpu_worker.contracts import EndEvent, MessageEvent, StatusEvent, TokenEvent
-from tests.conftest import ROOT
+from gpu_worker.contracts import EndEvent, KvEvent, MessageEvent, StatusEvent, TokenEvent
+from tests.conftest import ROOT, wait_for
+from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
+
+
+def entry_point(tmp_path: Path) -> str:
+    """The installed ``symphony``: the shim scripts/bootstrap.sh writes into ``.venv/bin``. Git
+    worktrees of this repository share one venv, whose shim runs the client/ of the checkout that
+    wrote it; for another checkout the same shim is written pointing at this one's client/."""
+    shim = ROOT / ".venv" / "bin" / "symphony"
+    text = shim.read_text()
+    written_for = re.search(r'PYTHONPATH="(.*)/client', text)
+    assert written_for, f"{shim} is not the shim scripts/bootstrap.sh writes:\n{text}"
+    if Path(written_for.group(1)).resolve() == ROOT.resolve():
+        return str(shim)
+    local = tmp_path / "symphony"
+    local.write_text(text.replace(f'PYTHONPATH="{written_for.group(1)}/client', f'PYTHONPATH="{ROOT}/client'))
+    local.chmod(0o755)
+    return str(local)
 
 
 @pytest.fixture
 def cli(tmp_path, settings):
     settings.SYMPHONY_WORKER_ADMIN_SOCKET = str(tmp_path / "absent.sock")
     config = tmp_path / "config.json"
+    symphony = entry_point(tmp_path)
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SYMPHONY_")}
-    env.update(PYTHONPATH=str(ROOT / "client"), SYMPHONY_CONFIG=str(config))
+    env.update(SYMPHONY_CONFIG=str(config))
 
     def command(argv: tuple[str, ...], key: str | None, url: str | None) -> list[str]:
         flags = [*(["--url", url] if url else []), *(["--api-key", key] if key else [])]
-        return [sys.executable, "-m", "symphony_client", *flags, *argv]
+        return [symphony, *flags, *argv]
 
-    def run(*argv: str, key: str | None = None, url: str | None = None) -> subprocess.CompletedProcess:
-        return subprocess.run(command(argv, key, url), env=env, capture_output=True, text=True, timeout=60)
-
-    def start(*argv: str, key: str | None = None, url: str | None = None, stdin=subprocess.DEVNULL) -> subprocess.Popen:
-        """The CLI left running (a follow), for the test to feed events and signal it."""
-        return subprocess.Popen(
-            command(argv, key, url), env=env, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    def run(
+        *argv: str, key: str | None = None, url: str | None = None, stdout=subprocess.PIPE
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            command(argv, key, url), env=env, stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=60
         )
+
+    def start(
+        *argv: str,
+        key: str | None = None,
+        url: str | None = None,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) -> subprocess.Popen:
+        """The CLI left running (a follow), for the test to feed events and signal it."""
+        return subprocess.Popen(command(argv, key, url), env=env, stdin=stdin, stdout=stdout, stderr=stderr, text=True)
 
     run.config = config
     run.start = start
@@ -204,7 +237,7 @@ def test_ctrl_c_while_following_from_a_terminal_offers_to_cancel(logged_in, prog
         os.close(terminal)
         os.close(stdin)
     assert following.returncode == 130, asked + err
-    assert f"run {run_id} cancelled" in err and "Traceback" not in asked + err
+    assert f"run {run_id} cancelled\nCancelled by you at " in err and "Traceback" not in asked + err
     assert Run.objects.get(pk=run_id).status == "cancelled"
 
 
@@ -225,7 +258,8 @@ def test_runs_ls_and_show(logged_in, program):
     assert json.loads(logged_in("runs", "show", ids[1]).stdout)["args"] == {"n": 1}
     shown = logged_in("runs", "show", ids[0], "--human").stdout
     # One "key  value" line per field, keys padded to the longest (program_name).
-    fields = dict(line.split(None, 1) for line in shown.splitlines() if line.strip())
+    assert shown.splitlines()[0] == f"echo n=0  (run {ids[0]}, failed)"  # runs have no name: program, 1st arg
+    fields = dict(line.split(None, 1) for line in shown.splitlines()[1:] if line.strip())
     assert fields["id"] == ids[0] and fields["error"] == "boom" and fields["program_name"] == "echo", shown
     bad = logged_in("runs", "ls", "--limit", "0")
     assert bad.returncode == 2 and "--limit" in bad.stderr
@@ -289,3 +323,137 @@ def test_python_client_lists_and_waits_for_runs(api_asgi_server, api_tenant_a, p
         _end(runs[0]["id"], "succeeded", result={"n": 0})
         done = client.wait(runs[0]["id"], timeout=10)
         assert (done["status"], done["result"]) == ("succeeded", {"n": 0})
+
+
+def _kv(tokens: int) -> KvEvent:
+    return KvEvent(device_pages=1, host_pages=0, disk_pages=0, tenant_device_pages=1, tokens=tokens)
+
+
+def test_follow_to_a_file_keeps_exactly_the_streamed_text(logged_in, program, tmp_path):
+    """KV ticks came every half second and each put a newline into the answer on stdout."""
+    run_id = json.loads(logged_in("run", str(program.pk)).stdout)["id"]
+    publish_event(run_id, StatusEvent("running"))
+    for text, tokens in ((" of the", 3), (" sea, a place", 7), (" where", 9)):
+        publish_event(run_id, TokenEvent(text))
+        publish_event(run_id, _kv(tokens))
+    _end(run_id, "succeeded")
+    for flags in ((), ("-v",), ("--verbose",)):
+        answer = tmp_path / "answer.txt"
+        with answer.open("w") as stdout:
+            followed = logged_in("follow", run_id, *flags, stdout=stdout)
+        assert followed.returncode == 0, followed.stderr
+        assert answer.read_bytes() == b" of the sea, a place where\n", flags
+        assert f"run {run_id}: running" in followed.stderr and f"run {run_id} succeeded" in followed.stderr
+        kv_lines = [line for line in followed.stderr.splitlines() if line.startswith("kv:")]
+        if flags:
+            assert (
+                kv_lines[0] == "kv: 3 tokens; 1 device page, 0 host pages, 0 disk pages; the tenant holds 1 device page"
+            )
+            assert len(kv_lines) == 3
+        else:
+            assert kv_lines == [], followed.stderr
+
+
+def _read_terminal(terminal: int, proc: subprocess.Popen, timeout: float) -> str:
+    """All a process wrote to the terminal whose other end is ``terminal``, until it exits."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([terminal], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(terminal, 4096)
+            except OSError:  # EIO: the process closed its end
+                break
+            seen += chunk
+        elif proc.poll() is not None:
+            break
+    return seen.decode()
+
+
+def test_lines_about_the_run_do_not_cut_the_answer_on_a_shared_terminal(logged_in, program):
+    """stdout and stderr on one terminal: a status or kv line arriving mid-line waits for the line's end."""
+    run_id = json.loads(logged_in("run", str(program.pk)).stdout)["id"]
+    publish_event(run_id, TokenEvent("The capital is Par"))
+    publish_event(run_id, StatusEvent("running"))
+    publish_event(run_id, _kv(12))
+    publish_event(run_id, TokenEvent("is.\nIt lies on"))
+    publish_event(run_id, _kv(20))
+    publish_event(run_id, TokenEvent(" the Seine."))
+    _end(run_id, "succeeded")
+    terminal, child = pty.openpty()
+    try:
+        following = logged_in.start("follow", run_id, "-v", stdout=child, stderr=child)
+        os.close(child)
+        shown = _read_terminal(terminal, following, timeout=30).replace("\r\n", "\n")
+        assert following.wait(timeout=30) == 0, shown
+    finally:
+        os.close(terminal)
+    assert "The capital is Paris.\nrun " in shown and "It lies on the Seine.\n" in shown, shown
+    lines = shown.splitlines()
+    assert lines.index(f"run {run_id}: running") == lines.index("The capital is Paris.") + 1, shown
+    assert "kv: 20 tokens; 1 device page, 0 host pages, 0 disk pages; the tenant holds 1 device page" in lines
+
+
+def test_follow_says_cannot_reach_at_once(cli, api_tenant_a):
+    """It retried for 23 s and then said "0 stream_lost"; the other commands said "cannot reach"."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"  # closed when the block ends
+    started = time.monotonic()
+    followed = cli("follow", "0f3c1a52-0000-4000-8000-000000000000", key=api_tenant_a.key_secret, url=url)
+    took = time.monotonic() - started
+    assert followed.returncode == 1 and followed.stderr.startswith(f"error: cannot reach {url}: "), followed.stderr
+    assert took < 2, took
+
+
+CANCELLABLE = b"""
+import time
+
+import symphony as sy
+
+
+def main(args):
+    for i in range(600):
+        sy.send_to_user(f"tick {i} ")
+        time.sleep(0.1)
+    return "not cancelled"
+"""
+
+
+@pytest.fixture(scope="module")
+def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
+    with start_worker(tiny_model_dir, name="cli") as worker:
+        yield worker
+
+
+@pytest.mark.docker
+@pytest.mark.vllm
+def test_a_cancel_you_asked_for_ends_the_follow_without_a_traceback(cli, stack, api_tenant_a, tmp_path):
+    """Through the real stack the stopped program's ConnectionLost traceback was the last thing
+    printed. Now: the friendly line, exit 3 (the documented code for a cancelled run)."""
+    lip = tmp_path / "ticker.py"
+    lip.write_bytes(CANCELLABLE)
+    key = api_tenant_a.key_secret
+    following = cli.start("run", str(lip), "--limits", '{"deadline_s": 120}', "--follow", key=key, url=stack)
+    pushed = following.stderr.readline()
+    created = following.stderr.readline()  # "run <id> queued (program ...)"
+    assert pushed.startswith("pushed ") and created.startswith("run "), pushed + created
+    run_id = created.split()[1]
+    assert following.stdout.read(len("tick 0 tick 1 ")) == "tick 0 tick 1 "  # it runs and streams
+    cancelled = cli("cancel", run_id, key=key, url=stack)
+    assert cancelled.returncode == 0, cancelled.stderr
+    out, err = following.communicate(timeout=120)
+    assert following.returncode == 3, err
+    assert re.fullmatch(r"(tick \d+ )*\n", out), out  # the answer, then its one closing newline
+    assert re.search(
+        rf"run {run_id} cancelled after [\d.]+s\nCancelled by you at \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d", err
+    )
+    assert "Traceback" not in err and "ConnectionLost" not in err, err
+    # The executor then records what the stopped program reported; re-attaching reads it.
+    wait_for(lambda: "ConnectionLost" in Run.objects.get(pk=run_id).error, timeout=60)
+    again = cli("follow", run_id, key=key, url=stack)
+    assert again.returncode == 3 and "Cancelled by you at " in again.stderr, again.stderr
+    assert "Traceback" not in again.stderr and "ConnectionLost" not in again.stderr, again.stderr
+    verbose = cli("follow", run_id, "-v", key=key, url=stack)  # what it reported, on request
+    assert verbose.returncode == 3 and "ConnectionLost" in verbose.stderr, verbose.stderr

@@ -10,7 +10,7 @@ import time
 
 from symphony_client import ApiError
 from symphony_client.client import Event
-from symphony_client.follow import Progress, _stream
+from symphony_client.follow import Notes, Progress, _stream
 from symphony_client.output import table
 
 
@@ -87,7 +87,8 @@ def test_channel_messages_a_run_sent_are_noted_on_stderr():
         Event("4-0", "end", {"status": "succeeded"}),
     ]
     with Progress(err, enabled=False) as progress:
-        ended = _stream(_Events(events), "r1", False, out, err, progress)  # type: ignore[arg-type]
+        notes = Notes(err, progress, shared=False)
+        ended = _stream(_Events(events), "r1", False, out, notes, progress)  # type: ignore[arg-type]
     assert ended == {"status": "succeeded"}
-    assert out.getvalue() == "hi\n"
+    assert out.getvalue() == "hi"  # the notes add no newline to the answer
     assert err.getvalue() == 'sent on channel votes: {"say": "ja"}\npublished on channel news: [1]\n'
