@@ -85,7 +85,7 @@ def _saved() -> dict:
 
 
 def _common_flags(suppress: bool) -> argparse.ArgumentParser:
-    """``--url``/``--api-key``/``--json``/``--human``/``--verbose``, accepted before the command and after it
+    """``--url``/``--api-key``/``--json``/``--human``, accepted before the command and after it
     (``symphony login --api-key ...`` as well as ``symphony --api-key ... login``). On the
     commands' parsers the defaults are suppressed, so a flag given before the command is not
     reset by them."""
@@ -110,14 +110,17 @@ def _common_flags(suppress: bool) -> argparse.ArgumentParser:
         default=default,
         help="print tables and text; the default on a terminal, and for follow and logs",
     )
-    flags.add_argument(
+    return flags
+
+
+def _verbose_flag(parser: argparse.ArgumentParser) -> None:
+    """``-v``: on the commands that follow a run, the only ones it changes."""
+    parser.add_argument(
         "-v",
         "--verbose",
         action="store_true",
-        default=argparse.SUPPRESS if suppress else False,
-        help="follow: also the run's KV usage (kv: lines) and what a cancelled program reported, on stderr",
+        help="also the run's KV usage (kv: lines) and what a cancelled program reported, on stderr",
     )
-    return flags
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -154,6 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--limits", default="{}", help='JSON object, e.g. {"max_tokens": 512, "deadline_s": 60}')
     run.add_argument("--idempotency-key", help="same key and arguments again: the first run, not a new one")
     run.add_argument("--follow", action="store_true", help="stream output until the run ends; exit with its status")
+    _verbose_flag(run)
 
     runs = sub.add_parser("runs", help="list runs or show one").add_subparsers(dest="action", required=True)
     ls = command(runs, "ls", "list runs, newest first", epilog="example:\n  symphony runs ls --status running --json")
@@ -169,7 +173,10 @@ def _parser() -> argparse.ArgumentParser:
         ("events", "same as `follow`"),
         ("logs", "print what a run's program wrote to stdout and stderr"),
     ):
-        command(sub, name, text).add_argument("run_id")
+        about_run = command(sub, name, text)
+        about_run.add_argument("run_id")
+        if name in ("follow", "events"):
+            _verbose_flag(about_run)
 
     kv = sub.add_parser("kv", help="persistent KV files").add_subparsers(dest="action", required=True)
     command(kv, "ls", "list KV files")
@@ -225,6 +232,8 @@ def _run_line(run: Run) -> str:
 
 
 def _run(client: Client, opts: argparse.Namespace, as_json: bool) -> Answer:
+    if opts.verbose and not opts.follow:
+        raise UsageError("-v/--verbose says more about a followed run: use it with --follow")
     args, limits = _json_object("--args", opts.args), _json_object("--limits", opts.limits)
     program = _program_id(client, opts.program)
     run = client.create_run(program, args, limits, opts.idempotency_key)

@@ -295,6 +295,9 @@ def test_bad_arguments_are_reported_before_anything_is_sent(logged_in, program, 
     ):
         refused = logged_in("run", str(source), flag, value)
         assert refused.returncode == 2 and says in refused.stderr, refused.stderr
+    quiet = logged_in("run", str(source), "-v")  # -v only changes what a followed run prints
+    assert quiet.returncode == 2 and "use it with --follow" in quiet.stderr, quiet.stderr
+    assert logged_in("runs", "ls", "-v").returncode == 2
     assert not Program.objects.filter(name="fresh").exists() and not Run.objects.exists()
     # The API's per-field detail, not its generic "request failed".
     invalid = logged_in("run", str(program.pk), "--limits", '{"max_tokens": "many"}')
