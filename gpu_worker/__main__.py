@@ -67,6 +67,17 @@ def _at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
+def _tokens_or_auto(value: str) -> int | None:
+    """An argparse type: a token count >= 1, or ``auto`` (``None``: derived from measured cost),
+    as ``--contended-step-tokens`` takes."""
+    if value.lower() == "auto":
+        return None
+    count = int(value)
+    if count < 1:
+        raise argparse.ArgumentTypeError("must be >= 1 or 'auto'")
+    return count
+
+
 def _positive(cast: Callable[[str], float]) -> Callable[[str], float]:
     """An argparse type: a number of ``cast`` above 0."""
 
@@ -145,6 +156,19 @@ def _parser() -> argparse.ArgumentParser:
         default=SchedulerConfig.contended_seats_per_tenant,
         help="while other tenants are served, most calls one tenant takes in a forward ('off': no cap)",
     )
+    p.add_argument(
+        "--contended-step-tokens",
+        type=_tokens_or_auto,
+        default=SchedulerConfig.contended_step_tokens,
+        help="while several accounts have work, prefill tokens of one forward, each account its fair"
+        " share ('auto': what keeps a forward within --contended-step-ratio decode forwards, measured)",
+    )
+    p.add_argument(
+        "--contended-step-ratio",
+        type=_positive(float),
+        default=SchedulerConfig.contended_step_ratio,
+        help="with --contended-step-tokens auto: how many decode-only forwards a contended forward may last",
+    )
     grammar = GrammarConfig()
     p.add_argument(
         "--grammar-compile-processes",
@@ -213,6 +237,8 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
             io_swap_threshold_s=args.io_swap_threshold_s,
             contended_prefill_slack=args.contended_prefill_slack,
             contended_seats_per_tenant=args.contended_seats,
+            contended_step_tokens=args.contended_step_tokens,
+            contended_step_ratio=args.contended_step_ratio,
         ),
         grammar=GrammarConfig(
             processes=args.grammar_compile_processes,

@@ -41,6 +41,15 @@ class SchedulerConfig:
     #: forward than the widest of them, and at least this many; ``None``: no cap. Keeps the
     #: forward every tenant's next token waits for short.
     contended_seats_per_tenant: int | None = 1
+    #: While more than one account has queued a call within the idle second, the prefill tokens
+    #: one forward carries, all accounts together; each account takes at most its weighted fair
+    #: share of them (``resource_model.Pool.fair_share``), and the rest of a long prompt follows
+    #: in later forwards. ``None``: derived from measured forward cost (``Scheduler``
+    #: ``contended_step_tokens``): the tokens a forward can carry and last at most
+    #: ``contended_step_ratio`` decode-only forwards. One account alone gets the whole budget.
+    contended_step_tokens: int | None = None
+    #: How many decode-only forwards a contended forward may last (see above).
+    contended_step_ratio: float = 2.0
     #: Most ``pred`` calls one session may have queued or running at once (a LIP's thread
     #: count); the same as the per-connection in-flight cap of the protocol.
     max_inflight_preds_per_session: int = 64

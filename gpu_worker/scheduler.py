@@ -30,6 +30,7 @@ from gpu_worker.batch import Batch, SeqWork
 from gpu_worker.config import SchedulerConfig
 from gpu_worker.engine import cpu_threads
 from gpu_worker.kvfs import KVFS, AppendPlan, Busy, KVFSError, Owner
+from gpu_worker.resource_model import Pool, PoolName
 from gpu_worker.usage import Usage
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,11 @@ class SessionView(Protocol):
     #: The run's counters; the scheduler adds the forwards the session took part in.
     usage: Usage
 
+    @property
+    def account(self) -> str:
+        """The person behind the tenant: the per-step token budget is shared per account."""
+        ...
+
     def on_tokens(self, n: int, prefill: bool | None = None) -> None: ...
 
     def on_cached_tokens(self, n: int) -> None: ...
@@ -152,9 +158,22 @@ class PredCall:
     def tenant(self) -> str:
         return self.session.tenant
 
+    @property
+    def account(self) -> str:
+        return self.session.account
+
 
 #: A prefill chunk bound that never binds (no tenant was left out of the forward).
 UNBOUNDED = 2**62
+
+#: A forward of at least this share of the token budget is a sample of the per-token cost (a
+#: smaller one is mostly its fixed cost, and the difference would be noise).
+PREFILL_SAMPLE_FRACTION = 1 / 32
+#: A derived contended step (``Scheduler.contended_step_tokens``) as a share of the token budget:
+#: before the forward cost is measured, and its floor once it is (a prompt still advances where
+#: one token costs more than a decode-only forward).
+CONTENDED_STEP_DEFAULT_FRACTION = 1 / 8
+CONTENDED_STEP_FLOOR_FRACTION = 1 / 128
 
 
 class FairQueue:
@@ -187,6 +206,16 @@ class FairQueue:
     a LIP with 64 threads of one-token calls otherwise filled every forward, and another
     tenant's small completion waited for 64 sequences at each of its steps (3.4x slower).
     Tenants of similar width still fill the batch together, and a tenant alone fills it.
+
+    While more than one *account* (the person behind tenants: ``SessionView.account``) has
+    queued a call within ``idle_reset_s``, the forward is *contended*: ``select`` is given a
+    contended step budget and each account's prefill tokens in the forward are at most its fair
+    share of it (``Pool.fair_share`` over the active accounts' weights; an account weighs as its
+    heaviest active tenant, so creating tenants adds no weight). The rest of a long prompt stays
+    queued with its position advanced. Without it hundreds of tokens of one account's long
+    prompts rode in every forward another tenant's next token waited for (an 8-token call took
+    11-15x its idle time); two tenants of one account share the one budget. The queues, DRR
+    and decode seats stay per tenant; an account alone gets the whole step (work-conserving).
     """
 
     def __init__(
@@ -210,6 +239,9 @@ class FairQueue:
         self.served: dict[str, float] = {}
         self.charged: dict[str, float] = collections.defaultdict(float)
         self.last_queued: dict[str, float] = {}
+        #: Each tenant's account and the weight of its last queued call (``active_accounts``).
+        self.account_of: dict[str, str] = {}
+        self.tenant_weight: dict[str, float] = {}
 
     def __len__(self) -> int:
         return sum(len(q) for q in self.queues.values())
@@ -232,6 +264,8 @@ class FairQueue:
                 self.served.clear()
             self.served[tenant] = max(self.served.get(tenant, 0.0), min(recent, default=0.0))
         self.last_queued[tenant] = now
+        self.account_of[tenant] = call.account
+        self.tenant_weight[tenant] = self._weight(call)
         queue = self.queues.setdefault(tenant, collections.deque())
         if front:
             queue.appendleft(call)
@@ -262,6 +296,8 @@ class FairQueue:
                     self.last_seats.pop(tenant, None)
                     self.served.pop(tenant, None)
                     self.charged.pop(tenant, None)
+                    self.account_of.pop(tenant, None)
+                    self.tenant_weight.pop(tenant, None)
 
     @staticmethod
     def _weight(call: PredCall) -> float:
@@ -321,6 +357,34 @@ class FairQueue:
         room = (min(left_out.values()) + self.prefill_slack - self.served.get(tenant, 0.0)) * weight
         return max(1, int(room))
 
+    def active_accounts(self) -> dict[str, float]:
+        """Accounts with a call queued now or within ``idle_reset_s`` (whose next call may be a
+        round trip away while its last one is in the forward), each with its weight: the
+        heaviest of its active tenants."""
+        recent = time.monotonic() - self.idle_reset_s
+        weights: dict[str, float] = {}
+        for tenant, at in self.last_queued.items():
+            if (at >= recent or tenant in self.queues) and tenant in self.account_of:
+                account = self.account_of[tenant]
+                weights[account] = max(weights.get(account, 0.0), self.tenant_weight[tenant])
+        return weights
+
+    def contended(self) -> bool:
+        """Whether more than one account is active (see ``active_accounts``)."""
+        return len(self.active_accounts()) > 1
+
+    def account_prefill_room(self, budget: int, step_tokens: int | None) -> dict[str, int]:
+        """Most prefill tokens each active account may take in the next forward: its fair share
+        of the contended step (``step_tokens``, at most ``budget``) while the forward is
+        contended; empty (no bound beyond ``budget``) when one account is alone or
+        ``step_tokens`` is ``None``."""
+        accounts = self.active_accounts()
+        if step_tokens is None or len(accounts) < 2:
+            return {}
+        step = Pool(PoolName.ENGINE_TOKENS_PER_STEP, max(1, min(budget, step_tokens)))
+        total = sum(accounts.values())
+        return {account: step.fair_share(weight, total) for account, weight in accounts.items()}
+
     def oldest(self) -> float | None:
         heads = [q[0].enqueued for q in self.queues.values() if q]
         return min(heads) if heads else None
@@ -354,10 +418,14 @@ class FairQueue:
         caps = self.seat_caps(list(self.queues))
         return any(len(self.queues[t]) > cap for t, cap in caps.items())
 
-    def select(self, budget: int, max_seqs: int, skip: Callable[[PredCall], bool]) -> list[tuple[PredCall, int]]:
-        """Remove and return ``(call, n_tokens)`` pairs for one batch; the caller re-queues leftovers."""
+    def select(
+        self, budget: int, max_seqs: int, skip: Callable[[PredCall], bool], step_tokens: int | None = None
+    ) -> list[tuple[PredCall, int]]:
+        """Remove and return ``(call, n_tokens)`` pairs for one batch; the caller re-queues
+        leftovers. ``step_tokens``: the contended step budget (see the class docstring)."""
         picked: list[tuple[PredCall, int]] = []
         taken: set[int] = set()
+        room = self.account_prefill_room(budget, step_tokens)
         tenants = list(self.queues)
         caps = self.seat_caps(tenants)
         seats_left = {t: caps.get(t, max_seqs) for t in tenants}
@@ -383,11 +451,17 @@ class FairQueue:
             progress = False
             for tenant in tenants:
                 waiting = [c for c in self.queues[tenant] if id(c) not in taken and not seatless(c)]
-                if not waiting:
-                    continue
+                if not waiting or room.get(waiting[0].account, 1) <= 0:
+                    continue  # an account that spent its room banks no credit either
                 self.deficit[tenant] += self.quantum * self._weight(waiting[0])
                 for call in waiting:
-                    n = min(call.remaining, budget, int(self.deficit[tenant]), prefill_seats.get(tenant, UNBOUNDED))
+                    n = min(
+                        call.remaining,
+                        budget,
+                        int(self.deficit[tenant]),
+                        prefill_seats.get(tenant, UNBOUNDED),
+                        room.get(call.account, UNBOUNDED),
+                    )
                     if n <= 0 or len(picked) >= max_seqs or seats_left[tenant] <= 0:
                         break
                     picked.append((call, n))
@@ -395,6 +469,8 @@ class FairQueue:
                     seats_left[tenant] -= 1
                     budget -= n
                     self.deficit[tenant] -= n
+                    if call.account in room:
+                        room[call.account] -= n
                     if tenant in prefill_seats:
                         prefill_seats[tenant] -= n
                     self._charge(call, n)
@@ -457,6 +533,11 @@ class Metrics:
     passed_over_per_tenant: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
     #: Prompt tokens mapped from the prefix cache instead of computed (gpu_worker/kvfs/prefix.py).
     prefix_cached_tokens: int = 0
+    #: Measured forward cost (moving averages): a forward whose every item is one token, and
+    #: the time each token adds above it in forwards of at least ``PREFILL_SAMPLE_FRACTION`` of
+    #: the token budget; ``Scheduler.contended_step_tokens`` sizes contended forwards from them.
+    decode_forward_s_ema: float = 0.0
+    token_s_ema: float = 0.0
 
     def to_dict(self, max_num_batched_tokens: int) -> dict[str, Any]:
         f = max(self.forwards, 1)
@@ -483,6 +564,8 @@ class Metrics:
             "forwards_token_capped": self.forwards_token_capped,
             "passed_over_per_tenant": dict(self.passed_over_per_tenant),
             "prefix_cached_tokens": self.prefix_cached_tokens,
+            "decode_forward_ms_ema": 1000 * self.decode_forward_s_ema,
+            "token_us_ema": 1e6 * self.token_s_ema,
         }
 
 
@@ -624,6 +707,8 @@ class Scheduler:
             out["queued_calls_per_tenant"] = {t: len(q) for t, q in self.queue.queues.items()}
             out["served_per_tenant"] = {t: round(v, 3) for t, v in self.queue.charged.items()}
             out["vtc_counter_per_tenant"] = {t: round(v, 3) for t, v in self.queue.served.items()}
+            out["active_accounts"] = len(self.queue.active_accounts())
+            out["contended_step_tokens"] = self.contended_step_tokens()
         return out
 
     # -------------------------------------------------------------------- engine thread
@@ -654,6 +739,7 @@ class Scheduler:
                     self.config.max_num_batched_tokens,
                     self.config.max_num_seqs,
                     skip=lambda c: c.future.done(),
+                    step_tokens=self.contended_step_tokens(),
                 )
                 if picked and len(self.queue):  # ``select`` removed what it picked
                     for tenant in self.queue.queues:
@@ -706,8 +792,10 @@ class Scheduler:
     def _batch_ready(self) -> str | None:
         """Why the queued batch should launch now without waiting out its bound, or ``None``.
         Called with ``_cond`` held."""
-        # A batch that is already full cannot grow: waiting would only delay it.
-        if self.queue.queued_tokens() >= self.config.max_num_batched_tokens:
+        # A batch that is already full cannot grow: waiting would only delay it. Not while
+        # accounts contend: one account's backlog is capped at its share of the step, and
+        # launching on it would leave out the other account's next call, a round trip away.
+        if self.queue.queued_tokens() >= self.config.max_num_batched_tokens and not self.queue.contended():
             return "tokens_full"
         # Counted within the seat caps: a capped flood's backlog does not make a batch full.
         if self.queue.seatable(self.config.max_num_seqs) >= self.config.max_num_seqs:
@@ -847,6 +935,37 @@ class Scheduler:
             return None
         return plan
 
+    def contended_step_tokens(self) -> int:
+        """The prefill tokens of a contended forward, all accounts together (``FairQueue``).
+
+        ``contended_step_tokens`` if configured; else the tokens a forward can add to a
+        decode-only forward and last at most ``contended_step_ratio`` of them, by the measured
+        cost (a decode-only forward's time, the time each token adds), between a 128th of the
+        token budget and the budget itself. Derived, so it fits the hardware: on a
+        CPU a token of prefill costs a noticeable share of a forward and contended chunks are
+        small; on a GPU a forward's fixed cost dominates and they may be whole budgets. Before
+        both are measured: an eighth of the budget."""
+        cap = self.config.max_num_batched_tokens
+        if self.config.contended_step_tokens is not None:
+            return max(1, min(self.config.contended_step_tokens, cap))
+        m = self.metrics
+        if m.decode_forward_s_ema <= 0 or m.token_s_ema <= 0:
+            return max(1, int(cap * CONTENDED_STEP_DEFAULT_FRACTION))
+        fits = (self.config.contended_step_ratio - 1) * m.decode_forward_s_ema / m.token_s_ema
+        return max(1, int(cap * CONTENDED_STEP_FLOOR_FRACTION), min(cap, int(fits)))
+
+    def _measure_cost(self, elapsed: float, tokens: int, items: int) -> None:
+        """Fold one forward into the cost model: a decode-only forward (every item one token)
+        into its average time, a large one into the time a token adds above that."""
+        m = self.metrics
+        if tokens == items:
+            m.decode_forward_s_ema = (
+                elapsed if m.decode_forward_s_ema == 0 else 0.8 * m.decode_forward_s_ema + 0.2 * elapsed
+            )
+        elif m.decode_forward_s_ema > 0 and tokens >= self.config.max_num_batched_tokens * PREFILL_SAMPLE_FRACTION:
+            per_token = max(elapsed - m.decode_forward_s_ema, 0.0) / tokens
+            m.token_s_ema = per_token if m.token_s_ema == 0 else 0.8 * m.token_s_ema + 0.2 * per_token
+
     def _run_batch(self, picked: list[tuple[PredCall, int]]) -> None:
         plans: list[tuple[PredCall, int, AppendPlan]] = []
         used = 0
@@ -914,6 +1033,7 @@ class Scheduler:
         m.forward_s_total += elapsed
         m.forward_s_max = max(m.forward_s_max, elapsed)
         m.forward_s_ema = elapsed if m.forward_s_ema == 0 else 0.8 * m.forward_s_ema + 0.2 * elapsed
+        self._measure_cost(elapsed, used, len(items))
         widths = collections.Counter(c.session.session_id for c, _, _ in plans)
         sessions = set(widths)
         for session in {id(c.session): c.session for c, _, _ in plans}.values():

@@ -45,10 +45,13 @@ class FakeSession:
     run_id: str = "run"
     tokens: int = 0
     usage: Usage = field(default_factory=Usage)
+    #: The person behind the tenant ("": the tenant is its own account, as the worker does).
+    account: str = ""
     owner: Owner = field(init=False)
 
     def __post_init__(self) -> None:
         self.owner = Owner(self.tenant, self.session_id)
+        self.account = self.account or f"tenant:{self.tenant}"
 
     def on_tokens(self, n: int, prefill: bool | None = None) -> None:
         self.tokens += n
@@ -312,14 +315,110 @@ def test_weights_skew_the_share() -> None:
     assert 2.5 <= ratio <= 3.5, served
 
 
+def _prefill_tokens(picked: list[tuple[PredCall, int]]) -> dict[str, int]:
+    """Prefill tokens per account in one selected forward (calls of more than one token)."""
+    out: dict[str, int] = {}
+    for call, n in picked:
+        if len(call.tokens) > 1:
+            out[call.account] = out.get(call.account, 0) + n
+    return out
+
+
+def test_a_long_prompt_takes_its_accounts_fair_share_of_a_contended_step_and_all_alone() -> None:
+    """Found by an attacker: hundreds of tokens of one account's long prompts rode in every
+    forward another tenant's 8-token call waited for. While two accounts have work, each
+    account's prefill in one forward is its fair share of the contended step; the rest stays
+    queued with its position advanced. Alone, an account takes the whole budget."""
+    q = FairQueue(quantum=4096, idle_reset_s=5.0)
+    attacker, victim = FakeSession("sa", "attacker"), FakeSession("sv", "victim")
+    long = _call(attacker, 3800)
+    q.push(long)
+    alone = q.select(budget=2048, max_seqs=64, skip=lambda c: False, step_tokens=256)
+    assert alone == [(long, 2048)], "alone, an account gets the whole step"
+    long.done += 2048
+    q.push(long, front=True)
+    q.push(_call(victim, 8))
+    picked = q.select(budget=2048, max_seqs=64, skip=lambda c: False, step_tokens=256)
+    assert _prefill_tokens(picked) == {"tenant:attacker": 128, "tenant:victim": 8}
+    long.done += 128
+    assert long.remaining == 3800 - 2048 - 128
+    # The victim's next call is a round trip away: its account is still active, and the
+    # attacker still gets only its share, not the whole step.
+    q.push(long, front=True)
+    assert q.select(budget=2048, max_seqs=64, skip=lambda c: False, step_tokens=256) == [(long, 128)]
+    # Without a contended step (``step_tokens=None``) the budget alone bounds the chunk.
+    q.push(long, front=True)
+    q.push(_call(victim, 8))
+    assert _prefill_tokens(q.select(budget=2048, max_seqs=64, skip=lambda c: False)) == {
+        "tenant:attacker": 1624,
+        "tenant:victim": 8,
+    }
+
+
+def test_contended_step_shares_follow_weights_and_two_tenants_of_one_account_share_one() -> None:
+    """The budget is per ACCOUNT: two tenants of one person take one share between them, and
+    the account weighs as its heaviest tenant (a second tenant adds no weight)."""
+    q = FairQueue(quantum=4096, idle_reset_s=5.0)
+    first = FakeSession("s1", "attacker-1", account="u1")
+    second = FakeSession("s2", "attacker-2", account="u1", weight=3.0)
+    victim = FakeSession("sv", "victim", account="u2", weight=3.0)
+    for s in (first, second, victim):
+        q.push(_call(s, 3800))
+    picked = q.select(budget=2048, max_seqs=64, skip=lambda c: False, step_tokens=256)
+    assert _prefill_tokens(picked) == {"u1": 128, "u2": 128}, picked
+    # Weights skew the share: 3 against 1 gives 192 (the pool's ceiling: 3/4 of the step).
+    q = FairQueue(quantum=4096, idle_reset_s=5.0)
+    light = FakeSession("sl", "light", account="u3")
+    q.push(_call(light, 3800))
+    q.push(_call(victim, 3800))
+    assert _prefill_tokens(q.select(budget=2048, max_seqs=64, skip=lambda c: False, step_tokens=256)) == {
+        "u3": 64,
+        "u2": 192,
+    }
+    # One account's two tenants alone are not contended: they fill the budget together.
+    q = FairQueue(quantum=4096, idle_reset_s=5.0)
+    q.push(_call(first, 3800))
+    q.push(_call(second, 3800))
+    assert _prefill_tokens(q.select(budget=2048, max_seqs=64, skip=lambda c: False, step_tokens=256)) == {"u1": 2048}
+
+
+def test_the_contended_step_is_sized_from_measured_forward_cost(tmp_path: Path) -> None:
+    """``contended_step_tokens``: configured, or the tokens a forward can add and last at most
+    ``contended_step_ratio`` decode-only forwards, by the measured cost, within [a 128th of the
+    budget, the budget]; an eighth of the budget before anything was measured."""
+    fs, io = make_fs(tmp_path, num_pages=64)
+    config = SchedulerConfig(max_num_batched_tokens=2048, contended_step_ratio=2.0)
+    scheduler = Scheduler(RecordingEngine(io), fs, config, max_model_len=200)
+    assert scheduler.contended_step_tokens() == 256
+    scheduler._measure_cost(0.010, tokens=3, items=3)  # decode-only: 10 ms
+    assert scheduler.contended_step_tokens() == 256, "no per-token cost measured yet"
+    scheduler._measure_cost(0.010 + 2048 * 0.0001, tokens=2048, items=1)  # 0.1 ms a token
+    assert scheduler.contended_step_tokens() == 100  # (2 - 1) x 10 ms / 0.1 ms
+    scheduler._measure_cost(0.010 + 32 * 0.01, tokens=32, items=1)  # too small a sample: ignored
+    assert scheduler.contended_step_tokens() == 100
+    scheduler.metrics.token_s_ema = 0.1  # a token costs 10 decode forwards: the floor
+    assert scheduler.contended_step_tokens() == 16
+    scheduler.metrics.token_s_ema = 1e-9  # a GPU-like cost: the whole budget
+    assert scheduler.contended_step_tokens() == 2048
+    fixed = Scheduler(RecordingEngine(io), fs, SchedulerConfig(contended_step_tokens=300), max_model_len=200)
+    assert fixed.contended_step_tokens() == 300
+
+
 # ------------------------------------------------------------------------------ Scheduler
 @pytest.fixture
 def sched(tmp_path: Path):
     fs, io = make_fs(tmp_path, num_pages=64)
     engine = RecordingEngine(io)
     # Wait up to one whole forward (capped at 0.2 s): these tests check who is waited for, the
-    # proportional bound has its own test.
-    config = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_batch_wait_s=0.2, batch_wait_fraction=1.0)
+    # proportional bound has its own test; the whole budget is one contended step (an eighth of
+    # 32 tokens would split these tests' two-token prompts, the contended step has its own tests).
+    config = SchedulerConfig(
+        max_num_batched_tokens=32,
+        max_num_seqs=8,
+        max_batch_wait_s=0.2,
+        batch_wait_fraction=1.0,
+        contended_step_tokens=32,
+    )
     s = Scheduler(engine, fs, config, max_model_len=200)
     yield s, fs, engine
     s.stop()
@@ -610,7 +709,7 @@ REAL_ENGINE_SCRIPT = textwrap.dedent(
 
     class S:
         def __init__(self, sid, tenant):
-            self.session_id, self.tenant, self.run_id = sid, tenant, "r"
+            self.session_id, self.tenant, self.run_id, self.account = sid, tenant, "r", tenant
             self.owner, self.weight, self.swapped = Owner(tenant, sid), 1.0, False
             self.usage = Usage()
         def on_tokens(self, n, prefill=None):
