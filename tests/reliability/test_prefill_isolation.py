@@ -17,8 +17,8 @@ prompts must still complete with the same greedy tokens as alone (chunked prefil
 Why 2x here and not the 1.5x docs/SECURITY.md promises: this machine has two cores, and the
 test's own threads (the attacker's clients, the canary's client, the worker's event loop) share
 them with the engine, which no scheduler of ours can take back; the measured ratio is printed.
-Before the change the same test measured the canary at 4.1x and 5.5x its idle time; after it,
-1.7-1.8x (a contended step of ~80 tokens: 6.5 ms decode forwards, ~80 us a prompt token).
+Before the change the same test measured the canary at 4.1x, 5.5x and 6.2x its idle time; after it,
+1.5-1.8x (a contended step of ~80 tokens: 6.5 ms decode forwards, ~80 us a prompt token).
 """
 
 from __future__ import annotations
