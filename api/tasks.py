@@ -6,7 +6,7 @@ import threading
 import time
 
 from celery import shared_task
-from celery.signals import worker_ready
+from celery.signals import celeryd_after_setup, worker_ready
 
 from api import dispatch
 
@@ -43,6 +43,17 @@ def reap_leftover_sandboxes(**_kwargs) -> None:
     threading.Thread(target=_reap_forever, name="sandbox-reaper", daemon=True).start()
 
 
+@celeryd_after_setup.connect
+def record_executor_slots(sender: str, instance, **_kwargs) -> None:
+    """The executor's slots (its concurrency), measured before its pool starts, bound how many
+    of them one account may hold (api/services/executor_slots.py)."""
+    from api.services import executor_slots
+
+    pool_cls = instance.pool_cls
+    module = pool_cls.__module__ if isinstance(pool_cls, type) else str(pool_cls)
+    executor_slots.record_capacity(sender, instance.concurrency, module)
+
+
 @shared_task(name="api.ping")
 def ping(payload: str = "pong") -> dict[str, str]:
     """Round-trip probe used by health checks and tests to prove a worker consumes the broker."""
@@ -55,10 +66,12 @@ def ping(payload: str = "pong") -> dict[str, str]:
 def run_lip(run_id: str, worker: str | None = None, attempt: int = 0) -> str:
     """Execute one run on this worker; see api/services/execution.py. Idempotent: a run that is
     not queued any more (already started, cancelled), or was re-routed to a worker other than
-    ``worker`` (the one this task was sent to), is left alone. ``attempt`` counts re-routes."""
-    from api.services.execution import execute_run
+    ``worker`` (the one this task was sent to), is left alone. ``attempt`` counts re-routes.
+    A run whose account holds its share of this executor's slots is sent back to the queue
+    instead, still queued (api/services/executor_slots.py)."""
+    from api.services.executor_slots import run_in_slot
 
-    return execute_run(run_id, target=worker, attempt=attempt)
+    return run_in_slot(run_id, worker, attempt)
 
 
 @shared_task(name="api.reap_orphaned_runs")
