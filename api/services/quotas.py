@@ -12,6 +12,7 @@ from django.db.models import Sum
 from django.utils import timezone
 
 from api.models import KVFile, Plan, Run, Tenant, UsageRecord
+from api.services import host_entries
 
 
 @dataclass(frozen=True)
@@ -191,9 +192,7 @@ def session_limits(run: Run) -> dict:
     # A run that states no deadline gets its plan's (what the author's plan pays for).
     deadline = min(float(requested.get("deadline_s") or plan.max_run_seconds), float(plan.max_run_seconds))
     # A run may narrow the tenant's tool allowlist, never widen it.
-    from api.services import tool_hosts  # it reads plans from here
-
-    narrowed = {tool_hosts.spelling(h) for h in requested.get("allowed_hosts") or ()}
+    narrowed = {host_entries.spelling(h) for h in requested.get("allowed_hosts") or ()}
     hosts = [h for h in tenant.allowed_tool_hosts if "allowed_hosts" not in requested or h.lower() in narrowed]
     out: dict = {
         "max_tokens": max_tokens,
