@@ -3,13 +3,22 @@
 
 Why per tenant and not per key: a tenant can mint keys, and one tenant's runaway client loop must
 not take the web processes' time from the others (the plan's run limits only bound runs, not
-the listing, polling and streaming around them). Counted in a fixed one-minute window in the
-shared cache (Redis), so every web process enforces the same budget. Past it a request gets 429
-``throttled`` with ``Retry-After`` until the window ends.
+the listing, polling and streaming around them).
+
+Counted in a sliding window: the tenant's accepted requests of the last ``WINDOW_S`` seconds are
+kept as a sorted set in Redis, and one Lua script drops those older than the window, counts the
+rest and adds this one only when it fits, in a single round trip and atomically for every web
+process. So no ``WINDOW_S`` span, wherever it starts, holds more than the plan's requests. (A
+fixed per-minute window let a client send the limit just before a minute boundary and again just
+after it: 640 requests in 15 s on a 600/min plan.) Refused requests are not recorded, so a client
+that keeps retrying is let back in as soon as its oldest request slides out. The set holds at
+most the plan's rate of entries per tenant (about 60 bytes each), kept ``WINDOW_S`` after the
+last request. Past the rate a request gets 429 ``throttled`` with ``Retry-After``.
 
 Every counted response (429s included) carries the IETF draft's ``RateLimit-Limit``,
-``RateLimit-Remaining`` and ``RateLimit-Reset`` (seconds) headers, so clients can pace themselves
-before they are refused (:func:`rate_limit_headers`).
+``RateLimit-Remaining`` (requests that still fit now) and ``RateLimit-Reset`` (seconds until the
+oldest counted request leaves the window, so one more fits) headers, so clients can pace
+themselves before they are refused (:func:`rate_limit_headers`).
 
 A cache that cannot be reached lets requests through: an outage of the counter must not become
 an outage of the API (the per-address guards in api/authentication.py fail the same way).
@@ -19,10 +28,12 @@ from __future__ import annotations
 
 import logging
 import math
+import secrets
 import time
 from dataclasses import dataclass
 
 from asgiref.sync import iscoroutinefunction
+from django.core.cache import cache
 from django.http import HttpRequest
 from django.utils.decorators import sync_and_async_middleware
 from rest_framework import exceptions
@@ -37,6 +48,26 @@ log = logging.getLogger(__name__)
 WINDOW_S = 60
 #: Requests refused for their tenant's rate, service-wide (``symphony_requests_throttled_total``).
 THROTTLED_COUNTER = "tenant_rate_throttled"
+
+#: KEYS[1]: the tenant's log (member per request, score its time). ARGV: now (s), window (s),
+#: limit, a unique member. Returns {accepted 0/1, requests in the window, the oldest one's time}.
+#: Times are strings: Redis would truncate a Lua number in the reply to an integer.
+SLIDING_WINDOW_LUA = """
+local now = tonumber(ARGV[1])
+local window = tonumber(ARGV[2])
+local limit = tonumber(ARGV[3])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - window)
+local count = redis.call('ZCARD', KEYS[1])
+local accepted = 0
+if count < limit then
+  redis.call('ZADD', KEYS[1], now, ARGV[4])
+  count = count + 1
+  accepted = 1
+  redis.call('EXPIRE', KEYS[1], math.ceil(window) + 1)
+end
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {accepted, count, oldest[2] or ARGV[1]}
+"""
 
 
 @dataclass(frozen=True)
@@ -56,7 +87,7 @@ class RateState:
 
 
 class TenantThrottled(Exception):
-    """The tenant used its requests for this minute."""
+    """The tenant sent its plan's requests within the last minute."""
 
     def __init__(self, limit: int, retry_after: int) -> None:
         super().__init__(f"this tenant's plan allows {limit} API requests per minute; retry in {retry_after} s")
@@ -76,19 +107,30 @@ def check_tenant_rate(
     if limit is None:
         return None
     now = time.time()
-    window_start = int(now // WINDOW_S * WINDOW_S)
     try:
-        count = shared_counters.incr(f"throttle_tenant_{tenant.pk}_{window_start}", WINDOW_S + 5)
+        accepted, count, oldest = count_in_window(f"throttle_tenant_{tenant.pk}", limit, WINDOW_S, now)
     except Exception as exc:  # the cache is down: let the request through
         log.warning("tenant_rate_unchecked tenant=%s error=%s", tenant.slug, exc)
         return None
-    state = RateState(limit, max(0, limit - count), max(1, math.ceil(window_start + WINDOW_S - now)))
+    state = RateState(limit, max(0, limit - count), max(1, math.ceil(oldest + WINDOW_S - now)))
     if request is not None:
         request.symphony_rate = state
-    if count > limit:
+    if not accepted:
         shared_counters.increment(THROTTLED_COUNTER)
         raise TenantThrottled(limit, state.reset_s)
     return state
+
+
+def count_in_window(name: str, limit: int, window_s: float, now: float) -> tuple[bool, int, float]:
+    """Record one request under ``name`` at ``now`` if fewer than ``limit`` were recorded in the
+    ``window_s`` seconds before it (one Lua script in the shared cache's Redis); returns whether
+    it was, how many the window holds now, and when the oldest of them was recorded."""
+    key = cache.make_key(name)
+    client = cache._cache.get_client(key, write=True)  # type: ignore[attr-defined]
+    script = client.register_script(SLIDING_WINDOW_LUA)
+    member = f"{now:.6f}-{secrets.token_hex(4)}"
+    accepted, count, oldest = script(keys=[key], args=[repr(now), window_s, limit, member])
+    return bool(accepted), int(count), float(oldest)
 
 
 class TenantRateThrottle(BaseThrottle):

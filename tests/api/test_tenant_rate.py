@@ -1,7 +1,7 @@
 """The per-tenant request rate (plan.api_requests_per_minute, api/throttling.py), through the real
 URL conf, the shared Redis cache and PostgreSQL: every key and member of a tenant draw from one
 budget on the REST API, the run events stream and the OpenAI endpoints; another tenant is not
-touched; the next minute starts afresh; a cache outage lets requests through."""
+touched; the window slides (a minute boundary does not reset it); a cache outage lets requests through."""
 
 from __future__ import annotations
 
@@ -66,14 +66,17 @@ def test_keys_and_members_of_a_tenant_share_one_budget_and_others_are_untouched(
     assert scrape(Client(REMOTE_ADDR="127.0.0.1"))["symphony_requests_throttled_total", ()] == 4
 
 
-def test_the_next_minute_starts_afresh(api_tenant_a, monkeypatch):
+def test_the_window_slides_so_a_minute_boundary_does_not_reset_it(api_tenant_a, monkeypatch):
     _on_plan(api_tenant_a, 2)
-    now = [60 * 16_667 + 20.0]  # 20 s into a window
+    now = [60 * 16_667 + 50.0]  # 10 s before a minute boundary
     monkeypatch.setattr(throttling.time, "time", lambda: now[0])
     client = api_tenant_a.key_client()
     assert [client.get("/api/v1/programs").status_code for _ in range(3)] == [200, 200, 429]
-    assert client.get("/api/v1/programs")["Retry-After"] == "40"
-    now[0] += 40
+    assert client.get("/api/v1/programs")["Retry-After"] == "60"
+    now[0] += 40  # past the boundary, but both requests are less than a minute old
+    refused = client.get("/api/v1/programs")
+    assert refused.status_code == 429 and refused["Retry-After"] == "20"
+    now[0] += 20  # the two requests have slid out
     assert client.get("/api/v1/programs").status_code == 200
 
 
