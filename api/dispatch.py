@@ -20,6 +20,7 @@ SEND_INVITATION_MAIL = "api.send_invitation_mail"
 SEND_EMAIL_CHANGE_MAIL = "api.send_email_change_mail"
 SEND_EMAIL_CHANGED_MAIL = "api.send_email_changed_mail"
 SEND_QUOTA_NOTICE_MAIL = "api.send_quota_notice_mail"
+SEND_VERIFICATION_MAIL = "api.send_verification_mail"
 
 #: Every name above: the tasks services may enqueue (a test checks api/tasks.py defines each).
 NAMES = (
@@ -32,6 +33,7 @@ NAMES = (
     SEND_EMAIL_CHANGE_MAIL,
     SEND_EMAIL_CHANGED_MAIL,
     SEND_QUOTA_NOTICE_MAIL,
+    SEND_VERIFICATION_MAIL,
 )
 
 

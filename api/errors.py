@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
 from api.services import server_errors
-from api.services.accounts import EmailTaken
+from api.services.accounts import EmailTaken, EmailUnverified
 from api.services.kvfiles import WorkerUnavailable
 from api.services.mail import MailUnavailable
 from api.services.members import InvitationInvalid, MembershipConflict, NotAllowed, TooManyTenants
@@ -35,6 +35,7 @@ DOMAIN_ERRORS = {
     TenantClosed: (status.HTTP_409_CONFLICT, "conflict"),
     MailUnavailable: (status.HTTP_503_SERVICE_UNAVAILABLE, "mail_unavailable"),
     EmailTaken: (status.HTTP_409_CONFLICT, "exists"),
+    EmailUnverified: (status.HTTP_403_FORBIDDEN, "email_unverified"),
     ToolHostsInvalid: (status.HTTP_400_BAD_REQUEST, "invalid"),
 }
 

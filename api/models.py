@@ -390,3 +390,20 @@ class StoredResponse(models.Model):
 
     def __str__(self) -> str:
         return f"resp_{self.pk.hex}"
+
+
+class UnverifiedEmail(models.Model):
+    """A user who signed up and has not yet opened the link mailed to their address.
+
+    Only console sign-up creates one (api/services/accounts.py), so every other user is verified:
+    ``createsuperuser``, ``create_demo``, invitees (the invitation mail proved the address) and the
+    rows that existed before verification did. Until it is gone the account may not mint API keys,
+    start runs or upload programs: whoever signed up with an address they do not own gets nothing
+    that outlives the real owner taking the address back. Opening the link, a password reset and
+    a confirmed email change delete it (each proves the address)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="unverified_email")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"unverified {self.user_id}"

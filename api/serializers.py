@@ -58,6 +58,15 @@ class PasswordResetConfirmSerializer(serializers.Serializer):
     uid = serializers.CharField(max_length=64)
     token = serializers.CharField(max_length=128)
     new_password = serializers.CharField(min_length=8, max_length=4096, write_only=True)
+    #: Revoke every API key the account minted before the reset (whoever held the account may
+    #: hold one); false keeps them, and the choice is audited.
+    revoke_api_keys = serializers.BooleanField(default=True)
+
+
+class VerifyEmailSerializer(serializers.Serializer):
+    """The token of a ``/verify-email/<token>`` link mailed at sign-up."""
+
+    token = serializers.CharField(max_length=1024)
 
 
 class EmailChangeSerializer(serializers.Serializer):

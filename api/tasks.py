@@ -189,6 +189,14 @@ def send_email_changed_mail(old_email: str, new_email: str) -> bool:
     return send_email_changed(old_email, new_email)
 
 
+@shared_task(name=dispatch.SEND_VERIFICATION_MAIL, **_MAIL_RETRY)
+def send_verification_mail(email: str, token: str) -> bool:
+    """Mail a new sign-up the link that verifies its address."""
+    from api.services.mail import send_verification
+
+    return send_verification(email, token)
+
+
 @shared_task(name=dispatch.SEND_QUOTA_NOTICE_MAIL, **_MAIL_RETRY)
 def send_quota_notice_mail(notice_id: int) -> int:
     """Tell a tenant's owners that its usage crossed a share of its monthly quota."""

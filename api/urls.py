@@ -29,6 +29,8 @@ urlpatterns = [
     path("auth/email", auth.EmailChangeView.as_view(), name="auth-email"),
     path("auth/email/confirm", auth.EmailChangeConfirmView.as_view(), name="auth-email-confirm"),
     path("auth/password-reset", auth.PasswordResetRequestView.as_view(), name="auth-password-reset"),
+    path("auth/verify-email", auth.VerifyEmailView.as_view(), name="auth-verify-email"),
+    path("auth/verify-email/resend", auth.VerifyEmailResendView.as_view(), name="auth-verify-email-resend"),
     path(
         "auth/password-reset/confirm",
         auth.PasswordResetConfirmView.as_view(),

@@ -220,6 +220,12 @@ SYMPHONY_TRUSTED_THREADS = int(os.environ.get("SYMPHONY_TRUSTED_THREADS", "8"))
 #: Days an invitation link stays valid, and tenants one user may own (each has its own quota).
 SYMPHONY_INVITATION_DAYS = int(os.environ.get("SYMPHONY_INVITATION_DAYS", "7"))
 SYMPHONY_MAX_OWNED_TENANTS = int(os.environ.get("SYMPHONY_MAX_OWNED_TENANTS", "10"))
+# Failed sign-ins of one account, from any addresses, before its password sign-in is locked
+# with exponential back-off (api/services/login_lockout.py).
+SYMPHONY_LOGIN_LOCK_AFTER = int(os.environ.get("SYMPHONY_LOGIN_LOCK_AFTER", "10"))
+#: The first lock's seconds (each later one doubles) and the longest lock.
+SYMPHONY_LOGIN_LOCK_FIRST_S = int(os.environ.get("SYMPHONY_LOGIN_LOCK_FIRST_S", "60"))
+SYMPHONY_LOGIN_LOCK_MAX_S = int(os.environ.get("SYMPHONY_LOGIN_LOCK_MAX_S", "3600"))
 
 # --- Mail (password resets, invitations, security notices; api/services/mail.py) ---------------
 #: Where the console is reached from outside: the links in mails point here.

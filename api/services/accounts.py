@@ -12,6 +12,13 @@ address is told afterwards, so a change nobody asked for is noticed.
 
 The email is also the username (sign-in, invitations bound to an address), and both change
 together. API keys and memberships belong to the user, not the address, and are unaffected.
+
+An address given at sign-up is unverified (``UnverifiedEmail``) until the link mailed to it is
+opened: the same signed, expiring kind of token, naming the address it verifies, so a link works
+once. Until then the account may not mint API keys, start runs or upload programs
+(:func:`require_verified`). A completed reset also proves the address, and ends what anyone who
+held the account before did with it: every session, and (unless the owner keeps them) every API
+key they minted before it.
 """
 
 from __future__ import annotations
@@ -27,13 +34,19 @@ from django.db import IntegrityError, transaction
 from django.utils.encoding import force_str
 from django.utils.http import urlsafe_base64_decode
 
-from api.services import mail
+from api.models import ApiKey, UnverifiedEmail
+from api.services import keys, login_lockout, mail
 
 log = logging.getLogger(__name__)
 
 #: How long an email-change link stays valid.
 EMAIL_CHANGE_MAX_AGE_S = 24 * 3600
 _SALT = "symphony.accounts.email-change"
+#: How long a sign-up's verification link stays valid.
+VERIFY_MAX_AGE_S = mail.VERIFY_LINK_HOURS * 3600
+_VERIFY_SALT = "symphony.accounts.verify-email"
+#: One verification mail per account per this many seconds, however often "resend" is pressed.
+RESEND_INTERVAL_S = 60
 
 
 class WrongPassword(Exception):
@@ -50,6 +63,20 @@ class EmailTaken(Exception):
 
 class EmailChangeLinkInvalid(Exception):
     """A link that is malformed, expired, already used, or replaced by a later change."""
+
+
+class VerifyLinkInvalid(Exception):
+    """A verification link that is malformed, expired, already used or for an older address."""
+
+
+class EmailUnverified(Exception):
+    """The account has not opened the link mailed to its address yet: HTTP 403 ``email_unverified``."""
+
+    def __init__(self, email: str) -> None:
+        super().__init__(
+            f"verify your email address first: open the link we mailed to {email} "
+            "(POST /api/v1/auth/verify-email/resend sends another)"
+        )
 
 
 @dataclass(frozen=True)
@@ -76,8 +103,15 @@ def login_name(identifier: str) -> str:
     return typed.lower()
 
 
-def reset_password(uid: str, token: str, new_password: str):
+@transaction.atomic
+def reset_password(uid: str, token: str, new_password: str, revoke_api_keys: bool = True):
     """Set a new password through a reset link; returns the user.
+
+    The new password ends every session (Django's session hash changes with it). The link proves
+    the address, so the account is verified, and its sign-in lockout ends. ``revoke_api_keys``:
+    also revoke every live key the user minted before now, each audited: whoever held the
+    account (an attacker who signed up with this address first, or guessed the password) keeps
+    no key. With False the keys stay, and that choice is audited per key.
 
     Raises ResetLinkInvalid for a bad, used or expired link, and Django's ValidationError for a
     password the validators refuse."""
@@ -91,7 +125,80 @@ def reset_password(uid: str, token: str, new_password: str):
     validate_password(new_password, user)
     user.set_password(new_password)
     user.save(update_fields=["password"])
-    log.info("password_reset user=%s", user.pk)
+    UnverifiedEmail.objects.filter(user=user).delete()
+    live = ApiKey.objects.filter(created_by=user, revoked_at__isnull=True).select_related("tenant")
+    for key in live:
+        if revoke_api_keys:
+            keys.revoke_by(user, key, reason="password_reset")
+        else:
+            keys.audit(user, key, "api_key.kept_after_reset")
+    login_lockout.clear(user.get_username())
+    log.info("password_reset user=%s revoke_api_keys=%s", user.pk, revoke_api_keys)
+    return user
+
+
+# --- email verification -----------------------------------------------------------------------
+
+
+def is_verified(user) -> bool:
+    """False only for a user who signed up and has not opened their link; an API key's
+    principal is verified (only a verified user can mint a key)."""
+    if user is None or not getattr(user, "pk", None):
+        return True
+    return not UnverifiedEmail.objects.filter(user_id=user.pk).exists()
+
+
+def require_verified(user) -> None:
+    """Raise :class:`EmailUnverified` unless :func:`is_verified`."""
+    if not is_verified(user):
+        raise EmailUnverified(user.email)
+
+
+def verification_token(user) -> str:
+    return signing.dumps({"user": user.pk, "email": user.email.lower()}, salt=_VERIFY_SALT)
+
+
+def start_verification(user) -> None:
+    """Mark a new sign-up unverified and mail it the link (after the sign-up commits). A
+    broker outage does not fail the sign-up: "resend" mails it later."""
+    UnverifiedEmail.objects.get_or_create(user=user)
+    token = verification_token(user)
+    transaction.on_commit(lambda: mail.queue_verification(user.email, token))
+
+
+def resend_verification(user) -> bool:
+    """Mail the link again, at most once per ``RESEND_INTERVAL_S`` per account; False when the
+    account is already verified or a mail went out within the interval. Raises
+    mail.MailUnavailable when the mail could not be queued."""
+    if is_verified(user):
+        return False
+    if not mail.first_in_interval(f"mail:verify:{user.pk}", RESEND_INTERVAL_S):
+        return False
+    try:
+        mail.queue_verification_strict(user.email, verification_token(user))
+    except mail.MailUnavailable:
+        mail.forget_interval(f"mail:verify:{user.pk}")
+        raise
+    return True
+
+
+@transaction.atomic
+def verify_email(token: str):
+    """Open a verification link; returns the user. Works once: the pending mark is deleted, and
+    a link for an address the account no longer uses is refused."""
+    try:
+        data = signing.loads(token, salt=_VERIFY_SALT, max_age=VERIFY_MAX_AGE_S)
+        user_id, email = int(data["user"]), str(data["email"])
+    except (signing.BadSignature, KeyError, TypeError, ValueError) as exc:
+        raise VerifyLinkInvalid("this verification link is invalid or has expired: ask for a new one") from exc
+    User = get_user_model()
+    user = User.objects.select_for_update().filter(pk=user_id, is_active=True).first()
+    if user is None or user.email.lower() != email:
+        raise VerifyLinkInvalid("this verification link is for an address the account no longer uses")
+    deleted, _ = UnverifiedEmail.objects.filter(user=user).delete()
+    if not deleted:
+        raise VerifyLinkInvalid("this verification link was already used: the address is verified")
+    log.info("email_verified user=%s", user.pk)
     return user
 
 
@@ -143,6 +250,7 @@ def confirm_email_change(token: str):
             user.save(update_fields=["email", "username"])
     except IntegrityError as exc:  # an account signed up with it between the check and now
         raise EmailTaken("another account uses that email address") from exc
+    UnverifiedEmail.objects.filter(user=user).delete()  # the link proved the new address
     transaction.on_commit(lambda: mail.queue_email_changed_notice(change.old_email, change.new_email))
     log.info("email_changed user=%s", user.pk)
     return user

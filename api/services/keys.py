@@ -109,7 +109,8 @@ def manageable_keys(user, tenant: Tenant) -> QuerySet[ApiKey]:
     return keys if role == "owner" else keys.filter(created_by=user)
 
 
-def _audit(actor, key: ApiKey, action: str, **detail) -> None:
+def audit(actor, key: ApiKey, action: str, **detail) -> None:
+    """One audit row about ``key`` in its tenant's log."""
     target = f"{key.name} (sk_{key.prefix})"[:200]
     AuditLog.objects.create(actor=actor, tenant_id=key.tenant_id, action=action, target=target, detail=detail)
 
@@ -119,7 +120,7 @@ def create_key(actor, tenant: Tenant, name: str, scopes: list[str], expires_at: 
     """A console user mints a key for ``tenant``: an ``api_key.create`` audit row names who,
     with which scopes and until when, since the secret leaves the service with them."""
     issued = issue_key(tenant, name, scopes, actor, expires_at)
-    _audit(
+    audit(
         actor,
         issued.key,
         "api_key.create",
@@ -130,12 +131,13 @@ def create_key(actor, tenant: Tenant, name: str, scopes: list[str], expires_at: 
 
 
 @transaction.atomic
-def revoke_by(actor, key: ApiKey) -> None:
+def revoke_by(actor, key: ApiKey, reason: str | None = None) -> None:
     """A console user revokes ``key`` (one of :func:`manageable_keys`); audited once, when it
-    actually ends the key."""
+    actually ends the key. ``reason``: why, when not the actor's own choice (``password_reset``)."""
     key = ApiKey.objects.select_for_update().get(pk=key.pk)
     if key.revoked_at is not None:
         return
     revoke_key(key)
     creator = key.created_by.email if key.created_by_id else None
-    _audit(actor, key, "api_key.revoke", created_by=creator)
+    extra = {"reason": reason} if reason else {}
+    audit(actor, key, "api_key.revoke", created_by=creator, **extra)

@@ -101,22 +101,35 @@ def _enqueue_best_effort(task, *args) -> bool:
 # --- password reset ---------------------------------------------------------------------------
 
 
+def first_in_interval(key: str, interval_s: int) -> bool:
+    """Whether no mail went out under ``key`` in the last ``interval_s`` seconds (and mark one
+    now). A cache outage answers True: it must not stop people from getting their link."""
+    try:
+        return bool(cache.add(key, 1, timeout=interval_s))
+    except Exception as exc:
+        log.warning("mail_interval_unchecked error=%s", exc)
+        return True
+
+
+def forget_interval(key: str) -> None:
+    """Nothing went out after all (the broker was down): a retry may ask again."""
+    try:
+        cache.delete(key)
+    except Exception as exc:
+        log.warning("mail_interval_not_reset error=%s", exc)
+
+
 def request_password_reset(email: str) -> None:
     """Queue a reset mail for ``email``, at most one per address per ``RESET_MAIL_INTERVAL_S``.
 
     Answers the same whether or not an account uses the address: the task finds out."""
     interval_key = f"mail:reset:{_address_hash(email)}"
-    try:
-        first = cache.add(interval_key, 1, timeout=RESET_MAIL_INTERVAL_S)
-    except Exception as exc:  # a cache outage must not stop people from getting back in
-        log.warning("reset_mail_interval_unchecked error=%s", exc)
-        first = True
-    if not first:
+    if not first_in_interval(interval_key, RESET_MAIL_INTERVAL_S):
         return
     try:
         _enqueue(dispatch.task(dispatch.SEND_PASSWORD_RESET_MAIL), email.strip().lower())
     except MailUnavailable:
-        cache.delete(interval_key)  # nothing went out: a retry may ask again
+        forget_interval(interval_key)
         raise
 
 
@@ -179,6 +192,28 @@ def send_invitation(invitation_id: int, token: str) -> bool:
         link=public_link(f"/invite/{token}"),
         expires_at=invitation.expires_at,
     )
+
+
+# --- email verification (api/services/accounts.py) ---------------------------------------------
+
+
+def queue_verification(email: str, token: str) -> bool:
+    """Queue a new sign-up's verification link (best effort: the sign-up has happened, and
+    ``resend`` asks again); False when nothing was queued."""
+    return _enqueue_best_effort(dispatch.task(dispatch.SEND_VERIFICATION_MAIL), email, token)
+
+
+def queue_verification_strict(email: str, token: str) -> None:
+    """Queue a verification link someone asked for again (raises MailUnavailable)."""
+    _enqueue(dispatch.task(dispatch.SEND_VERIFICATION_MAIL), email, token)
+
+
+def send_verification(email: str, token: str) -> bool:
+    return _send("verify_email", email, link=public_link(f"/verify-email/{token}"), hours=VERIFY_LINK_HOURS)
+
+
+#: api/services/accounts.py VERIFY_MAX_AGE_S in hours (not imported: accounts imports this module).
+VERIFY_LINK_HOURS = 48
 
 
 # --- email address change (api/services/accounts.py) ---------------------------------------------

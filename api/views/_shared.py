@@ -6,6 +6,7 @@ from rest_framework.exceptions import PermissionDenied
 
 from api.authentication import ApiKeyUser
 from api.models import Membership
+from api.services import accounts
 from api.tenancy import active_tenant
 
 
@@ -25,7 +26,12 @@ def _me(request) -> dict:
         }
     members = Membership.objects.filter(user=user).select_related("tenant").order_by("id")
     return {
-        "user": {"id": user.pk, "email": user.email, "is_staff": user.is_staff},
+        "user": {
+            "id": user.pk,
+            "email": user.email,
+            "is_staff": user.is_staff,
+            "email_verified": accounts.is_verified(user),
+        },
         "tenants": [{"id": m.tenant.pk, "name": m.tenant.name, "slug": m.tenant.slug, "role": m.role} for m in members],
         "active_tenant": tenant.pk if tenant else None,
     }
@@ -36,3 +42,11 @@ def _console_user(request):
     if isinstance(request.user, ApiKeyUser):
         raise PermissionDenied("API keys cannot manage accounts or teams: use the console")
     return request.user
+
+
+def _verified_user(request) -> None:
+    """Refuse (403 ``email_unverified``) a console user who has not verified their address: they
+    may not mint keys, upload programs or start runs. An API key's request passes (only a
+    verified user could mint it)."""
+    if not isinstance(request.user, ApiKeyUser):
+        accounts.require_verified(request.user)

@@ -11,7 +11,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import Throttled, ValidationError
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from api import serializers as s
 from api.csrf import CsrfTokenRequired
 from api.models import Membership
-from api.services import accounts, auth_failures, mail, members
+from api.services import accounts, auth_failures, login_lockout, mail, members
 from api.tenancy import SESSION_TENANT_KEY
 from api.views._shared import _console_user, _me
 
@@ -50,13 +50,20 @@ class SignupView(APIView):
                 {"error": {"code": "exists", "message": "email already registered", "detail": None}}, status=409
             )
         user = users.create_user(username=email, email=email, password=data.validated_data["password"])
-        if invite:
+        if invite:  # the invitation mail reached this address: it is verified
             tenant = members.accept(user, invite).tenant
         else:
             tenant = members.create_tenant(user, data.validated_data["tenant_name"])
+            accounts.start_verification(user)
         login(request, user)
         request.session[SESSION_TENANT_KEY] = tenant.pk
         return Response(_me(request), status=status.HTTP_201_CREATED)
+
+
+class AccountLockedError(Throttled):
+    """429 ``account_locked`` with Retry-After (api/services/login_lockout.py)."""
+
+    default_code = "account_locked"
 
 
 class LoginView(APIView):
@@ -68,9 +75,16 @@ class LoginView(APIView):
     def post(self, request):
         data = s.LoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        user = authenticate(request, username=data.validated_data["email"], password=data.validated_data["password"])
+        account = data.validated_data["email"]  # the username it resolves to (LoginSerializer)
+        try:
+            login_lockout.check(account)  # before the password is looked at: locked tells nothing
+            user = authenticate(request, username=account, password=data.validated_data["password"])
+            if user is None:
+                auth_failures.record("bad_login")
+                login_lockout.record_failure(account)
+        except login_lockout.AccountLocked as locked:
+            raise AccountLockedError(wait=locked.retry_after, detail=locked.message) from None
         if user is None:
-            auth_failures.record("bad_login")
             return Response(
                 {
                     "error": {
@@ -81,6 +95,7 @@ class LoginView(APIView):
                 },
                 status=401,
             )
+        login_lockout.clear(account)
         login(request, user)
         return Response(_me(request))
 
@@ -196,7 +211,9 @@ class PasswordResetRequestView(LinkCredentialView):
 
 class PasswordResetConfirmView(LinkCredentialView):
     """Set a new password through a reset link. Every session of the account ends (the link's
-    own browser signs in afresh); API keys are the tenant's and stay."""
+    own browser signs in afresh), and every API key the account minted before it is revoked
+    unless the body says ``"revoke_api_keys": false``; the address counts as verified and the
+    account's sign-in lockout ends (api/services/accounts.py)."""
 
     @extend_schema(request=s.PasswordResetConfirmSerializer, responses={204: None})
     def post(self, request):
@@ -204,7 +221,10 @@ class PasswordResetConfirmView(LinkCredentialView):
         data.is_valid(raise_exception=True)
         try:
             user = accounts.reset_password(
-                data.validated_data["uid"], data.validated_data["token"], data.validated_data["new_password"]
+                data.validated_data["uid"],
+                data.validated_data["token"],
+                data.validated_data["new_password"],
+                revoke_api_keys=data.validated_data["revoke_api_keys"],
             )
         except accounts.ResetLinkInvalid as exc:
             auth_failures.record("bad_reset_link")
@@ -213,6 +233,44 @@ class PasswordResetConfirmView(LinkCredentialView):
             raise ValidationError({"new_password": list(exc.messages)}) from exc
         mail.queue_password_changed(user)
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class VerifyEmailView(LinkCredentialView):
+    """Open the link mailed at sign-up: the account's address is verified, and it may mint API
+    keys, upload programs and start runs. The token is the credential (the link may be opened on
+    another device), so no session is needed."""
+
+    @extend_schema(request=s.VerifyEmailSerializer, responses={200: OpenApiTypes.OBJECT})
+    def post(self, request):
+        data = s.VerifyEmailSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        try:
+            user = accounts.verify_email(data.validated_data["token"])
+        except accounts.VerifyLinkInvalid as exc:
+            raise ValidationError({"token": [str(exc)]}) from exc
+        return Response({"email": user.email, "email_verified": True})
+
+
+class VerifyEmailResendView(APIView):
+    """Mail the signed-in user's verification link again: at most one mail a minute per account
+    (and the per-client ``auth`` throttle). 202 either way; ``sent`` says whether one went."""
+
+    throttle_classes = [ScopedRateThrottle]
+    throttle_scope = "auth"
+
+    @extend_schema(request=None, responses={202: OpenApiTypes.OBJECT})
+    def post(self, request):
+        user = _console_user(request)
+        if accounts.is_verified(user):
+            body = {"detail": f"{user.email} is already verified", "sent": False, "email_verified": True}
+            return Response(body, status=status.HTTP_202_ACCEPTED)
+        sent = accounts.resend_verification(user)
+        message = (
+            f"a new verification link is on its way to {user.email}"
+            if sent
+            else f"a verification link went to {user.email} less than a minute ago: check your inbox"
+        )
+        return Response({"detail": message, "sent": sent, "email_verified": False}, status=status.HTTP_202_ACCEPTED)
 
 
 class CsrfView(APIView):

@@ -9,7 +9,7 @@ from api import serializers as s
 from api.models import ApiKey
 from api.services import keys
 from api.tenancy import TenantScopedViewSet
-from api.views._shared import _console_user
+from api.views._shared import _console_user, _verified_user
 
 
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
@@ -20,6 +20,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
         return keys.manageable_keys(self.request.user, self.tenant).order_by("-created_at")
 
     def create(self, request):
+        _verified_user(request)
         data = s.ApiKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
         issued = keys.create_key(

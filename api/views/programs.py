@@ -13,6 +13,7 @@ from api import serializers as s
 from api.models import Program
 from api.services import programs
 from api.tenancy import TenantScopedViewSet
+from api.views._shared import _verified_user
 
 
 class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, TenantScopedViewSet):
@@ -25,6 +26,7 @@ class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.De
 
     @transaction.atomic
     def create(self, request):
+        _verified_user(request)
         data = s.ProgramSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         upload = data.validated_data.pop("file")
@@ -40,6 +42,7 @@ class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.De
     def versions(self, request, pk=None):
         program = self.get_object()
         if request.method == "POST":
+            _verified_user(request)
             data = s.VersionUploadSerializer(data=request.data)
             data.is_valid(raise_exception=True)
             upload = data.validated_data["file"]

@@ -13,6 +13,7 @@ from api import serializers as s
 from api.models import ApiKey, Program, Run
 from api.services import quotas, runs
 from api.tenancy import TenantScopedViewSet
+from api.views._shared import _verified_user
 
 
 @extend_schema_view(
@@ -54,6 +55,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         return qs
 
     def create(self, request):
+        _verified_user(request)
         data = s.RunCreateSerializer(data=request.data, context={"plan": quotas.plan_limits(self.tenant)})
         data.is_valid(raise_exception=True)
         header = request.headers.get("Idempotency-Key")

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.django_db
 
 #: Answered without credentials. An invitation's preview is public: its token is the credential
 #: (accepting it needs a signed-in user, and is checked below like every other route); so is a
-#: password-reset or email-change link's (asking for a reset names an email, and answers the same
-#: for any).
+#: password-reset, email-change or email-verification link's (asking for a reset names an email,
+#: and answers the same for any).
 PUBLIC = {
     "api/v1/health",
     "api/v1/auth/signup",
@@ -24,6 +24,7 @@ PUBLIC = {
     "api/v1/auth/password-reset",
     "api/v1/auth/password-reset/confirm",
     "api/v1/auth/email/confirm",
+    "api/v1/auth/verify-email",
     # OpenAI-shaped 404s to everyone (nothing behind them): embeddings, unknown /v1 routes.
     "v1/embeddings",
     "v1/^(?P<rest>.*)",

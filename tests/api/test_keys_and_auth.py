@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.core import mail as outbox
 from django.utils import timezone
 from rest_framework.test import APIClient
 
 from api.models import ApiKey
+from api.services import accounts, mail
 from api.services.keys import issue_key, revoke_key, verify_key
 
 pytestmark = pytest.mark.django_db
@@ -67,6 +71,17 @@ def test_signup_with_an_email_longer_than_the_username_column_is_a_400():
     assert "email" in response.json()["error"]["detail"]
 
 
+def _verification_token(email: str) -> str:
+    """The token of the verification link the mail task sends ``email`` (its body, run here
+    against Django's test outbox; the whole HTTP -> Celery -> SMTP path is
+    tests/security/test_accounts_abuse.py)."""
+    user = get_user_model().objects.get(email=email)
+    assert mail.send_verification(email, accounts.verification_token(user))
+    found = re.search(r"/verify-email/(\S+)", outbox.outbox[-1].body)
+    assert found, outbox.outbox[-1].body
+    return found.group(1)
+
+
 def test_signup_login_me_and_key_lifecycle_over_http():
     client = APIClient()
     response = client.post(
@@ -87,6 +102,13 @@ def test_signup_login_me_and_key_lifecycle_over_http():
         ).status_code
         == 200
     )
+    # Not before the address is verified, through the link mailed to it.
+    refused = client.post("/api/v1/api-keys", {"name": "ci", "scopes": ["runs"]}, format="json")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "email_unverified"
+    assert "ann@example.com" in refused.json()["error"]["message"]
+    assert client.get("/api/v1/auth/me").json()["user"]["email_verified"] is False
+    client.post("/api/v1/auth/verify-email", {"token": _verification_token("ann@example.com")}, format="json")
+    assert client.get("/api/v1/auth/me").json()["user"]["email_verified"] is True
     created = client.post("/api/v1/api-keys", {"name": "ci", "scopes": ["runs"]}, format="json")
     assert created.status_code == 201
     secret = created.json()["secret"]

@@ -255,3 +255,33 @@ def test_the_reset_answer_says_how_long_the_link_lasts(settings):
     settings.PASSWORD_RESET_TIMEOUT = 1800
     response = APIClient().post("/api/v1/auth/password-reset", {"email": "ada@example.com"}, format="json")
     assert response.status_code == 202 and response.json()["valid_minutes"] == 30
+
+
+def test_a_reset_may_keep_the_accounts_api_keys_and_the_choice_is_audited():
+    from api.models import AuditLog
+    from api.services import members
+    from api.services.keys import issue_key, verify_key
+
+    user = _user()
+    tenant = members.create_tenant(user, "Engines")
+    kept = issue_key(tenant, "ci", ["runs"], user).secret
+    uid, token = _reset_link(user.email)
+    body = {"uid": uid, "token": token, "new_password": NEW, "revoke_api_keys": False}
+    response = APIClient().post("/api/v1/auth/password-reset/confirm", body, format="json")
+    assert response.status_code == 204
+    assert verify_key(kept) is not None
+    assert AuditLog.objects.filter(tenant=tenant, action="api_key.kept_after_reset", actor=user).count() == 1
+    assert not AuditLog.objects.filter(tenant=tenant, action="api_key.revoke").exists()
+
+
+def test_a_completed_reset_lifts_the_accounts_sign_in_lock():
+    from api.services import login_lockout
+
+    user = _user()
+    bad = {"email": user.email, "password": "not-it"}
+    codes = [APIClient().post("/api/v1/auth/login", bad, format="json").status_code for _ in range(10)]
+    assert codes[-1] == 429 and codes[:-1] == [401] * 9
+    assert not _logs_in(user.email, OLD)  # locked: the right password too
+    assert _confirm(*_reset_link(user.email)).status_code == 204
+    assert _logs_in(user.email, NEW)
+    assert login_lockout.lock_seconds(9) == 0 and login_lockout.lock_seconds(10) == 60  # the defaults
