@@ -219,7 +219,7 @@ SYMPHONY_TRUSTED_BUILTIN = env_bool("SYMPHONY_TRUSTED_BUILTIN", True)
 SYMPHONY_TRUSTED_THREADS = int(os.environ.get("SYMPHONY_TRUSTED_THREADS", "8"))
 #: Days an invitation link stays valid, and tenants one user may own (each has its own quota).
 SYMPHONY_INVITATION_DAYS = int(os.environ.get("SYMPHONY_INVITATION_DAYS", "7"))
-SYMPHONY_MAX_OWNED_TENANTS = int(os.environ.get("SYMPHONY_MAX_OWNED_TENANTS", "10"))
+SYMPHONY_MAX_OWNED_TENANTS = int(os.environ.get("SYMPHONY_MAX_OWNED_TENANTS", "3"))
 # Failed sign-ins of one account, from any addresses, before its password sign-in is locked
 # with exponential back-off (api/services/login_lockout.py).
 SYMPHONY_LOGIN_LOCK_AFTER = int(os.environ.get("SYMPHONY_LOGIN_LOCK_AFTER", "10"))

@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, replace
 from datetime import date
 
 from django.conf import settings
-from django.db.models import Sum
+from django.contrib.auth import get_user_model
+from django.db.models import Max, Sum
 from django.utils import timezone
 
 from api.models import KVFile, Plan, Run, Tenant, UsageRecord
@@ -162,6 +163,31 @@ def quota_view(tenant: Tenant) -> dict:
     }
 
 
+def lock_account(tenant: Tenant) -> None:
+    """Lock the row of the account ``tenant`` counts against (its creator's user row), inside the
+    caller's transaction and before the tenant's own row: creations in every tenant of one
+    account then count the account's runs one at a time. A tenant with no creator of record is
+    an account of its own, bounded by its tenant row lock alone."""
+    if tenant.account_id is not None:
+        list(get_user_model().objects.select_for_update().filter(pk=tenant.account_id).values_list("pk", flat=True))
+
+
+def account_run_cap(tenant: Tenant) -> int | None:
+    """Concurrent runs across every open tenant the account created: the best of their plans'
+    ``max_concurrent_runs`` (creating tenants adds none); ``None`` for a tenant with no account."""
+    if tenant.account_id is None:
+        return None
+    names = Tenant.objects.filter(account_id=tenant.account_id, closed_at__isnull=True).values("plan")
+    best = Plan.objects.filter(name__in=names).aggregate(m=Max("max_concurrent_runs"))["m"]
+    own = plan_limits(tenant).max_concurrent_runs  # a tenant on a plan with no row: FALLBACK
+    return max(best or 0, own)
+
+
+def _active_account_runs(tenant: Tenant) -> int:
+    """Live run trees across the account's tenants (a tree counts once, as ``_active_runs``)."""
+    return Run.objects.filter(tenant__account_id=tenant.account_id, status__in=LIVE, parent__isnull=True).count()
+
+
 def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None, *, child: bool = False) -> None:
     """Refuse a run the plan does not allow; the message names the limit. ``plan``: the
     tenant's plan when the caller has read it already. ``child``: a spawned run, which counts
@@ -171,6 +197,13 @@ def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None
     # each /v1 request included, runs this under its tenant's row lock.
     if not child and _active_runs(tenant) >= plan.max_concurrent_runs:
         raise ConcurrencyLimitReached(f"plan {tenant.plan} allows {plan.max_concurrent_runs} concurrent runs")
+    # Under the account's row lock (lock_account): a person's tenants share one bound.
+    account_cap = None if child else account_run_cap(tenant)
+    if account_cap is not None and _active_account_runs(tenant) >= account_cap:
+        raise ConcurrencyLimitReached(
+            f"your account allows {account_cap} concurrent runs across all the tenants it created"
+            " (the best of their plans' max_concurrent_runs); wait for one to finish"
+        )
     if int(limits.get("max_tokens", 0)) > plan.max_tokens_per_run:
         raise QuotaExceeded(f"max_tokens above plan limit {plan.max_tokens_per_run}")
     if float(limits.get("deadline_s", 0)) > plan.max_run_seconds:

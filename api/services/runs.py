@@ -23,7 +23,7 @@ from api.models import ApiKey, Program, Run, Tenant, UsageRecord
 from api.services import cancellation, quota_alerts, routing, run_handoff, tool_hosts
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
-from api.services.quotas import PlanLimits, check_can_start
+from api.services.quotas import PlanLimits, check_can_start, lock_account
 from api.services.run_args import storable_args
 from api.validators import make_storable
 from gpu_worker import contracts
@@ -180,13 +180,14 @@ def create_run(
 
     Returns (run, created). The plan check and the insert happen under a lock on the tenant's
     row: counted apart, simultaneous requests each saw the same free slots and all started
-    (24 at once made 9 runs against a limit of 2). The lock serialises one tenant's creations
-    only; other tenants' requests never wait on it. The Celery task is enqueued only after the
-    row is committed. Raises ``IdempotencyMismatch`` when the key's run was created from other
-    program, version, args or limits. ``send``: what sends the committed run to execution
-    (default: its worker's Celery queue; the built-in OpenAI program's runs may be executed in
-    process, api/services/trusted_runs.py). ``plan``: the tenant's plan as the caller's request
-    already read it (read again here when not given).
+    (24 at once made 9 runs against a limit of 2). The account's row is locked first, so the
+    account-wide bound (across the tenants one person created) is counted the same way. The
+    locks serialise one account's creations only; other accounts' requests never wait on them.
+    The Celery task is enqueued only after the row is committed. Raises ``IdempotencyMismatch``
+    when the key's run was created from other program, version, args or limits. ``send``: what
+    sends the committed run to execution (default: its worker's Celery queue; the built-in
+    OpenAI program's runs may be executed in process, api/services/trusted_runs.py). ``plan``:
+    the tenant's plan as the caller's request already read it (read again here when not given).
     """
     digest = _request_digest(program, version, args, limits) if idempotency_key else ""
     if idempotency_key:
@@ -200,6 +201,7 @@ def create_run(
         raise RunConflict(f"program {program.pk} has no version {version or '(any)'}")
     try:
         with transaction.atomic():
+            lock_account(tenant)  # first: every tenant of the account locks in this order
             locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
             if locked.closed_at is not None:  # read under the lock: a close may have just committed
                 raise RunConflict("this tenant is closed")
