@@ -17,6 +17,7 @@ import { RunPage } from "./pages/RunPage";
 import { RunsPage } from "./pages/RunsPage";
 import { TeamPage } from "./pages/TeamPage";
 import { UsagePage } from "./pages/UsagePage";
+import { VerifyEmailPage } from "./pages/VerifyEmailPage";
 
 function RequireAuth({ children }: { children: ReactNode }) {
   const { me, loading, error, refresh } = useAuth();
@@ -46,6 +47,8 @@ export function App() {
       <Route path="/reset-password/:uid/:token" element={<ResetPasswordPage />} />
       {/* The new address's confirmation link: may be opened signed out (another device) or in. */}
       <Route path="/confirm-email/:token" element={<ConfirmEmailPage />} />
+      {/* The sign-up's verification link: likewise signed out or in. */}
+      <Route path="/verify-email/:token" element={<VerifyEmailPage />} />
       {/* Outside RequireAuth: an invite link works signed out (sign up) as well as signed in. */}
       <Route path="/invite/:token" element={<InvitePage />} />
       <Route

@@ -6,7 +6,7 @@
 // Prints one JSON line {"ok": true, ...} (or {"ok": false, "error": ...}) last; writes
 // screenshots to config.shots (and a failure screenshot to config.artifacts).
 import { createRequire } from "node:module";
-import { mkdirSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 
@@ -50,6 +50,30 @@ async function signup(page, email, password, tenant) {
   await page.getByLabel("Organisation (tenant) name").fill(tenant);
   await page.getByRole("button", { name: "Sign up" }).click();
   await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+  await verifyFromMail(page, email);
+}
+
+/** After sign-up the console says to check the inbox; the test writes the link mailed to the
+ * address (read from its SMTP sink) to cfg.verifyLinkFile, and the page opens it as a person
+ * would, then goes back to Programs with the banner gone. */
+async function verifyFromMail(page, email) {
+  const banner = page.getByTestId("verify-email-banner");
+  await banner.waitFor({ timeout: T });
+  check((await banner.textContent()).includes(`Check your inbox to verify ${email}`), "verify banner names the address");
+  await shot(page, "verify-email-banner");
+  const deadline = Date.now() + 60000;
+  while (!existsSync(cfg.verifyLinkFile)) {
+    check(Date.now() < deadline, "no verification link was mailed");
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  const link = readFileSync(cfg.verifyLinkFile, "utf8").trim();
+  check(link.startsWith(`${base}/verify-email/`), `the mailed link points at the console: ${link}`);
+  await page.goto(link);
+  await page.getByText(`${email} is verified`).waitFor({ timeout: T });
+  await shot(page, "verify-email-done");
+  await page.getByRole("link", { name: "Go to Programs" }).click();
+  await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+  check((await page.getByTestId("verify-email-banner").count()) === 0, "the banner is gone once verified");
 }
 
 async function login(page, email, password, landing = "Programs") {
@@ -552,6 +576,7 @@ const scenarios = {
     await page.getByLabel("Password").fill(cfg.password);
     await page.getByRole("button", { name: "Sign up" }).click();
     await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+    await verifyFromMail(page, cfg.email);
     await page.getByText(/No programs yet/).waitFor({ timeout: T });
     await shot(page, "programs-empty");
 

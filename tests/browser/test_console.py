@@ -45,11 +45,17 @@ def test_console_is_served_for_client_routes(console_server):
         assert "javascript" in resp.headers["Content-Type"]
 
 
-def test_tenant_signs_up_uploads_and_manages_keys(console_server, browser):
+def test_tenant_signs_up_uploads_and_manages_keys(mail_stack, browser, tmp_path):
+    """Through the mail stack: the console's sign-up must be verified through the mailed link
+    before it may upload or mint keys."""
+    from tests.plugins.mail import verification_link_file
+
+    console_server = mail_stack.url
     email = f"ada-{uuid.uuid4().hex[:8]}@example.com"
     result = browser(
         "tenant",
         baseUrl=console_server,
+        verifyLinkFile=str(verification_link_file(mail_stack, email, tmp_path / "verify-link")),
         email=email,
         password="pw-correct-horse-1",
         tenant="Analytical Engines",

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email.message import EmailMessage
 from email.policy import default as default_policy
+from pathlib import Path
 
 import pytest
 import requests
@@ -98,6 +99,19 @@ def signed_up(url: str, email: str, password: str, tenant: str) -> requests.Sess
     assert response.status_code == 201, response.text
     session.headers["X-CSRFToken"] = session.cookies["csrftoken"]  # rotated at sign-in
     return session
+
+
+def verification_link_file(stack: MailStack, email: str, path: Path) -> Path:
+    """Write the verification link mailed to ``email`` at sign-up to ``path`` once it arrives
+    (a browser scenario waits for the file and opens the link, as the person would); returns
+    ``path``. A thread, since the scenario signs up after this is called."""
+
+    def deliver() -> None:
+        message = stack.smtp.wait_for(email, "Verify your Symphony email", timeout=120)
+        path.write_text(link_in(message, stack.url, "/verify-email/"))
+
+    threading.Thread(target=deliver, daemon=True).start()
+    return path
 
 
 @pytest.fixture

@@ -74,9 +74,22 @@ export async function requestPasswordReset(email: string): Promise<number | null
   const answer = (await unwrap(http.POST("/api/v1/auth/password-reset", { body: { email } }))) as { valid_minutes?: unknown } | undefined;
   return typeof answer?.valid_minutes === "number" ? answer.valid_minutes : null;
 }
-/** Set a new password through a mailed link `/reset-password/<uid>/<token>` (works once). */
-export async function confirmPasswordReset(uid: string, token: string, new_password: string): Promise<void> {
-  await unwrap(http.POST("/api/v1/auth/password-reset/confirm", { body: { uid, token, new_password } }));
+/** Set a new password through a mailed link `/reset-password/<uid>/<token>` (works once).
+ * `revoke_api_keys`: also revoke every API key the account minted before now (the default). */
+export async function confirmPasswordReset(uid: string, token: string, new_password: string, revoke_api_keys = true): Promise<void> {
+  await unwrap(http.POST("/api/v1/auth/password-reset/confirm", { body: { uid, token, new_password, revoke_api_keys } }));
+}
+/** Open the sign-up's mailed link `/verify-email/<token>` (works once, no session needed);
+ * answers the verified address. */
+export async function verifyEmail(token: string): Promise<string> {
+  const body = (await unwrap(http.POST("/api/v1/auth/verify-email", { body: { token } }))) as { email?: unknown };
+  return String(body.email ?? "");
+}
+/** Mail the signed-in user's verification link again (at most one a minute): the server's
+ * sentence to show. */
+export async function resendVerification(): Promise<string> {
+  const body = (await unwrap(http.POST("/api/v1/auth/verify-email/resend", {}))) as { detail?: unknown };
+  return String(body.detail ?? "");
 }
 /** Ask to sign in with another address (console session only): the server mails a link to
  * `new_email`, and the address changes only when it is opened (see confirmEmailChange). 202. */

@@ -363,7 +363,9 @@ export interface paths {
         put?: never;
         /**
          * @description Set a new password through a reset link. Every session of the account ends (the link's
-         *     own browser signs in afresh); API keys are the tenant's and stay.
+         *     own browser signs in afresh), and every API key the account minted before it is revoked
+         *     unless the body says ``"revoke_api_keys": false``; the address counts as verified and the
+         *     account's sign-in lockout ends (api/services/accounts.py).
          */
         post: operations["v1_auth_password_reset_confirm_create"];
         delete?: never;
@@ -398,6 +400,47 @@ export interface paths {
         get?: never;
         put?: never;
         post: operations["v1_auth_switch_tenant_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/verify-email": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description Open the link mailed at sign-up: the account's address is verified, and it may mint API
+         *     keys, upload programs and start runs. The token is the credential (the link may be opened on
+         *     another device), so no session is needed.
+         */
+        post: operations["v1_auth_verify_email_create"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/api/v1/auth/verify-email/resend": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * @description Mail the signed-in user's verification link again: at most one mail a minute per account
+         *     (and the per-client ``auth`` throttle). 202 either way; ``sent`` says whether one went.
+         */
+        post: operations["v1_auth_verify_email_resend_create"];
         delete?: never;
         options?: never;
         head?: never;
@@ -1201,6 +1244,8 @@ export interface components {
             uid: string;
             token: string;
             new_password: string;
+            /** @default true */
+            revoke_api_keys: boolean;
         };
         PasswordResetRequest: {
             /** Format: email */
@@ -1371,6 +1416,10 @@ export interface components {
         /** @description ``PUT /tool-hosts``: the whole list (``host`` or ``host:port`` entries). */
         ToolHosts: {
             hosts: string[];
+        };
+        /** @description The token of a ``/verify-email/<token>`` link mailed at sign-up. */
+        VerifyEmail: {
+            token: string;
         };
     };
     responses: never;
@@ -1972,6 +2021,54 @@ export interface operations {
         };
         responses: {
             200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_auth_verify_email_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["VerifyEmail"];
+                "application/x-www-form-urlencoded": components["schemas"]["VerifyEmail"];
+                "multipart/form-data": components["schemas"]["VerifyEmail"];
+            };
+        };
+        responses: {
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": {
+                        [key: string]: unknown;
+                    };
+                };
+            };
+        };
+    };
+    v1_auth_verify_email_resend_create: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            202: {
                 headers: {
                     [name: string]: unknown;
                 };

@@ -51,7 +51,8 @@ export interface TenantRef {
 }
 
 export interface Me {
-  user: { id: number; email: string; is_staff: boolean } | null;
+  /** `email_verified`: false until a sign-up opens the link mailed to its address. */
+  user: { id: number; email: string; is_staff: boolean; email_verified?: boolean } | null;
   tenants: TenantRef[];
   /** null once the user belongs to no tenant (e.g. removed from their only one). */
   active_tenant: number | null;

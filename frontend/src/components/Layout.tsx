@@ -3,6 +3,7 @@ import { Navigate, NavLink, Outlet, useLocation, useNavigate } from "react-route
 import { useAuth } from "../auth/AuthContext";
 import { NoTenantPage } from "../pages/NoTenantPage";
 import { TenantSwitcher } from "./TenantSwitcher";
+import { VerifyEmailBanner } from "./VerifyEmailBanner";
 
 const LINKS = [
   { to: "/programs", label: "Programs" },
@@ -73,6 +74,7 @@ export function Layout() {
         </div>
       </header>
       <main id="main" className="content" tabIndex={-1}>
+        <VerifyEmailBanner />
         {stranded && !TENANTLESS_PATHS.has(pathname) ? (
           // Staff without a tenant (the operator's admin) have the staff page to go to.
           isStaff ? <Navigate to="/staff" replace /> : <NoTenantPage />

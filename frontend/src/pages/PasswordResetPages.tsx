@@ -85,6 +85,7 @@ export function ResetPasswordPage() {
   const navigate = useNavigate();
   const [password, setPassword] = useState("");
   const [confirm, setConfirm] = useState("");
+  const [revokeKeys, setRevokeKeys] = useState(true);
   const { busy, error, run, fail } = useAction();
   const deadLink = linkProblem(error);
   const submit = async (e: FormEvent) => {
@@ -98,7 +99,7 @@ export function ResetPasswordPage() {
       fail(new Error("The new password and its confirmation do not match."));
       return;
     }
-    if (!(await run(() => confirmPasswordReset(uid, token, password)))) return;
+    if (!(await run(() => confirmPasswordReset(uid, token, password, revokeKeys)))) return;
     // Every session of the account ended with the old password: a console signed in here
     // would show stale state, so re-read /auth/me before the login page decides what to show.
     await refresh();
@@ -119,6 +120,13 @@ export function ResetPasswordPage() {
           <label className="field">
             Confirm new password
             <input type="password" autoComplete="new-password" required value={confirm} onChange={(e) => setConfirm(e.target.value)} />
+          </label>
+          <label className="field">
+            <span>
+              <input type="checkbox" checked={revokeKeys} onChange={(e) => setRevokeKeys(e.target.checked)} /> Revoke every API key
+              this account minted before now
+            </span>
+            <span className="hint">Recommended: whoever had your password may have minted one. Every session ends either way.</span>
           </label>
           <button className="btn btn-primary" type="submit" disabled={busy}>
             {busy ? "Saving…" : "Set new password"}

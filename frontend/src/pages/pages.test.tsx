@@ -55,6 +55,33 @@ describe("auth", () => {
     expect((await screen.findByRole("alert")).textContent).toContain("email already registered");
   });
 
+  it("tells an unverified sign-up to check its inbox and resends the link", async () => {
+    const unverified = { ...ME, user: { ...ME.user, email_verified: false } };
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": unverified,
+      "GET /api/v1/auth/csrf": { csrftoken: "t" },
+      "GET /api/v1/programs": page([]),
+      "POST /api/v1/auth/verify-email/resend": { detail: "a new verification link is on its way to ada@example.com", sent: true },
+    });
+    renderAt(<App />, "/programs");
+    const banner = await screen.findByTestId("verify-email-banner");
+    expect(banner.textContent).toContain("Check your inbox to verify ada@example.com");
+    fireEvent.click(within(banner).getByRole("button", { name: "Resend" }));
+    expect(await within(banner).findByText("a new verification link is on its way to ada@example.com")).toBeTruthy();
+    expect(calls.some((c) => c.path === "/api/v1/auth/verify-email/resend")).toBe(true);
+  });
+
+  it("verifies the address through the mailed link", async () => {
+    const { calls } = mockApi({
+      "GET /api/v1/auth/me": ME,
+      "GET /api/v1/auth/csrf": { csrftoken: "t" },
+      "POST /api/v1/auth/verify-email": { email: "ada@example.com", email_verified: true },
+    });
+    renderAt(<App />, "/verify-email/tok-1");
+    expect(await screen.findByText(/ada@example.com is verified/)).toBeTruthy();
+    expect(calls.find((c) => c.path === "/api/v1/auth/verify-email")?.body).toEqual({ token: "tok-1" });
+  });
+
   it("switches tenant when the user has several", async () => {
     const two = { ...ME, tenants: [...ME.tenants, { id: 8, name: "Beta", slug: "beta", role: "member" }] };
     const { calls } = mockApi({
@@ -739,7 +766,7 @@ describe("password reset", () => {
     fireEvent.click(submit);
     expect(await screen.findByRole("heading", { name: "Log in" })).toBeTruthy();
     expect(screen.getByRole("status").textContent).toBe("Your password was changed. Log in with the new one.");
-    expect(calls.find((c) => c.path === resetUrl)?.body).toEqual({ uid: UID, token: TOKEN, new_password: "new-pass-123" });
+    expect(calls.find((c) => c.path === resetUrl)?.body).toEqual({ uid: UID, token: TOKEN, new_password: "new-pass-123", revoke_api_keys: true });
   });
 
   it("shows the validators' objections and keeps the form", async () => {
