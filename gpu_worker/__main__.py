@@ -29,6 +29,7 @@ from gpu_worker.config import (
     connection_limits_from_env,
     env_defaults,
 )
+from gpu_worker.stream_ledger import StreamBudget
 
 log = logging.getLogger("gpu_worker")
 
@@ -195,6 +196,25 @@ def _parser() -> argparse.ArgumentParser:
         "--grammar-max-depth", type=_positive(int), default=grammar.max_depth, help="deepest JSON schema nesting"
     )
     p.add_argument("--redis-url", default=env["redis_url"])
+    budget = StreamBudget()
+    p.add_argument(
+        "--redis-headroom-bytes",
+        type=_positive(int),
+        default=budget.headroom_bytes,
+        help="Redis memory kept out of the event-stream pool (broker, leases, counters)",
+    )
+    p.add_argument(
+        "--redis-fallback-bytes",
+        type=_positive(int),
+        default=budget.fallback_bytes,
+        help="Redis memory assumed when its maxmemory is 0 (unbounded)",
+    )
+    p.add_argument(
+        "--stream-running-ttl-s",
+        type=_positive(int),
+        default=budget.running_ttl_s,
+        help="TTL of a run's event stream while it writes, refreshed on every write",
+    )
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--timeout", type=float, default=5.0, help="health: seconds to wait for a reply")
     return p
@@ -228,6 +248,11 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
         prefix_cache=args.prefix_cache,
         kv_lazy_write_s=args.kv_lazy_write_s,
         redis_url=args.redis_url,
+        stream_budget=StreamBudget(
+            headroom_bytes=args.redis_headroom_bytes,
+            fallback_bytes=args.redis_fallback_bytes,
+            running_ttl_s=args.stream_running_ttl_s,
+        ),
         conn=ConnectionLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ConnectionLimits)}),
         scheduler=SchedulerConfig(
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -310,7 +335,7 @@ async def serve(config: WorkerConfig) -> None:
         active_sessions=sessions.active_ids,
     )
     scheduler.start()
-    events = EventPublisher(config.redis_url)
+    events = EventPublisher(config.redis_url, config.stream_budget)
     worker = Worker(config, engine, Tokenizer(config.model_dir), kvfs, scheduler, events, sessions)
     log.info("event=kv_index_loaded files=%d store=%s", loaded, config.kv_store_dir)
     stop = asyncio.Event()

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gpu_worker.stream_ledger import StreamBudget
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -132,6 +134,8 @@ class WorkerConfig:
     #: Seconds a closed ``durable=False`` KV file keeps unwritten changes (``KVFS.write_idle``).
     kv_lazy_write_s: float = 120.0
     redis_url: str = "redis://127.0.0.1:6379/0"
+    #: How Redis memory for retained event streams is sized and shared (gpu_worker/stream_ledger.py).
+    stream_budget: StreamBudget = field(default_factory=StreamBudget)
     #: Seconds between live ``kv`` snapshot events of a running session.
     kv_event_interval_s: float = 0.5
     #: Most live Dist handles per session.

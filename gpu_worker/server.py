@@ -113,7 +113,12 @@ class Worker:
             "scheduler": self.scheduler.snapshot(),
             "kvfs": dataclasses.asdict(self.kvfs.stats()),
             "engine": self.engine.stats() if hasattr(self.engine, "stats") else {},
-            "events": {"published": self.events.published, "dropped": self.events.dropped},
+            "events": {
+                "published": self.events.published,
+                "dropped": self.events.dropped,
+                "refused": self.events.refused,
+                "redis_bytes_capacity": None if self.events.pool is None else self.events.pool.capacity,
+            },
             "grammar": self.grammar.stats(),
             "channels": self.context.channels.stats(),
             "connections": self.guard.stats(),
@@ -200,7 +205,7 @@ class Worker:
                 s.usage.sample_pages(pages, now)
                 prev = last.get(s.session_id)
                 if s.conns and (prev is None or prev[0] != snap or now - prev[1] > 5.0):
-                    self.events.publish(s.run_id, KvEvent(**snap))
+                    self.events.publish(s.run_id, s.account, KvEvent(**snap))
                     last[s.session_id] = (snap, now)
             for sid in [k for k in last if k not in self.sessions]:
                 del last[sid]
@@ -296,7 +301,7 @@ class Worker:
             log.warning("event=final_kv_unread session=%s error=%s", s.session_id, exc)
             return
         if snap["tokens"]:
-            self.events.publish(s.run_id, KvEvent(**snap))
+            self.events.publish(s.run_id, s.account, KvEvent(**snap))
 
     # -------------------------------------------------------------------- connections
     async def _serve(

@@ -236,8 +236,8 @@ class WorkerSession:
                 raise ProtocolError(
                     ErrorCode.QUOTA,
                     f"stream budget exceeded: this run sent {sent} bytes to its client and {n} more"
-                    f" would pass its limit of {cap} bytes (limits.max_stream_bytes, the plan's"
-                    " stream_bytes_per_run)",
+                    f" would pass its limit of {cap} bytes (the plan's stream_bytes_per_run, per run;"
+                    " the account-wide bound on retained event streams applies besides)",
                 )
             self.usage.streamed_bytes += n
             if not to_user:

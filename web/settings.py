@@ -203,7 +203,7 @@ SYMPHONY_RUN_OUTPUT_KEEP_BYTES = int(os.environ.get("SYMPHONY_RUN_OUTPUT_KEEP_BY
 #: Seconds a run's event stream stays in Redis after the run ends (replays, reconnects, the
 #: console's live view of a finished run); afterwards its events endpoint sends the closing
 #: status and end from the run's row.
-SYMPHONY_RUN_EVENTS_RETENTION_S = int(os.environ.get("SYMPHONY_RUN_EVENTS_RETENTION_S", str(7 * 86400)))
+SYMPHONY_RUN_EVENTS_RETENTION_S = int(os.environ.get("SYMPHONY_RUN_EVENTS_RETENTION_S", str(24 * 3600)))
 #: Event streams one tenant may hold open at once, unless its plan sets
 #: ``max_concurrent_streams`` (api/services/stream_leases.py); past it a 429 with Retry-After.
 SYMPHONY_STREAMS_PER_TENANT = int(os.environ.get("SYMPHONY_STREAMS_PER_TENANT", "32"))

@@ -1,6 +1,7 @@
 """Channel ops: messages between the runs of one run tree, through the worker's broker
 (``gpu_worker/channels.py``). Sends and publishes are recorded as ``channel`` events on the
-sending run's stream (counted against its stream budget); reads wait like brokered I/O (the
+sending run's stream (counted against its stream budget and its account's share of Redis,
+gpu_worker/stream_ledger.py); reads wait like brokered I/O (the
 session leaves the batch barrier, and its KV may swap out while it waits), bounded by the read's
 ``timeout`` and the run's deadline."""
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from gpu_worker import contracts
+from gpu_worker import contracts, stream_ledger
 from gpu_worker import protocol as p
 from gpu_worker.channels import Message, encoded_size
 from gpu_worker.ops.context import OpContext
@@ -23,17 +24,27 @@ T = TypeVar("T")
 def _recorded(ctx: OpContext, s: WorkerSession, op: str, name: str, data: Any, deliver: Callable[[int], T]) -> T:
     """Check ``data``, count its event against the run's stream budget (EDQUOT before anything
     is queued), ``deliver`` it (given its size), then publish the event on the sender's stream.
-    A delivery the broker refuses gives the budget back and records nothing."""
+    A delivery the broker refuses gives the budget back and records nothing. An account whose
+    known room in Redis (``EventPublisher.known_room``) cannot take the event gets EDQUOT
+    before delivery; the publish itself is refused past the share like any send."""
     size = encoded_size(data)
     type_, payload = contracts.encode(contracts.ChannelEvent(name, op, data, size))
     cost = contracts.entry_bytes(type_, payload)
+    room = ctx.events.known_room(s.account)
+    if room is not None and room < stream_ledger.stored_cost(cost):
+        raise ProtocolError(
+            ErrorCode.QUOTA,
+            f"Redis bound on retained event streams reached: this account has {max(0, room)} bytes of its"
+            f" share left and the channel event takes {stream_ledger.stored_cost(cost)} (the account-wide"
+            " bound on retained event streams; streams are freed when they expire after the run ends)",
+        )
     s.spend_stream_bytes(cost, to_user=False)
     try:
         out = deliver(size)
     except BaseException:
         s.refund_stream_bytes(cost)
         raise
-    ctx.events.publish_encoded(s.run_id, type_, payload)
+    ctx.events.send(s.run_id, s.account, type_, payload)
     return out
 
 

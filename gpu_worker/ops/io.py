@@ -33,8 +33,10 @@ async def finish(ctx: OpContext, s: WorkerSession, args: p.Finish) -> None:
 
 @lip_op(p.SendToUser)
 async def send_to_user(ctx: OpContext, s: WorkerSession, args: p.SendToUser) -> None:
-    """Publish one event to the run's stream, bounded per message (``MAX_MESSAGE_BYTES``, EINVAL)
-    and per run (``limits.max_stream_bytes``, EDQUOT), both counted in bytes as stored."""
+    """Publish one event to the run's stream, bounded per message (``MAX_MESSAGE_BYTES``, EINVAL),
+    per run (the plan's ``stream_bytes_per_run``, EDQUOT), both counted in bytes as stored, and
+    per account across its retained streams (its share of Redis, gpu_worker/stream_ledger.py:
+    EDQUOT, nothing stored). Near that bound the send waits for its event to be stored."""
     data = args.data
     if isinstance(data, str):
         if len(data) > MAX_TEXT_CHARS:
@@ -54,7 +56,13 @@ async def send_to_user(ctx: OpContext, s: WorkerSession, args: p.SendToUser) -> 
     if size > MAX_MESSAGE_BYTES:
         raise bad(f"message of {size} bytes (as JSON, UTF-8) is over the {MAX_MESSAGE_BYTES} one send_to_user may send")
     s.spend_stream_bytes(size)
-    ctx.events.publish_encoded(s.run_id, type_, payload)
+    outcome = ctx.events.send(s.run_id, s.account, type_, payload)
+    if outcome is None:
+        return
+    refusal = await asyncio.wrap_future(outcome)
+    if refusal is not None:
+        s.refund_stream_bytes(size)
+        raise ProtocolError(ErrorCode.QUOTA, refusal.message())
 
 
 @lip_op(p.HttpFetch)

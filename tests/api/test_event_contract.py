@@ -32,7 +32,7 @@ async def _read_all(run_id: str) -> list[contracts.RunEvent]:
 def _publish_and_wait(publisher: EventPublisher, run_id: str, events: list[contracts.RunEvent]) -> None:
     before = publisher.published
     for event in events:
-        publisher.publish(run_id, event)
+        publisher.publish(run_id, "tenant:contract", event)
     until = time.monotonic() + 10
     while publisher.published < before + len(events) and time.monotonic() < until:
         time.sleep(0.01)

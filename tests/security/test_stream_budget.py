@@ -3,7 +3,7 @@ in 1.6 s added 240 MB to Redis, not billed").
 
 A real LIP in gVisor against the real worker and Redis sends big non-ASCII messages: one over
 the per-message cap gets ``InvalidArgument`` naming it, and past the run's stream budget
-(``limits.max_stream_bytes``) ``QuotaExceeded`` naming the limit, with nothing more stored. The
+(the plan's ``stream_bytes_per_run``) ``QuotaExceeded`` naming the limit, with nothing more stored. The
 stream holds what was sent as UTF-8 (not six-byte ``\\uXXXX`` escapes), and the session's usage
 reports the bytes for billing. Another tenant's run streams and succeeds after it. Through the
 whole stack (API, Celery, sandbox, worker) the budget is the plan's ``stream_bytes_per_run``
@@ -76,7 +76,7 @@ def test_send_to_user_is_bounded_per_message_and_per_run_and_metered(lip_runner)
         fits = BUDGET // message_bytes
         assert res.result["sent"] == fits, res.result
         assert "1048576" in res.result["too_big"], res.result["too_big"]
-        assert "max_stream_bytes" in res.result["over_budget"] and str(BUDGET) in res.result["over_budget"]
+        assert "stream_bytes_per_run" in res.result["over_budget"] and str(BUDGET) in res.result["over_budget"]
 
         # Billed: the session's usage counts what was streamed.
         assert run.session_end.usage["streamed_bytes"] == fits * message_bytes
