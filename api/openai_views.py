@@ -31,7 +31,7 @@ from api.authentication import KeyRefused, bearer_key
 from api.models import ApiKey, Run
 from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
 from api.run_events_view import sse_response, stream_entries
-from api.services import openai_compat, run_handoff, server_errors, stream_leases
+from api.services import openai_compat, run_handoff, run_notices, server_errors, stream_leases
 from api.services.openai_compat import (
     CompletionRequest,
     chunk_body,
@@ -110,10 +110,6 @@ def _admit(request: HttpRequest, serializer_class: type) -> tuple[ApiKey, Comple
     return key, _parse(request, serializer_class), plan
 
 
-#: How often a request queued behind its plan's concurrent-run limit tries again.
-QUEUE_POLL_S = 0.25
-
-
 def _start_once(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Run | None:
     """The run, or ``None`` while the tenant is at its concurrent-run limit."""
     try:
@@ -127,20 +123,24 @@ def _start_once(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Run
 async def _start(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Run:
     """Start the run; over the plan's concurrent-run limit the request waits (holding no
     database connection) up to ``SYMPHONY_OPENAI_QUEUE_S`` for a run of its tenant to end, as
-    a serving system queues a burst, then gets a 429 with ``Retry-After``."""
+    a serving system queues a burst, then gets a 429 with ``Retry-After``. It waits on the
+    tenant's ended-run notices (api/services/run_notices.py), trying again once per run that
+    ended (and once at its deadline), never polling the database."""
     deadline = time.monotonic() + settings.SYMPHONY_OPENAI_QUEUE_S
-    while True:
-        run = await db_call(_start_once, key, parsed, plan)
-        if run is not None:
-            return run
-        if time.monotonic() >= deadline:
-            message = (
-                "this API key's tenant already runs as many requests as its plan allows, still after "
-                f"waiting {settings.SYMPHONY_OPENAI_QUEUE_S:g} s: retry later"
-            )
-            body = error_body(message, "rate_limit_error", "rate_limit_exceeded")
-            raise _Refused(429, body, {"Retry-After": "1"})
-        await asyncio.sleep(QUEUE_POLL_S)
+    async with run_notices.ended_runs(key.tenant_id) as ended:
+        while True:
+            run = await db_call(_start_once, key, parsed, plan)
+            if run is not None:
+                return run
+            left = deadline - time.monotonic()
+            if left <= 0:
+                message = (
+                    "this API key's tenant already runs as many requests as its plan allows, still after "
+                    f"waiting {settings.SYMPHONY_OPENAI_QUEUE_S:g} s: retry later"
+                )
+                body = error_body(message, "rate_limit_error", "rate_limit_exceeded")
+                raise _Refused(429, body, {"Retry-After": "1"})
+            await ended.wait(left)
 
 
 async def _finished_run(run: Run) -> Run:

@@ -28,7 +28,7 @@ from api.models import ApiKey, Run, StoredResponse
 from api.openai_views import _abandon, _allow, _key, _key_and_plan, _Refused, _start_leased
 from api.responses_serializers import ResponseCreateSerializer
 from api.run_events_view import sse_response, stream_entries
-from api.services import responses, server_errors, stream_leases
+from api.services import responses, run_notices, server_errors, stream_leases
 from api.services.openai_compat import error_body
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded
 from api.services.responses import Turn
@@ -36,8 +36,6 @@ from gpu_worker import contracts
 from web.body_limit import too_large_body
 
 log = logging.getLogger(__name__)
-
-QUEUE_POLL_S = 0.25
 
 
 def _prepare(request: HttpRequest) -> tuple[ApiKey, Turn, PlanLimits]:
@@ -72,16 +70,21 @@ def _start_once(key: ApiKey, turn: Turn, plan: PlanLimits) -> Turn | None:
 
 
 async def _start(key: ApiKey, turn: Turn, plan: PlanLimits) -> Turn:
-    """As the chat endpoint: over the plan's concurrent-run limit, wait a bounded time."""
+    """As the chat endpoint: over the plan's concurrent-run limit, wait a bounded time on the
+    tenant's ended-run notices (api/services/run_notices.py), trying again once per run that
+    ended, never polling the database."""
     deadline = time.monotonic() + settings.SYMPHONY_OPENAI_QUEUE_S
-    while True:
-        started = await db_call(_start_once, key, turn, plan)
-        if started is not None:
-            return started
-        if time.monotonic() >= deadline:
-            message = "this API key's tenant already runs as many requests as its plan allows: retry later"
-            raise _Refused(429, error_body(message, "rate_limit_error", "rate_limit_exceeded"), {"Retry-After": "1"})
-        await asyncio.sleep(QUEUE_POLL_S)
+    async with run_notices.ended_runs(key.tenant_id) as ended:
+        while True:
+            started = await db_call(_start_once, key, turn, plan)
+            if started is not None:
+                return started
+            left = deadline - time.monotonic()
+            if left <= 0:
+                message = "this API key's tenant already runs as many requests as its plan allows: retry later"
+                body = error_body(message, "rate_limit_error", "rate_limit_exceeded")
+                raise _Refused(429, body, {"Retry-After": "1"})
+            await ended.wait(left)
 
 
 def _finish(turn: Turn) -> tuple[int, dict]:

@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from api import dispatch, redis_client
 from api.models import ApiKey, Program, Run, Tenant, UsageRecord
-from api.services import cancellation, quota_alerts, routing, run_handoff, tool_hosts
+from api.services import cancellation, quota_alerts, routing, run_handoff, run_notices, tool_hosts
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import PlanLimits, check_can_start, lock_account
@@ -98,12 +98,15 @@ def publish_end(run: Run) -> None:
     """The run's closing ``status`` and ``end`` events, and its stream set to expire
     ``SYMPHONY_RUN_EVENTS_RETENTION_S`` later: without that every run's events (up to 10,000
     entries) would stay in Redis for good. The run's row keeps its result and output tails;
-    the event view answers a finished run whose stream is gone from that row (api/run_events_view.py)."""
+    the event view answers a finished run whose stream is gone from that row (api/run_events_view.py).
+    The tenant's ended-run notice (api/services/run_notices.py) goes out with them: what a
+    ``/v1`` request queued behind the tenant's concurrent-run limit waits on."""
     key = contracts.run_stream_key(run.pk)
     pipe = _redis().pipeline(transaction=True)
     for event in closing_events(run):
         pipe.xadd(key, contracts.entry(event), maxlen=contracts.STREAM_MAXLEN, approximate=True)
     pipe.expire(key, settings.SYMPHONY_RUN_EVENTS_RETENTION_S)
+    pipe.publish(run_notices.channel(run.tenant_id), str(run.pk))
     pipe.execute()
 
 
