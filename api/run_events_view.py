@@ -10,8 +10,12 @@ While Redis is unreachable (a restart, a failover) the stream stays open with ke
 reconnects for up to ``REDIS_RETRY_S``, continuing after the last entry it sent; past that it
 closes without ``end`` and the client resumes with Last-Event-ID.
 
-A finished run's stream is replayed without blocking, read from Redis in pages of
-``REPLAY_PAGE`` entries: what is after Last-Event-ID up to its ``end``, then closed. A client
+A finished run's stream is replayed without blocking, read from Redis in pages of at most
+``replay_memory.PAGE_BYTES`` (1 MiB; one entry may pass it), each sent before the next is read:
+what is after Last-Event-ID up to its ``end``, then closed. A replay holds a slot of the web
+process's replay memory (api/services/replay_memory.py, a share per account; past it 429
+``throttled`` with ``Retry-After``) and is stopped, freeing it, when its client takes nothing for
+``SYMPHONY_REPLAY_STALL_S``. A client
 resuming after it already had the ``end`` gets 204 (an EventSource stops reconnecting on 204).
 Streams expire ``SYMPHONY_RUN_EVENTS_RETENTION_S`` after the run ends (api/services/runs.py);
 a finished run whose stream is gone, or whose ``end`` is not in Redis yet, gets ``status`` and
@@ -43,7 +47,7 @@ from api import redis_client
 from api.asyncdb import db_call
 from api.authentication import KeyRefused, bearer_key
 from api.models import Run, Tenant
-from api.services import stream_leases
+from api.services import replay_memory, stream_leases
 from api.services.quotas import plan_limits
 from api.services.runs import closing_events
 from api.tenancy import active_tenant
@@ -61,10 +65,27 @@ MAX_ID_PART = 2**64 - 1
 #: How far back from a finished stream's tail its ``end`` is looked for (late entries of the
 #: worker may follow the ``end`` the executor wrote).
 END_LOOKBACK = 64
-#: Entries per round trip of a tail lookback and of a replay: an entry may be up to 1 MiB, and a
-#: stream 10,000 entries; read whole, one replay grew the web process by hundreds of MB.
+#: Entries per round trip of a tail lookback: an entry may be up to 1 MiB, and a stream 10,000
+#: entries; read whole, one replay grew the web process by hundreds of MB.
 LOOKBACK_PAGE = 8
-REPLAY_PAGE = 100
+#: Most entries in one replay page (its bytes are bounded by ``replay_memory.PAGE_BYTES``).
+REPLAY_MAX_ENTRIES = 512
+#: KEYS[1] the stream; ARGV: after (an exclusive ``(id``), until, most entries, most bytes.
+#: The entries after ``after`` up to ``until`` until their values reach the bytes (XRANGE's
+#: COUNT counts entries, and 100 entries of 1 MiB were one page of 100 MB in the web process).
+_PAGE = """
+local out, bytes, start = {}, 0, ARGV[1]
+for i = 1, tonumber(ARGV[3]) do
+  local found = redis.call('XRANGE', KEYS[1], start, ARGV[2], 'COUNT', 1)
+  if #found == 0 then break end
+  out[#out + 1] = found[1]
+  local fields = found[1][2]
+  for j = 2, #fields, 2 do bytes = bytes + #fields[j] end
+  start = '(' .. found[1][1]
+  if bytes >= tonumber(ARGV[4]) then break end
+end
+return out
+"""
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
@@ -114,6 +135,7 @@ def _caller(request: HttpRequest) -> Tenant | None:
 @dataclass(frozen=True)
 class _Admitted:
     tenant_id: int
+    account: str
     stream_cap: int
     run_status: str
 
@@ -127,7 +149,7 @@ def _admit(request: HttpRequest, run_id: uuid.UUID) -> _Admitted:
     status = Run.objects.filter(pk=run_id, tenant=tenant).values_list("status", flat=True).first()
     if status is None:
         raise _Refused(404, "not_found", "no such run")
-    return _Admitted(tenant.pk, plan_limits(tenant).max_concurrent_streams, status)
+    return _Admitted(tenant.pk, tenant.account_key, plan_limits(tenant).max_concurrent_streams, status)
 
 
 def parse_event_id(raw: str) -> tuple[int, int]:
@@ -235,17 +257,24 @@ async def _end_of(client: aioredis.Redis, key: str) -> StreamEntry | None:
 
 
 async def entry_pages(
-    client: aioredis.Redis, key: str, after: str, until: str = "+", page: int = REPLAY_PAGE
+    client: aioredis.Redis,
+    key: str,
+    after: str,
+    until: str = "+",
+    max_entries: int = REPLAY_MAX_ENTRIES,
+    max_bytes: int = replay_memory.PAGE_BYTES,
 ) -> AsyncIterator[list[StreamEntry]]:
-    """The entries of ``key`` after ``after`` up to and including ``until``, ``page`` per round
-    trip: a replay holds one page in memory, never the whole stream."""
+    """The entries of ``key`` after ``after`` up to and including ``until``, a page per round
+    trip of at most ``max_entries`` whose values stop at ``max_bytes`` (the entry that reaches
+    it included): a replay holds one page in memory, never the whole stream."""
     while True:
-        batch = await client.xrange(key, min=f"({after}", max=until, count=page)
-        if batch:
-            entries = [_decode(i, f) for i, f in batch]
-            yield entries
-            after = entries[-1].id
-        if len(batch) < page or after == until:
+        batch = await client.eval(_PAGE, 1, key, f"({after}", until, max_entries, max_bytes)
+        if not batch:
+            return
+        entries = [_decode(i, dict(zip(f[::2], f[1::2], strict=True))) for i, f in batch]
+        yield entries
+        after = entries[-1].id
+        if after == until:
             return
 
 
@@ -280,18 +309,57 @@ async def _replay(run_id: uuid.UUID, last_id: str, until: str) -> AsyncIterator[
             yield _sse(entry)
 
 
-async def _leased(lease: stream_leases.Lease, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """``events``, giving the tenant's stream slot back when they end or the client leaves.
+async def _leased(
+    lease: stream_leases.Lease,
+    events: AsyncIterator[bytes],
+    slot: replay_memory.Slot | None = None,
+    stall_s: float | None = None,
+) -> AsyncIterator[bytes]:
+    """``events``, giving the tenant's stream slot (and a replay's memory ``slot``) back when
+    they end or the client leaves, or, with ``stall_s``, when the client has not taken the last
+    event for that long.
 
     Generators are closed explicitly (``aclosing``): when the client leaves, Django closes only
     the outermost one, and an inner one left open would keep its Redis connection until the
-    garbage collector found it."""
+    garbage collector found it.
+
+    Why ``stall_s``: a client that stops reading leaves the server's send waiting for good, and
+    the replay with it, holding its page, its replay memory and its lease while the connection
+    stays open. A watchdog task gives both slots back itself (the sending task, once cancelled,
+    cannot be relied on to reach Redis) and cancels the task sending the response: Django then
+    closes the generators, freeing the page, and the server closes the connection."""
+    loop = asyncio.get_running_loop()
+    sender = asyncio.current_task()
+    waiting_since: list[float | None] = [None]
+
+    async def watch(stall: float) -> None:
+        while True:
+            await asyncio.sleep(stall / 4)
+            since = waiting_since[0]
+            if since is not None and loop.time() - since > stall:
+                log.info("event=replay_stalled tenant=%s stall_s=%g", lease.tenant_id, stall)
+                if slot is not None:
+                    slot.release()
+                await lease.release()
+                if sender is not None:
+                    sender.cancel()
+                return
+
     lease.keep_alive()
+    if slot is not None:
+        slot.started()
+    watchdog = None if stall_s is None else asyncio.create_task(watch(stall_s))
     try:
         async with aclosing(events):
             async for chunk in events:
+                waiting_since[0] = loop.time()
                 yield chunk
+                waiting_since[0] = None
     finally:
+        if watchdog is not None:
+            watchdog.cancel()
+        if slot is not None:
+            slot.release()
         await lease.release()
 
 
@@ -324,16 +392,29 @@ async def run_events(request: HttpRequest, run_id: uuid.UUID):
         lease = await stream_leases.acquire(admitted.tenant_id, admitted.stream_cap)
     except stream_leases.StreamLimitReached as refused:
         return _throttled_stream(refused)
+    slot = None
     try:
         if admitted.run_status in Run.TERMINAL:
             had_end, until = await finished_end(run_id, last_id)
             if had_end:
                 await lease.release()
                 return HttpResponse(status=204)  # had the end already; EventSource stops on 204
+            slot = replay_memory.take(admitted.account)
             events = _replay(run_id, last_id, until)
         else:
             events = _stream(run_id, last_id)
+    except replay_memory.ReplayMemoryFull as full:
+        await lease.release()
+        response = JsonResponse(
+            {"error": {"code": "throttled", "message": str(full), "detail": {"retry_after": full.retry_after}}},
+            status=429,
+        )
+        response["Retry-After"] = str(full.retry_after)
+        return response
     except BaseException:
+        if slot is not None:
+            slot.release()
         await lease.release()
         raise
-    return sse_response(_leased(lease, events))
+    stall_s = None if slot is None else settings.SYMPHONY_REPLAY_STALL_S
+    return sse_response(_leased(lease, events, slot, stall_s))

@@ -204,6 +204,25 @@ SYMPHONY_RUN_OUTPUT_KEEP_BYTES = int(os.environ.get("SYMPHONY_RUN_OUTPUT_KEEP_BY
 #: console's live view of a finished run); afterwards its events endpoint sends the closing
 #: status and end from the run's row.
 SYMPHONY_RUN_EVENTS_RETENTION_S = int(os.environ.get("SYMPHONY_RUN_EVENTS_RETENTION_S", str(24 * 3600)))
+
+
+def _process_memory_bytes() -> int:
+    """The memory this process may use: its cgroup's limit when it has one, else the machine's."""
+    try:
+        raw = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if raw != "max":
+            return int(raw)
+    except (OSError, ValueError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+#: Bytes of this web process's memory that replays of finished runs' event streams may hold,
+#: all together (api/services/replay_memory.py: each account gets a share): 1/16 of what the
+#: process may use unless set.
+SYMPHONY_REPLAY_MEMORY_BYTES = int(os.environ.get("SYMPHONY_REPLAY_MEMORY_BYTES") or _process_memory_bytes() // 16)
+#: A replay whose client takes nothing for this long is stopped (its slot and memory freed).
+SYMPHONY_REPLAY_STALL_S = float(os.environ.get("SYMPHONY_REPLAY_STALL_S", "10"))
 #: Event streams one tenant may hold open at once, unless its plan sets
 #: ``max_concurrent_streams`` (api/services/stream_leases.py); past it a 429 with Retry-After.
 SYMPHONY_STREAMS_PER_TENANT = int(os.environ.get("SYMPHONY_STREAMS_PER_TENANT", "32"))

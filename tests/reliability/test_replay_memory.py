@@ -38,7 +38,9 @@ def _pages(key: str, after: str, until: str = "+", page: int = 100) -> list[list
     async def read() -> list[list[str]]:
         client = aioredis.Redis.from_url(settings.REDIS_URL)
         try:
-            return [[e.id for e in entries] async for entries in entry_pages(client, key, after, until, page)]
+            return [
+                [e.id for e in entries] async for entries in entry_pages(client, key, after, until, max_entries=page)
+            ]
         finally:
             await client.aclose()
 
