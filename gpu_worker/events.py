@@ -44,6 +44,8 @@ RETRY_FOR_S = 30.0
 #: is within this much of the event: room known from an earlier reply may be stale by what
 #: other workers added meanwhile.
 SYNC_MARGIN_BYTES = 4 * 1024 * 1024
+#: Accounts whose room the publisher remembers (a bound on its memory, not on anyone's sends).
+MAX_KNOWN_ACCOUNTS = 4096
 
 
 @dataclass
@@ -233,7 +235,9 @@ class EventPublisher:
             n = stream_ledger.REPLY_FIELDS
             stored, held, limit, accounts, free = replies[n * i : n * i + n]
             with self._lock:
-                self._pending[event.account] = max(0, self._pending.get(event.account, 0) - event.cost)
+                self._unpend(event)
+                if len(self._room) >= MAX_KNOWN_ACCOUNTS and event.account not in self._room:
+                    self._room.clear()  # forgotten rooms only make the next sends wait once
                 self._room[event.account] = min(limit - held, free)
             refusal = None
             if stored:
@@ -252,11 +256,19 @@ class EventPublisher:
             if event.outcome is not None:
                 event.outcome.set_result(refusal)
 
+    def _unpend(self, event: _Event) -> None:
+        """``event`` is no longer queued (call with the lock held)."""
+        left = self._pending.get(event.account, 0) - event.cost
+        if left > 0:
+            self._pending[event.account] = left
+        else:
+            self._pending.pop(event.account, None)
+
     def _dropped(self, events: list[_Event]) -> None:
         self.dropped += len(events)
         for event in events:
             with self._lock:
-                self._pending[event.account] = max(0, self._pending.get(event.account, 0) - event.cost)
+                self._unpend(event)
             if event.outcome is not None:
                 event.outcome.set_result(None)
 
