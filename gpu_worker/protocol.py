@@ -118,12 +118,25 @@ class ProtocolError(Exception):
 
     code: str
     message: str
+    #: Which case of ``code`` this is, where a client must tell them apart (``ErrorReason``).
+    reason: str | None = None
 
     def __str__(self) -> str:
         return f"{self.code}: {self.message}"
 
     def to_wire(self) -> dict[str, str]:
-        return {"code": self.code, "message": self.message}
+        wire = {"code": self.code, "message": self.message}
+        if self.reason is not None:
+            wire["reason"] = self.reason
+        return wire
+
+
+class ErrorReason:
+    """``err.reason``: a case of a code that a program handles apart (the SDK raises a subclass)."""
+
+    #: ENOSPC of the worker's shared device KV pool (the account's bound, or the pool full):
+    #: load, not the request, so a retry later may succeed (gpu_worker/kvfs/accounts.py).
+    KV_POOL_FULL = "kv_pool_full"
 
 
 # --- framing ------------------------------------------------------------------------------
@@ -259,7 +272,16 @@ def parse_reply(msg: Any) -> tuple[int | None, Any, ProtocolError | None]:
         raise ProtocolError(ErrorCode.BAD_FRAME, "reply must be a map with an id")
     if "err" in msg:
         err = msg["err"] if isinstance(msg["err"], dict) else {}
-        return msg["id"], None, ProtocolError(str(err.get("code", ErrorCode.INTERNAL)), str(err.get("message", "")))
+        reason = err.get("reason")
+        return (
+            msg["id"],
+            None,
+            ProtocolError(
+                str(err.get("code", ErrorCode.INTERNAL)),
+                str(err.get("message", "")),
+                reason[:64] if isinstance(reason, str) else None,
+            ),
+        )
     return msg["id"], msg.get("ok"), None
 
 

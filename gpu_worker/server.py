@@ -221,8 +221,9 @@ class Worker:
                 ErrorCode.BUSY, f"worker has {len(self.sessions)} sessions (limit {self.config.max_sessions})"
             )
         st = self.kvfs.stats()
-        cap = parsed.page_cap(self.kvfs.page_bytes)
-        if cap is not None and cap < 1:
+        # Never above what one account may hold of the pool (gpu_worker/kvfs/accounts.py).
+        cap = self.kvfs.shares.pool.clamp(parsed.page_cap(self.kvfs.page_bytes))
+        if cap < 1:
             raise ProtocolError(ErrorCode.BAD_ARGS, "limits allow no KV page at all")
         # Idle unpinned named files are spilled for the new run, so they count as room.
         if (
@@ -233,7 +234,7 @@ class Worker:
         sid = "s-" + secrets.token_hex(8)
         path = str(Path(self.config.sessions_dir) / f"{sid}.sock")
         s = WorkerSession(sid, tenant, run_id, parsed, path, self.config.max_dists_per_session, tree=tree or "")
-        await self.kv(self.kvfs.set_session_limit, s.owner, cap)
+        await self.kv(partial(self.kvfs.set_session_limit, account=s.account, weight=parsed.weight), s.owner, cap)
         await self.kv(self.kvfs.set_tenant_quota, tenant, parsed.quota)
         s.server = await asyncio.start_unix_server(partial(self._serve, s), path=path, limit=READ_BUFFER_BYTES)
         # The sandbox's non-root user connects through the bind mount; the token guards it.

@@ -12,6 +12,7 @@ from gpu_worker.kvfs.errors import (
     NoSpace,
     NotFound,
     PermissionDenied,
+    PoolFull,
     QuotaExceeded,
     StoreFull,
 )
@@ -39,6 +40,7 @@ __all__ = [
     "Owner",
     "PageIO",
     "PermissionDenied",
+    "PoolFull",
     "QuotaExceeded",
     "S3KVStore",
     "StoreFull",

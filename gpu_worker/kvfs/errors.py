@@ -24,6 +24,12 @@ class NoSpace(KVFSError):
     """No room: device pages, a session's page cap, or host memory."""
 
 
+class PoolFull(NoSpace):
+    """The worker's device page pool gives no more pages to this account now: it holds its
+    bound of the pool (gpu_worker/kvfs/accounts.py) or the pool is full. Unlike the run's own
+    page cap or the model's context, it is about load, not the request: retrying later may work."""
+
+
 class StoreFull(NoSpace):
     """The KV store (disk) has no room for a file's bytes; the previous copy is left intact."""
 

@@ -26,7 +26,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NoSpace, NotFound, QuotaExceeded
+from gpu_worker.kvfs.accounts import Accounts, DeviceShares
+from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NoSpace, NotFound, PoolFull, QuotaExceeded
 from gpu_worker.kvfs.files import (
     DEVICE,
     DISK,
@@ -167,6 +168,9 @@ class KVFS:
         self._on_release = on_release
         self._session_limits: dict[Owner, int] = {}
         self._tenant_quotas: dict[str, TenantQuota] = {}
+        #: Per-account bounds on the device pool (gpu_worker/kvfs/accounts.py).
+        self.accounts = Accounts()
+        self.shares = DeviceShares(self.alloc.usable, self.accounts, self.alloc.tenant_pages)
 
     # ----------------------------------------------------------------- handles and files
     def _new_handle(self, owner: Owner, file: KVFile) -> int:
@@ -460,12 +464,19 @@ class KVFS:
         return len(written)
 
     @_locked
-    def set_session_limit(self, owner: Owner, max_pages: int | None) -> None:
-        """Cap the device pages a session's open files may hold (the run's ``max_pages``)."""
-        if max_pages is None:
+    def set_session_limit(
+        self, owner: Owner, max_pages: int | None, *, account: str | None = None, weight: float = 1.0
+    ) -> None:
+        """Open a session's account of the device pool: cap the pages its open files may hold
+        (the run's ``max_pages``, never above the pool's ceiling; ``None``: the ceiling alone
+        bounds it, through its account), count its tenant against ``account`` (``None``: the
+        tenant alone) and make that account active, with ``weight``, until :meth:`close_session`."""
+        self.accounts.join(owner, account, weight)
+        if max_pages is None or max_pages >= self.shares.pool.ceiling:
+            # The account's bound is this one too, and its refusal names the pool's bound.
             self._session_limits.pop(owner, None)
         else:
-            self._session_limits[owner] = max_pages
+            self._session_limits[owner] = self.shares.pool.clamp(max_pages)
 
     @_locked
     def set_tenant_quota(self, tenant: str, quota: TenantQuota | None) -> None:
@@ -521,6 +532,7 @@ class KVFS:
         with self._lock:
             flushes = [self._close(owner, handle.hid) for handle in self._handles.of_session(owner)]
             self._session_limits.pop(owner, None)
+            self.accounts.leave(owner)
         self._write_through([f for f in flushes if f is not None])
 
     @_locked
@@ -790,8 +802,9 @@ class KVFS:
     def _stored_bytes(self, tenant: str) -> int:
         return sum(f.n_pages for (t, _), f in self._named.items() if t == tenant) * self.page_bytes
 
-    def _evictable(self, tenant: str | None = None) -> list[KVFile]:
-        """Idle, unpinned, device-resident named files, least recently used first."""
+    def _evictable(self, tenant: str | None = None, tenants: Sequence[str] | None = None) -> list[KVFile]:
+        """Idle, unpinned, device-resident named files (of ``tenant`` / ``tenants`` where
+        given), least recently used first."""
         files = [
             f
             for f in self._named.values()
@@ -801,6 +814,7 @@ class KVFS:
             and not f.handles
             and not f.plan_pending
             and (tenant is None or f.tenant == tenant)
+            and (tenants is None or f.tenant in tenants)
         ]
         return sorted(files, key=lambda f: f.use_seq)
 
@@ -858,36 +872,83 @@ class KVFS:
             self.tiers.to_disk(file)
 
     def _reserve(self, tenant: str, n: int) -> None:
-        """Make ``n`` pages allocatable for ``tenant``, or raise ENOSPC: cached-only prefix pages
-        first (least recently used first), then idle named files by LRU spill (a spilled file's
-        indexed pages become cached-only, so each spill is followed by a reclaim)."""
+        """Make ``n`` pages allocatable for ``tenant``, or raise ENOSPC: within the tenant's
+        budget (if configured), within its account's bounds (gpu_worker/kvfs/accounts.py), then
+        from the free pages, reclaiming cached-only prefix pages first (least recently used
+        first) and then spilling idle named files by LRU (a spilled file's indexed pages become
+        cached-only, so each spill is followed by a reclaim). Whose files may be spilled is the
+        account bounds' to say (:meth:`_victims`)."""
         budget = self.limits.device_pages_per_tenant
-
-        def over_budget() -> int:
-            return 0 if budget is None else self.alloc.tenant_pages(tenant) + n - budget
-
-        if over_budget() > 0:
-            # Cached-only pages are no file's, so they never make a tenant hit its bound.
-            self._reclaim_cached(over_budget(), tenant)
-            for victim in self._evictable(tenant):
-                if over_budget() <= 0:
-                    break
-                self._spill(victim)
-                self._reclaim_cached(over_budget(), tenant)
-            if over_budget() > 0:
-                raise NoSpace(
+        if budget is not None:
+            self._make_room(lambda: self.alloc.tenant_pages(tenant) + n - budget, [tenant], self._evictable(tenant))
+            if self.alloc.tenant_pages(tenant) + n > budget:
+                raise PoolFull(
                     f"device KV page budget of tenant exceeded: {self.alloc.tenant_pages(tenant)} held "
                     f"+ {n} needed > {budget} pages"
                 )
+        account = self.accounts.of(tenant)
+        if n <= 0 or not self.accounts.bounded(tenant):
+            self._reserve_free(account, n, self.accounts.bounded(tenant))
+            return
+        own = self.accounts.tenants(account)
+        ceiling = self.shares.pool.ceiling
+        self._make_room(lambda: self.shares.held(account) + n - ceiling, own, self._evictable(tenants=own))
+        if self.shares.held(account) + n > ceiling:
+            raise PoolFull(f"device KV pages: {n} more refused; {self.shares.describe(account)}")
+        if self.shares.over_share(account, n):
+            # Above its share while others are active: only what keeps the reserve free for them.
+            keep = self.shares.pool.reserve
+            self._make_room(
+                lambda: keep + n - self.alloc.free_count if self.shares.over_share(account, n) else 0,
+                own,
+                self._evictable(tenants=own),
+            )
+            if self.shares.over_share(account, n) and self.alloc.free_count - n < keep:
+                raise PoolFull(f"device KV pages: {n} more refused; {self.shares.describe(account)}")
+        self._reserve_free(account, n)
+
+    def _reserve_free(self, account: str, n: int, bounded: bool = True) -> None:
+        """Make ``n`` pages free for ``account``, reclaiming and spilling what :meth:`_victims`
+        allows, or raise ENOSPC."""
+        own = self.accounts.tenants(account)
         if self.alloc.free_count < n:
-            self._reclaim_cached(n - self.alloc.free_count)
-            for victim in self._evictable():
-                if self.alloc.free_count >= n:
-                    break
-                self._spill(victim)
-                self._reclaim_cached(n - self.alloc.free_count)
+            victims = self._victims(account)
+            cached = None if self.shares.over_share(account, n) else [None]
+            self._make_room(lambda: n - self.alloc.free_count, [*own, *(cached or [])], victims)
             if self.alloc.free_count < n:
-                raise NoSpace(f"KV cache full: {n} pages needed, {self.alloc.free_count} free")
+                why = f"; {self.shares.describe(account)}" if bounded else ""
+                raise PoolFull(f"KV cache full: {n} pages needed, {self.alloc.free_count} free{why}")
+
+    def _make_room(self, short: Callable[[], int], cached_of: Sequence[str | None], victims: Sequence[KVFile]) -> None:
+        """While ``short()`` pages are missing: reclaim the cached-only prefix pages of
+        ``cached_of`` (``None``: anyone's), then spill ``victims`` in order, reclaiming after each."""
+        for tenant in cached_of:
+            self._reclaim_cached(short(), tenant)
+        for victim in victims:
+            if short() <= 0:
+                return
+            if victim.residency != DEVICE or not victim.pages:
+                continue  # spilled by an earlier step of the same reserve
+            self._spill(victim)
+            for tenant in cached_of:
+                self._reclaim_cached(short(), tenant)
+
+    def _victims(self, account: str) -> list[KVFile]:
+        """Idle unpinned device files that may be spilled for ``account``, each group least
+        recently used first. For an account within its fair share: first those of the active
+        accounts above theirs, then everyone's (plain LRU, also when no other account is
+        active). For an account above its share: only its own, then those of accounts with no
+        live session; it never makes room by spilling an active account's files."""
+        files = self._evictable()
+        if not self.shares.contended(account):
+            return files
+        active = self.accounts.active_weights()
+        if self.shares.over_share(account):
+            own = [f for f in files if self.accounts.of(f.tenant) == account]
+            return own + [f for f in files if self.accounts.of(f.tenant) not in active]
+        over = {a for a in active if a != account and self.shares.over_share(a)}
+        first = [f for f in files if self.accounts.of(f.tenant) in over]
+        return first + [f for f in files if self.accounts.of(f.tenant) not in over]
 
     @_locked
     def reclaimable_pages(self) -> int:
@@ -1066,21 +1127,32 @@ class KVFS:
     @_locked
     def live_usage(self, owners: Sequence[Owner]) -> list[tuple[dict[str, int], int]]:
         """Per session: the fields of its live ``kv`` event and the distinct device pages it
-        holds (what page-seconds are metered on). One call for every live session, so the
-        worker's tick takes the lock and the file system's totals once, not twice per session."""
-        st = self.stats()
+        holds (what page-seconds are metered on). The event tells a run only about itself and
+        its own tenant: the pages it holds, its tenant's device and host pages, its tokens.
+        Worker-wide totals would show every other tenant's prompt sizes as they come and go;
+        staff read those from /api/v1/admin/workers and /metrics. One call for every live
+        session, so the worker's tick takes the lock once, not twice per session."""
+        host = self._host_pages_per_tenant()
         out = []
         for owner in owners:
             pages, tokens = self._held(owner)
             event = {
-                "device_pages": st.used_pages,
-                "host_pages": st.host_pages,
-                "disk_pages": st.disk_pages,
-                "tenant_device_pages": st.pages_per_tenant.get(owner.tenant, 0),
+                "run_pages": len(pages),
+                "tenant_device_pages": self.alloc.tenant_pages(owner.tenant),
+                "tenant_host_pages": host.get(owner.tenant, 0),
                 "tokens": tokens,
             }
             out.append((event, len(pages)))
         return out
+
+    def _host_pages_per_tenant(self) -> Counter[str]:
+        """Host-memory pages per tenant: spilled and swapped files, and clean copies (lock held)."""
+        files = {id(h.file): h.file for h in self._handles.all()}
+        files.update({id(f): f for f in self._named.values()})
+        held: Counter[str] = Counter()
+        for f in files.values():
+            held[f.tenant] += self._host_held(f)
+        return held
 
     @_locked
     def list_files(self, tenant: str | None = None) -> list[KVFileInfo]:

@@ -7,7 +7,7 @@ import logging
 
 from gpu_worker import kvfs, scheduler
 from gpu_worker.kvfs.lease import LeaseLost, StoreUnavailable
-from gpu_worker.protocol import ErrorCode, ProtocolError
+from gpu_worker.protocol import ErrorCode, ErrorReason, ProtocolError
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,8 @@ def wire_error(exc: BaseException, op: str, session_id: str) -> ProtocolError:
     INTERNAL without details."""
     if isinstance(exc, ProtocolError):
         return exc
+    if isinstance(exc, kvfs.PoolFull):
+        return ProtocolError(ErrorCode.NO_SPACE, exc.message, ErrorReason.KV_POOL_FULL)
     for cls, code in _CODES:
         if isinstance(exc, cls):
             return ProtocolError(code, getattr(exc, "message", str(exc)))

@@ -183,7 +183,7 @@ class Connection:
         except (_EndOfStream, OSError):
             raise ConnectionLost("worker closed the connection during hello", op="hello") from None
         if error is not None:
-            raise from_wire(error.code, error.message, "hello")
+            raise from_wire(error.code, error.message, "hello", error.reason)
         reply = protocol.HelloReply.from_wire(value)
         self.info = SessionInfo(
             session_id=reply.session_id,
@@ -474,10 +474,10 @@ class Connection:
                 # An error the worker could not tie to a request (a frame it could not read, a
                 # limit of the connection): no reply to any call in flight can be trusted to come,
                 # so each fails with it now instead of hanging until the run's deadline.
-                self._unsolicited = from_wire(err.code, err.message)
+                self._unsolicited = from_wire(err.code, err.message, reason=err.reason)
                 self._fail_all(self._unsolicited)
             return
-        call.complete(value, from_wire(err.code, err.message, call.op) if err is not None else None)
+        call.complete(value, from_wire(err.code, err.message, call.op, err.reason) if err is not None else None)
 
     def _start_reader(self) -> None:
         with self._reader_lock:

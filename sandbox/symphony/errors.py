@@ -86,6 +86,14 @@ class ChannelFull(NoSpace):
     reason = "channel_full"
 
 
+class KVPoolFull(NoSpace):
+    """The worker's device KV pool gives this account no more pages now: it holds its bound of
+    the pool, or the pool is full (``kv_pool_full``). Load, not the request: retry later."""
+
+    code = ErrorCode.NO_SPACE
+    reason = protocol.ErrorReason.KV_POOL_FULL
+
+
 class MessageTooLarge(InvalidArgument):
     """One channel message over ``MAX_CHANNEL_MESSAGE_BYTES`` as JSON (``message_too_large``)."""
 
@@ -159,9 +167,13 @@ _BY_CODE: dict[str, type[SymphonyError]] = {
 }
 
 
-def from_wire(code: str, message: str, op: str | None = None) -> SymphonyError:
+#: Cases of a code a program handles apart (``err.reason``), each a subclass of the code's class.
+_BY_REASON: dict[tuple[str, str], type[SymphonyError]] = {(KVPoolFull.code, KVPoolFull.reason): KVPoolFull}
+
+
+def from_wire(code: str, message: str, op: str | None = None, reason: str | None = None) -> SymphonyError:
     """The exception for an error reply; unknown codes become a plain :class:`SymphonyError`."""
-    cls = _BY_CODE.get(code)
+    cls = _BY_REASON.get((code, reason or "")) or _BY_CODE.get(code)
     if cls is None:
         return SymphonyError(message, code=code, op=op)
     return cls(message, op=op)
