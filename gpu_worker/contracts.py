@@ -72,22 +72,21 @@ class MessageEvent:
 @dataclass(frozen=True)
 class KvEvent:
     """The run's KV usage, published by the worker on a tick while it changes and once at the
-    session's end: the worker's pages per tier, the tenant's device pages and the tokens this
-    session's files hold."""
+    session's end: the device pages this run's files hold (what its page-seconds bill), its
+    tenant's own pages on device and in host memory, and the tokens this run's files hold.
+    Nothing of other tenants: worker-wide totals are for staff (the admin workers view, /metrics)."""
 
     TYPE: ClassVar[str] = "kv"
-    device_pages: int
-    host_pages: int
-    disk_pages: int
+    run_pages: int
     tenant_device_pages: int
+    tenant_host_pages: int
     tokens: int
 
     def fields(self) -> dict[str, Any]:
         return {
-            "device_pages": self.device_pages,
-            "host_pages": self.host_pages,
-            "disk_pages": self.disk_pages,
+            "run_pages": self.run_pages,
             "tenant_device_pages": self.tenant_device_pages,
+            "tenant_host_pages": self.tenant_host_pages,
             "tokens": self.tokens,
         }
 

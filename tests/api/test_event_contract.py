@@ -45,7 +45,7 @@ def test_every_event_the_worker_and_executor_write_decodes_with_the_api_reader(w
     worker_side = [
         TokenEvent("Grüße "),
         MessageEvent({"index": 0, "delta": "🎼"}),
-        KvEvent(device_pages=40, host_pages=8, disk_pages=2, tenant_device_pages=6, tokens=512),
+        KvEvent(run_pages=6, tenant_device_pages=40, tenant_host_pages=8, tokens=512),
         ChannelEvent("votes", "send", {"agent": 1}, 11),
     ]
     publisher = EventPublisher(settings.REDIS_URL)

@@ -362,10 +362,9 @@ def _publish_run(run_id: str, ready_file, stop: threading.Event) -> None:
         publish_event(
             run_id,
             KvEvent(
-                device_pages=40 + 3 * i,
-                host_pages=8 + i // 3,
-                disk_pages=2,
-                tenant_device_pages=6 + i,
+                run_pages=6 + i,
+                tenant_device_pages=40 + 3 * i,
+                tenant_host_pages=8 + i // 3,
                 tokens=5 + i,
             ),
         )

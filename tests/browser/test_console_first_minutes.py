@@ -124,7 +124,7 @@ def _stream_then_record(run_id: str, ready: Path, cancelled: Path, stdout: str, 
         publish_event(run_id, TokenEvent(f" w{i}"))
         publish_event(
             run_id,
-            KvEvent(device_pages=10 + i, host_pages=2, disk_pages=0, tenant_device_pages=3 + i, tokens=5 + i),
+            KvEvent(run_pages=3 + i, tenant_device_pages=10 + i, tenant_host_pages=2, tokens=5 + i),
         )
         i += 1
         time.sleep(0.15)

@@ -15,7 +15,7 @@ EVERY_EVENT = [
     TokenEvent("Grüße 🎼"),
     MessageEvent({"index": 1, "delta": "é", "nested": [1, None, True]}),
     MessageEvent(7),
-    KvEvent(device_pages=40, host_pages=8, disk_pages=2, tenant_device_pages=6, tokens=512),
+    KvEvent(run_pages=6, tenant_device_pages=40, tenant_host_pages=8, tokens=512),
     StatusEvent("running"),
     StatusEvent("failed", "deadline passed"),
     EndEvent("succeeded", {"answer": 42}),

@@ -258,13 +258,7 @@ def test_session_page_limit_and_snapshot(tmp_path):
     other = fs.create(A2)  # another session of the same tenant is not limited by A's cap
     append(fs, io, A2, other, list(range(3 * BLOCK)))
     (event, pages), (_, other_pages) = fs.live_usage([A, A2])
-    assert event == {
-        "device_pages": 5,
-        "host_pages": 0,
-        "disk_pages": 0,
-        "tenant_device_pages": 5,
-        "tokens": 2 * BLOCK,
-    }
+    assert event == {"run_pages": 2, "tenant_device_pages": 5, "tenant_host_pages": 0, "tokens": 2 * BLOCK}
     assert (pages, other_pages) == (2, 3) and fs.live_usage([]) == []
     fs.close_session(A)
     h = fs.create(A)

@@ -2,9 +2,10 @@ import type { KVSample } from "../lib/runEvents";
 import { LineChart } from "./LineChart";
 import { Empty } from "./Status";
 
-export const KV_COLORS = { device: "#2563eb", host: "#d97706", disk: "#7c3aed", tenant: "#059669" };
+export const KV_COLORS = { run: "#2563eb", tenant: "#059669", host: "#d97706" };
 
-/** Live KV pages of the worker (device/host/disk) and of this tenant, from `kv` events. */
+/** Live KV pages of this run and of its tenant (device/host), from `kv` events; the worker's
+ * totals are other tenants' business and never reach a run's stream. */
 export function KVUsagePanel({ samples, origin, live }: { samples: KVSample[]; origin: number; live: boolean }) {
   const last = samples[samples.length - 1];
   return (
@@ -23,10 +24,9 @@ export function KVUsagePanel({ samples, origin, live }: { samples: KVSample[]; o
             xLabel="seconds since the run started"
             xFormat={(x) => `${x.toFixed(x < 10 ? 1 : 0)} s`}
             series={[
-              { key: "device", label: "Device pages", color: KV_COLORS.device, values: samples.map((s) => s.device_pages) },
-              { key: "host", label: "Host pages", color: KV_COLORS.host, values: samples.map((s) => s.host_pages) },
-              { key: "disk", label: "Disk pages", color: KV_COLORS.disk, values: samples.map((s) => s.disk_pages) },
+              { key: "run", label: "This run's pages", color: KV_COLORS.run, values: samples.map((s) => s.run_pages) },
               { key: "tenant", label: "This tenant on device", color: KV_COLORS.tenant, values: samples.map((s) => s.tenant_device_pages) },
+              { key: "host", label: "This tenant in host memory", color: KV_COLORS.host, values: samples.map((s) => s.tenant_host_pages) },
             ]}
           />
           <p className="muted" data-testid="kv-latest">

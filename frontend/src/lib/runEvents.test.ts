@@ -16,10 +16,10 @@ describe("reduceRunEvent", () => {
   it("records kv samples with every tier and caps the history", () => {
     let s = initialStreamState;
     for (let i = 0; i < MAX_KV_SAMPLES + 5; i++) {
-      s = reduceRunEvent(s, ev("kv", { device_pages: i, host_pages: 1, disk_pages: 2, tenant_device_pages: 3, tokens: 4 }, i));
+      s = reduceRunEvent(s, ev("kv", { run_pages: i, tenant_device_pages: 3, tenant_host_pages: 1, tokens: 4 }, i));
     }
     expect(s.kv).toHaveLength(MAX_KV_SAMPLES);
-    expect(s.kv[s.kv.length - 1]).toEqual({ t: MAX_KV_SAMPLES + 4, device_pages: MAX_KV_SAMPLES + 4, host_pages: 1, disk_pages: 2, tenant_device_pages: 3, tokens: 4 });
+    expect(s.kv[s.kv.length - 1]).toEqual({ t: MAX_KV_SAMPLES + 4, run_pages: MAX_KV_SAMPLES + 4, tenant_device_pages: 3, tenant_host_pages: 1, tokens: 4 });
   });
 
   it("tracks status, error, messages and the end event", () => {

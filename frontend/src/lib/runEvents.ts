@@ -2,7 +2,7 @@
 // testable without EventSource. Event types and payloads (api/run_events_view.py, gpu_worker):
 //   token   {text}                         text the LIP sent with send_to_user(str)
 //   message {data}                         JSON the LIP sent with send_to_user(obj)
-//   kv      {device_pages, host_pages, disk_pages, tenant_device_pages, tokens}
+//   kv      {run_pages, tenant_device_pages, tenant_host_pages, tokens}  this run's and its tenant's own
 //   channel {channel, op, data, bytes}     a message this run sent to a run of its tree
 //                                          (op "send": one receiver, "publish": subscribers)
 //   status  {status, error?}
@@ -10,10 +10,9 @@
 
 export interface KVSample {
   t: number; // when the server published it (epoch ms: hooks/useRunEvents.ts eventTime)
-  device_pages: number;
-  host_pages: number;
-  disk_pages: number;
+  run_pages: number; // device pages this run's files hold (what page-seconds bill)
   tenant_device_pages: number;
+  tenant_host_pages: number;
   tokens: number;
 }
 
@@ -100,10 +99,9 @@ export function reduceRunEvent(state: RunStreamState, ev: StreamEvent): RunStrea
     case "kv": {
       const sample: KVSample = {
         t: ev.t,
-        device_pages: num(payload.device_pages),
-        host_pages: num(payload.host_pages),
-        disk_pages: num(payload.disk_pages),
+        run_pages: num(payload.run_pages),
         tenant_device_pages: num(payload.tenant_device_pages),
+        tenant_host_pages: num(payload.tenant_host_pages),
         tokens: num(payload.tokens),
       };
       return { ...next, kv: [...state.kv, sample].slice(-MAX_KV_SAMPLES) };

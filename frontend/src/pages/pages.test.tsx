@@ -240,12 +240,16 @@ describe("run view", () => {
       es.onopen?.();
       es.emit("token", { text: "Hello" });
       es.emit("token", { text: ", world" });
-      es.emit("kv", { device_pages: 4, host_pages: 1, disk_pages: 0, tenant_device_pages: 2, tokens: 37 });
+      es.emit("kv", { run_pages: 2, tenant_device_pages: 4, tenant_host_pages: 1, tokens: 37 });
     });
     expect(screen.getByTestId("token-stream").textContent).toBe("Hello, world");
     expect(screen.getByTestId("token-count").textContent).toBe("2");
     expect(screen.getByRole("img", { name: /KV pages over time/ })).toBeTruthy();
     expect(screen.getByTestId("kv-latest").textContent).toContain("37 tokens");
+    // Only this run's and its tenant's own pages: the worker's totals are other tenants' business.
+    const kvChart = screen.getByRole("img", { name: /KV pages over time/ }).getAttribute("aria-label") ?? "";
+    expect(kvChart).toContain("This run's pages: 2, This tenant on device: 4");
+    expect(kvChart).not.toContain("Device pages");
     expect(screen.getByTestId("run-usage").textContent).toContain("recorded when the run has ended");
     current = {
       ...RUN, status: "succeeded", result: "Hello, world", finished_at: "2026-01-01T00:00:03Z", usage: USAGE,
