@@ -8,6 +8,7 @@ class ApiConfig(AppConfig):
 
     def ready(self) -> None:
         from api import (
+            checks,  # noqa: F401 - registers the system checks (plans against the workers' pools)
             schema,  # noqa: F401 - registers the OpenAPI auth extension
             tasks,  # noqa: F401 - registers the tasks api/dispatch.py looks up by name
         )
