@@ -38,6 +38,7 @@ from api.services.openai_compat import (
     completion_body,
     error_body,
     refusal,
+    refusal_status,
     usage_chunk,
 )
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded, plan_limits
@@ -279,7 +280,10 @@ async def _complete(request: HttpRequest, serializer_class: type):
         if done.status != "succeeded":
             return _failure(done)
         refused = refusal(parsed, done)
-        response = JsonResponse(refused, status=400) if refused else JsonResponse(completion_body(parsed, done))
+        if refused:
+            response = JsonResponse(refused, status=refusal_status(refused))
+        else:
+            response = JsonResponse(completion_body(parsed, done))
     response["X-Symphony-Run-Id"] = str(run.pk)
     return response
 

@@ -59,6 +59,7 @@ from symphony import (
     InvalidArgument,
     KVExists,
     KVNotFound,
+    KVPoolFull,
     NoSpace,
     PermissionDenied,
     QuotaExceeded,
@@ -596,6 +597,13 @@ def _continue(conversation, prompt, prefill):
 
 
 def _refused(prompt, exc):
+    """Why the prompt was not processed: the worker's shared KV pool had no pages for this
+    account now (``kv_pool_busy``: load, not the request; the API answers 429), else the
+    prompt is more than this request may process (the model's context, the run's page cap or
+    token budget: ``context_length_exceeded``, 400)."""
+    if isinstance(exc, KVPoolFull):
+        message = f"the worker's KV cache has no room for this request now; retry later ({exc})"
+        return {"refused": {"code": "kv_pool_busy", "message": message, "prompt_tokens": len(prompt)}}
     message = f"the prompt is {len(prompt)} tokens, more than this request may process ({exc})"
     return {"refused": {"code": "context_length_exceeded", "message": message, "prompt_tokens": len(prompt)}}
 
@@ -675,6 +683,8 @@ def main(args):
     for t in threads:
         t.join()
     if errors:
+        if isinstance(errors[0], KVPoolFull):  # the pool filled up during the decode: load, not the request
+            return _refused(prompts[0], errors[0])
         raise errors[0]
     completion = sum(c.pop("completion_tokens") for c in choices)
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": completion}

@@ -107,9 +107,20 @@ def response_id(request: CompletionRequest, run: Run) -> str:
     return f"{'chatcmpl' if request.chat else 'cmpl'}-{run.pk.hex}"
 
 
+#: Refusal codes of the built-in LIP that are about the worker's load, not the request (its
+#: device KV pool had no pages for the account): 429, retry later, never a 400.
+BUSY_REFUSALS = frozenset({"kv_pool_busy"})
+
+
+def refusal_status(body: dict) -> int:
+    """The HTTP status of a :func:`refusal` body: 429 for the worker's load, else 400."""
+    return 429 if body["error"].get("code") in BUSY_REFUSALS else 400
+
+
 def refusal(request: CompletionRequest, run: Run) -> dict | None:
     """OpenAI's error body when the built-in LIP refused the request (its prompt does not fit
-    the run's token budget or the model's context; a schema the worker cannot compile or that
+    the run's token budget or the model's context; the worker's KV pool had no room for the
+    account now, :data:`BUSY_REFUSALS`; a schema the worker cannot compile or that
     is over its grammar budget; a token id outside the vocabulary), else ``None``."""
     result: dict[str, Any] = run.result if isinstance(run.result, dict) else {}
     invalid = result.get("invalid_request")
@@ -120,8 +131,11 @@ def refusal(request: CompletionRequest, run: Run) -> dict | None:
     refused = result.get("refused")
     if not isinstance(refused, dict):
         return None
+    code = str(refused.get("code"))
+    if code in BUSY_REFUSALS:
+        return error_body(str(refused.get("message"))[:2000], "rate_limit_error", code)
     param = "messages" if request.chat else "prompt"
-    return error_body(str(refused.get("message")), "invalid_request_error", str(refused.get("code")), param=param)
+    return error_body(str(refused.get("message")), "invalid_request_error", code, param=param)
 
 
 def _token_entry(token: str, logprob: float | None) -> dict:
