@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpu_worker.protocol import ErrorCode
+from gpu_worker.resource_model import Pool, PoolName
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(300)]
@@ -24,19 +25,27 @@ MAX_RUNS, FILES_PER_RUN = 11, 32  # the issue's counts, as the bound of the atta
 CANARY_BOUND_S = 60.0
 
 
+def _full(worker: RunningWorker) -> int:
+    """Free pages below which the pool is as full as one account may make it: the reserve that no
+    account may take (gpu_worker/kvfs/accounts.py), and a page for rounding."""
+    health = worker.admin.health()
+    return Pool(PoolName.DEVICE_KV_PAGES, health["pages_total"]).reserve + 2
+
+
 def _attack(worker: RunningWorker, tenant: str, pin: bool) -> Exception | None:
     """Runs of ``tenant`` that write two-page named files and pin each until a pin is refused
-    (``pin``), until the pool is full; returns the refusal."""
+    (``pin``), until the pool is as full as one account may make it; returns the refusal."""
     import symphony as sy
 
     block = worker.admin.health()["block_size"]
+    full = _full(worker)
     refused = None
     for _run in range(MAX_RUNS):
         with worker.session(tenant, **FREE) as info:
             lip = sy.connect(info.socket_path, info.token)
             try:
                 for _ in range(FILES_PER_RUN):
-                    if worker.admin.health()["pages_free"] < 2 or (pin and refused is not None):
+                    if worker.admin.health()["pages_free"] < full or (pin and refused is not None):
                         return refused
                     name = f"doc{len(worker.admin.kv_list(tenant))}"
                     kv = lip.kv_create(name)
@@ -58,7 +67,9 @@ def _pinned_pages(worker: RunningWorker, tenant: str) -> int:
 
 
 def _canary_prefill(worker: RunningWorker, n_tokens: int) -> None:
-    """Another tenant's prefill of ``n_tokens`` succeeds within the bound."""
+    """Another tenant's prefills of ``n_tokens`` in two conversations succeed within the bound:
+    more pages than the reserve the attacker's account had to leave free, so the unpinned files
+    are spilled for them."""
     import symphony as sy
 
     prompt = [(7 * i + 3) % 4000 + 30 for i in range(n_tokens)]
@@ -66,9 +77,10 @@ def _canary_prefill(worker: RunningWorker, n_tokens: int) -> None:
     with worker.session("bystander", **FREE) as info:
         canary = sy.connect(info.socket_path, info.token)
         try:
-            kv = canary.kv_create()
-            canary.pred(kv, prompt)[-1].release()
-            assert len(kv) == len(prompt)
+            for first in (1, 2):  # no shared prefix: each conversation needs pages of its own
+                kv = canary.kv_create()
+                canary.pred(kv, [first, *prompt[1:]])[-1].release()
+                assert len(kv) == len(prompt)
         finally:
             canary.close()
     assert time.monotonic() - started < CANARY_BOUND_S
@@ -91,7 +103,7 @@ def test_one_tenants_pins_stop_at_its_share_and_another_tenants_long_prefill_suc
         assert refused.code == ErrorCode.QUOTA and "share of the device pool" in refused.message
         assert _pinned_pages(worker, "attacker") <= share
         _attack(worker, "attacker", pin=False)  # the rest of the pool: unpinned files
-        assert worker.admin.health()["pages_free"] < 2, "the attack did not fill the pool"
+        assert worker.admin.health()["pages_free"] < _full(worker), "the attack did not fill the pool"
 
         _canary_prefill(worker, min(2000, (usable - share - 1) * block))
         _spilled_unpinned_only(worker, ["attacker"])
@@ -112,7 +124,7 @@ def test_many_tenants_pins_stop_at_the_worker_bound(tiny_model_dir: Path) -> Non
         assert all(r.code == ErrorCode.QUOTA for r in across)
         assert sum(_pinned_pages(worker, t) for t in tenants) <= bound
         _attack(worker, tenants[0], pin=False)
-        assert worker.admin.health()["pages_free"] < 2, "the attack did not fill the pool"
+        assert worker.admin.health()["pages_free"] < _full(worker), "the attack did not fill the pool"
 
         _canary_prefill(worker, min(2000, (usable - bound - 1) * block))
         _spilled_unpinned_only(worker, tenants)
