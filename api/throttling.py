@@ -79,11 +79,22 @@ class RateState:
     reset_s: int
 
     def headers(self) -> dict[str, str]:
+        """The IETF draft's names, and OpenAI's for the same figures (``x-ratelimit-*-requests``,
+        which the ``openai`` client and its users read; the reset as OpenAI writes a duration)."""
         return {
             "RateLimit-Limit": str(self.limit),
             "RateLimit-Remaining": str(self.remaining),
             "RateLimit-Reset": str(self.reset_s),
+            "x-ratelimit-limit-requests": str(self.limit),
+            "x-ratelimit-remaining-requests": str(self.remaining),
+            "x-ratelimit-reset-requests": openai_duration(self.reset_s),
         }
+
+
+def openai_duration(seconds: int) -> str:
+    """``seconds`` as OpenAI's rate-limit headers write a duration: ``"7s"``, ``"1m0s"``."""
+    minutes, rest = divmod(max(0, int(seconds)), 60)
+    return f"{minutes}m{rest}s" if minutes else f"{rest}s"
 
 
 class TenantThrottled(Exception):

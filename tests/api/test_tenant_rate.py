@@ -26,6 +26,12 @@ def _fresh_counters():
     cache.clear()
 
 
+def test_openai_durations() -> None:
+    from api.throttling import openai_duration
+
+    assert [openai_duration(s) for s in (0, 7, 59, 60, 61, 3600)] == ["0s", "7s", "59s", "1m0s", "1m1s", "60m0s"]
+
+
 def _on_plan(api_tenant, per_minute: int | None, name: str = "tiny") -> None:
     Plan.objects.update_or_create(name=name, defaults={"api_requests_per_minute": per_minute})
     api_tenant.tenant.plan = name
@@ -58,6 +64,11 @@ def test_keys_and_members_of_a_tenant_share_one_budget_and_others_are_untouched(
     assert models.status_code == 429
     assert models.json()["error"]["code"] == "rate_limit_exceeded" and models["Retry-After"]
     assert models["RateLimit-Remaining"] == "0"
+    # OpenAI's names for the same figures, which the openai client's users read.
+    assert models["x-ratelimit-limit-requests"] == "6" and models["x-ratelimit-remaining-requests"] == "0"
+    from api.throttling import openai_duration
+
+    assert models["x-ratelimit-reset-requests"] == openai_duration(int(models["RateLimit-Reset"]))
 
     other = api_tenant_b.key_client()  # the default free plan, its own budget
     assert [other.get("/api/v1/programs").status_code for _ in range(10)] == [200] * 10
