@@ -31,10 +31,27 @@ export NODE_PATH="$NODEENV/lib/node_modules"
 export npm_config_update_notifier=false npm_config_fund=false npm_config_audit=false
 
 # 2. OpenAPI schema from the Django API (committed, so the console builds without Django too).
+#    Under CI (CI=true) the committed schema must be what the API generates: a drift fails the
+#    build, as does a schema that cannot be generated; elsewhere the schema is updated in place.
+CHECK_SCHEMA=0
+[ "${CI:-}" = true ] && CHECK_SCHEMA=1
 if [ -x .venv/bin/python ]; then
   tmp=$(mktemp)
   if DJANGO_SETTINGS_MODULE=web.settings .venv/bin/python manage.py spectacular --file "$tmp" 2>/dev/null; then
-    cmp -s "$tmp" "$FRONTEND/openapi/schema.yml" || { cp "$tmp" "$FRONTEND/openapi/schema.yml"; log "OpenAPI schema updated"; }
+    if ! cmp -s "$tmp" "$FRONTEND/openapi/schema.yml"; then
+      if [ "$CHECK_SCHEMA" = 1 ]; then
+        log "ERROR: frontend/openapi/schema.yml is not what the API generates; run scripts/build_frontend.sh and commit it:"
+        diff -u "$FRONTEND/openapi/schema.yml" "$tmp" | head -40 >&2 || true
+        rm -f "$tmp"
+        exit 1
+      fi
+      cp "$tmp" "$FRONTEND/openapi/schema.yml"
+      log "OpenAPI schema updated"
+    fi
+  elif [ "$CHECK_SCHEMA" = 1 ]; then
+    log "ERROR: the OpenAPI schema could not be generated (manage.py spectacular failed)"
+    rm -f "$tmp"
+    exit 1
   else
     log "warning: could not regenerate the OpenAPI schema; using the committed one"
   fi
@@ -65,8 +82,13 @@ if [ ! -f node_modules/.lock-hash ] || [ "$(cat node_modules/.lock-hash)" != "$L
   echo "$LOCK_HASH" > node_modules/.lock-hash
 fi
 
-# 5. Types from the schema, typecheck, bundle, unit tests.
+# 5. Types from the schema (under CI, the committed ones must match), typecheck, bundle, tests.
 npm run --silent gen:api >/dev/null
+if [ "$CHECK_SCHEMA" = 1 ] && ! git -C "$ROOT" diff --quiet -- frontend/src/api/schema.d.ts; then
+  log "ERROR: frontend/src/api/schema.d.ts is not what the schema generates; run scripts/build_frontend.sh and commit it"
+  git -C "$ROOT" diff --stat -- frontend/src/api/schema.d.ts >&2
+  exit 1
+fi
 log "typecheck + vite build"
 npm run --silent build
 log "vitest"
