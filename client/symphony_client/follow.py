@@ -206,12 +206,16 @@ def _answer(text: str, out: TextIO, notes: Notes, progress: Progress) -> None:
 
 
 def kv_line(data: dict) -> str:
-    """A ``kv`` event (the run's KV usage) for people: ``kv: 12 tokens; 1 device page, ...``."""
-    pages = ", ".join(
-        f"{plural(int(data.get(f'{tier}_pages') or 0), f'{tier} page')}" for tier in ("device", "host", "disk")
+    """A ``kv`` event (the run's KV usage: its own pages and its tenant's, never other tenants')
+    for people: ``kv: 12 tokens in 1 page of this run; the tenant holds 3 device pages, 0 in
+    host memory``."""
+    run = plural(int(data.get("run_pages") or 0), "page")
+    device = plural(int(data.get("tenant_device_pages") or 0), "device page")
+    host = int(data.get("tenant_host_pages") or 0)
+    return (
+        f"kv: {plural(int(data.get('tokens') or 0), 'token')} in {run} of this run;"
+        f" the tenant holds {device}, {host} in host memory"
     )
-    tenant = plural(int(data.get("tenant_device_pages") or 0), "device page")
-    return f"kv: {plural(int(data.get('tokens') or 0), 'token')}; {pages}; the tenant holds {tenant}"
 
 
 def _closing_line(run: Run, status: str, elapsed: float, verbose: bool = False) -> str:

@@ -329,7 +329,7 @@ def test_python_client_lists_and_waits_for_runs(api_asgi_server, api_tenant_a, p
 
 
 def _kv(tokens: int) -> KvEvent:
-    return KvEvent(device_pages=1, host_pages=0, disk_pages=0, tenant_device_pages=1, tokens=tokens)
+    return KvEvent(run_pages=1, tenant_device_pages=1, tenant_host_pages=0, tokens=tokens)
 
 
 def test_follow_to_a_file_keeps_exactly_the_streamed_text(logged_in, program, tmp_path):
@@ -349,9 +349,7 @@ def test_follow_to_a_file_keeps_exactly_the_streamed_text(logged_in, program, tm
         assert f"run {run_id}: running" in followed.stderr and f"run {run_id} succeeded" in followed.stderr
         kv_lines = [line for line in followed.stderr.splitlines() if line.startswith("kv:")]
         if flags:
-            assert (
-                kv_lines[0] == "kv: 3 tokens; 1 device page, 0 host pages, 0 disk pages; the tenant holds 1 device page"
-            )
+            assert kv_lines[0] == "kv: 3 tokens in 1 page of this run; the tenant holds 1 device page, 0 in host memory"
             assert len(kv_lines) == 3
         else:
             assert kv_lines == [], followed.stderr
@@ -395,7 +393,7 @@ def test_lines_about_the_run_do_not_cut_the_answer_on_a_shared_terminal(logged_i
     assert "The capital is Paris.\nrun " in shown and "It lies on the Seine.\n" in shown, shown
     lines = shown.splitlines()
     assert lines.index(f"run {run_id}: running") == lines.index("The capital is Paris.") + 1, shown
-    assert "kv: 20 tokens; 1 device page, 0 host pages, 0 disk pages; the tenant holds 1 device page" in lines
+    assert "kv: 20 tokens in 1 page of this run; the tenant holds 1 device page, 0 in host memory" in lines
 
 
 def test_follow_says_cannot_reach_at_once(cli, api_tenant_a):
