@@ -267,7 +267,7 @@ def test_children_share_a_kv_file_and_a_failure_reaches_wait_and_usage_adds_up(s
     assert all(
         by_id[c]["status"] == "succeeded" and by_id[c]["entry"] == "agents.reader:main" for c in result["children"]
     )
-    assert (by_id[result["bad"]]["status"], by_id[result["bad"]]["entry"]) == ("failed", ":boom")
+    assert (by_id[result["bad"]]["status"], by_id[result["bad"]]["entry"]) == ("failed", "self:boom")
     reader = client.get_run(result["children"][0])
     assert (reader["parent"], reader["depth"], reader["worker"]) == (run["id"], 1, final["worker"])
     assert reader["usage"]["cached_tokens"] >= result["results"][0]["context_tokens"] - 1
@@ -275,7 +275,7 @@ def test_children_share_a_kv_file_and_a_failure_reaches_wait_and_usage_adds_up(s
     assert {r["id"] for r in listed} == set(by_id)
     # The CLI shows the same tree.
     shown = _cli(stack_url, api_tenant_a.key_secret, tmp_path, "runs", "show", run["id"], "--human")
-    assert f"children ({len(children)}):" in shown and f"{result['bad']}  failed     :boom" in shown
+    assert f"children ({len(children)}):" in shown and f"{result['bad']}  failed     self:boom" in shown
     ls = json.loads(_cli(stack_url, api_tenant_a.key_secret, tmp_path, "runs", "ls", "--parent", run["id"], "--json"))
     assert {r["id"] for r in ls} == set(by_id)
 

@@ -94,12 +94,18 @@ def _most_at_once(intervals: list[tuple[float, float]]) -> int:
 def test_sleepers_of_one_account_leave_a_slot_for_another(
     stack, stack_worker: RunningWorker, api_tenant_a, api_tenant_b, tmp_path
 ):
-    from api.models import Run
+    from api.models import Plan, Run
     from gpu_worker.resource_model import Pool, PoolName
     from symphony_client import Client
 
     first, second = api_tenant_a, _second_tenant_of(api_tenant_a, "alpha-two")
     assert first.tenant.account_key == second.tenant.account_key != api_tenant_b.tenant.account_key
+    # Concurrent runs are bounded per account too (the best of its tenants' plans): a plan of 4
+    # lets the account queue more sleepers than the executor has slots.
+    Plan.objects.update_or_create(name="sleepers", defaults={"max_concurrent_runs": 4})
+    for owner in (first, second):
+        owner.tenant.plan = "sleepers"
+        owner.tenant.save(update_fields=["plan"])
     (tmp_path / "sleeper.py").write_bytes(SLEEPER_LIP)
     (tmp_path / "quick.py").write_bytes(QUICK_LIP)
 
@@ -107,7 +113,7 @@ def test_sleepers_of_one_account_leave_a_slot_for_another(
     for owner in (first, second):
         client = Client(stack, owner.key_secret, timeout=60)
         program = client.upload_program(tmp_path / "sleeper.py", name="sleeper")
-        for _ in range(2):  # the free plan's concurrent runs per tenant
+        for _ in range(2):
             run = client.create_run(program["id"], args={"seconds": SLEEP_S}, limits={"deadline_s": 120})
             sleepers.append(run["id"])
     assert len(sleepers) > SLOTS
