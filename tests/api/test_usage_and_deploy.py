@@ -98,7 +98,15 @@ def test_every_route_that_takes_a_key_shares_the_guessing_limit(api_tenant_a):
 
 
 def test_check_deploy_clean_with_production_env():
-    env = {**os.environ, "DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": secrets.token_urlsafe(50)}
+    # The settings are what this checks: the plans-against-pools check (api/checks.py) would
+    # read the heartbeats of whatever test workers run now, so it gets a Redis database no
+    # worker writes to (api/test_plan_checks.py covers that check).
+    env = {
+        **os.environ,
+        "DJANGO_DEBUG": "0",
+        "DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+        "REDIS_URL": redis_db_url(12),
+    }
     proc = subprocess.run(
         [sys.executable, "manage.py", "check", "--deploy", "--fail-level", "WARNING"],
         cwd=ROOT,
