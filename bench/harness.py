@@ -352,6 +352,10 @@ class WorkerOptions:
     max_num_batched_tokens: int = 2048
     host_pages: int = 4096
     max_batch_wait_ms: float = 50.0
+    #: The device pool's share no one account may hold (the worker's ``--kv-account-reserve``):
+    #: none here, since the baseline is a single-tenant server given the same pool, and the
+    #: benchmarks size that pool to their workload.
+    kv_account_reserve: float = 0.0
 
 
 def log_tail(path: Path, n: int = 4000) -> str:
@@ -420,6 +424,8 @@ class WorkerProcess:
             str(opts.max_num_batched_tokens),
             "--host-pages",
             str(opts.host_pages),
+            "--kv-account-reserve",
+            str(opts.kv_account_reserve),
             "--max-batch-wait-ms",
             str(opts.max_batch_wait_ms),
             "--name",

@@ -110,6 +110,13 @@ def _parser() -> argparse.ArgumentParser:
         help="most of the device KV pool all tenants' pinned files together may hold",
     )
     p.add_argument(
+        "--kv-account-reserve",
+        type=_fraction,
+        default=WorkerConfig.kv_account_reserve,
+        help="share of the device KV pool no one account may hold, kept for the others "
+        "(0: a worker that serves one account, e.g. a benchmark against a single-tenant server)",
+    )
+    p.add_argument(
         "--prefix-cache",
         action=argparse.BooleanOptionalAction,
         default=env["prefix_cache"],
@@ -245,6 +252,7 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
         max_model_len=args.max_model_len,
         host_pages=args.host_pages,
         kv_pinned_fraction=args.kv_pinned_fraction,
+        kv_account_reserve=args.kv_account_reserve,
         prefix_cache=args.prefix_cache,
         kv_lazy_write_s=args.kv_lazy_write_s,
         redis_url=args.redis_url,
@@ -318,7 +326,9 @@ async def serve(config: WorkerConfig) -> None:
         engine,
         store_from_location(config.kv_store_dir),
         host_pages=config.host_pages,
-        limits=KVFSLimits(max_pinned_fraction=config.kv_pinned_fraction),
+        limits=KVFSLimits(
+            max_pinned_fraction=config.kv_pinned_fraction, account_reserve_fraction=config.kv_account_reserve
+        ),
         on_release=releases.add,
         worker_id=config.name,
         prefix_cache=config.prefix_cache,

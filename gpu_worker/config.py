@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from gpu_worker.resource_model import RESERVE_FRACTION
 from gpu_worker.stream_ledger import StreamBudget
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -129,6 +130,10 @@ class WorkerConfig:
     #: Most of the device pool the pinned KV files of all tenants together may hold: each tenant's
     #: plan share bounds one tenant, this bounds many (one person may own several tenants).
     kv_pinned_fraction: float = 0.5
+    #: Of the device pool, what no one account may hold (gpu_worker/resource_model.py): kept for
+    #: the other accounts' prefills and decodes. 0 only on a worker that serves one account (a
+    #: dedicated deployment, or a benchmark against a single-tenant baseline).
+    kv_account_reserve: float = RESERVE_FRACTION
     #: The tenant-scoped automatic prefix cache (gpu_worker/kvfs/prefix.py).
     prefix_cache: bool = True
     #: Seconds a closed ``durable=False`` KV file keeps unwritten changes (``KVFS.write_idle``).

@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpu_worker.kvfs.files import Owner
-from gpu_worker.resource_model import Pool, PoolName
+from gpu_worker.resource_model import RESERVE_FRACTION, Pool, PoolName
 
 
 def default_account(tenant: str) -> str:
@@ -80,8 +80,20 @@ class Accounts:
 class DeviceShares:
     """The device page bounds of each account, from the pool's capacity and who is active."""
 
-    def __init__(self, capacity: int, accounts: Accounts, tenant_pages: Callable[[str], int]) -> None:
-        self.pool = Pool(PoolName.DEVICE_KV_PAGES, capacity)
+    def __init__(
+        self,
+        capacity: int,
+        accounts: Accounts,
+        tenant_pages: Callable[[str], int],
+        reserve_fraction: float = RESERVE_FRACTION,
+    ) -> None:
+        # No reserve at all (a worker serving one account) also drops the one-page minimum.
+        self.pool = Pool(
+            PoolName.DEVICE_KV_PAGES,
+            capacity,
+            reserve_fraction=reserve_fraction,
+            min_reserve=1 if reserve_fraction else 0,
+        )
         self.accounts = accounts
         self._tenant_pages = tenant_pages
 

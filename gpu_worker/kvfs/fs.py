@@ -49,6 +49,7 @@ from gpu_worker.kvfs.quota import TenantQuota, share_pages
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
 from gpu_worker.kvfs.store import KVStore
 from gpu_worker.kvfs.tiers import PageIO, Tiers, decode_header, encode_blob, encode_meta, put_generation
+from gpu_worker.resource_model import RESERVE_FRACTION
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +96,8 @@ class KVFSLimits:
     max_files_per_tenant: int | None = None
     #: Of the device pool, what the pinned files of all tenants together may hold.
     max_pinned_fraction: float | None = None
+    #: Of the device pool, what no one account may hold (``resource_model.Pool.reserve``).
+    account_reserve_fraction: float = RESERVE_FRACTION
 
     def default_quota(self) -> TenantQuota:
         return TenantQuota(
@@ -170,7 +173,9 @@ class KVFS:
         self._tenant_quotas: dict[str, TenantQuota] = {}
         #: Per-account bounds on the device pool (gpu_worker/kvfs/accounts.py).
         self.accounts = Accounts()
-        self.shares = DeviceShares(self.alloc.usable, self.accounts, self.alloc.tenant_pages)
+        self.shares = DeviceShares(
+            self.alloc.usable, self.accounts, self.alloc.tenant_pages, self.limits.account_reserve_fraction
+        )
 
     # ----------------------------------------------------------------- handles and files
     def _new_handle(self, owner: Owner, file: KVFile) -> int:

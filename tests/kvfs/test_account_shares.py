@@ -42,6 +42,20 @@ def test_one_account_alone_stops_at_the_pool_ceiling(tmp_path):
     fs.check()
 
 
+def test_a_worker_serving_one_account_may_keep_no_reserve(tmp_path):
+    """``--kv-account-reserve 0`` (a dedicated worker, or a benchmark against a single-tenant
+    baseline given the same pool): one account may take every page."""
+    fs, io = make_fs(tmp_path, num_pages=NUM_PAGES, account_reserve_fraction=0.0)
+    fs.set_session_limit(ATTACKER, 10_000, account="u1")
+    base = fs.create(ATTACKER)
+    append(fs, io, ATTACKER, base, [1])
+    for _ in range(NUM_PAGES - 2):  # every usable page but the base's
+        append(fs, io, ATTACKER, fs.fork(ATTACKER, base), [2])
+    assert fs.alloc.tenant_pages("free-a") == NUM_PAGES - 1 and fs.stats().free_pages == 0
+    fs.close_session(ATTACKER)
+    fs.check()
+
+
 def test_two_tenants_of_one_account_share_one_bound(tmp_path):
     fs, io = make_fs(tmp_path, num_pages=NUM_PAGES)
     fs.set_session_limit(ATTACKER, None, account="u1")
