@@ -1,4 +1,4 @@
-"""System checks (``manage.py check``, ``check --deploy``) that compare the plans with the pools
+"""System checks (``manage.py check --deploy``) that compare the plans with the pools
 the live workers measured: a plan limit larger than what one account may take of the pool it
 draws from (gpu_worker/resource_model.py ``plan_problems``) is an error, since the worker would
 clamp it anyway and the plan would promise what no tenant can get. The workers report their
@@ -29,7 +29,10 @@ def _smallest_pools() -> dict[PoolName, Pool]:
     return {PoolName.DEVICE_KV_PAGES: Pool(PoolName.DEVICE_KV_PAGES, smallest.pages_total)}
 
 
-@checks.register(checks.Tags.compatibility, deploy=False)
+# A deploy check (``check --deploy``) only: it reads whatever workers are live now, so run by
+# ``migrate`` it would stop a migration because some small worker (a test's, a benchmark's)
+# heartbeats while it runs.
+@checks.register(checks.Tags.compatibility, deploy=True)
 def plan_limits_fit_the_workers_pools(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """Every plan limit within what one account may take of the live workers' pools."""
     from api.models import Plan
