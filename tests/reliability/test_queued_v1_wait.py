@@ -41,7 +41,8 @@ def _tries(statements: list[tuple[float, str]], before: float) -> int:
 
 def test_a_queued_v1_request_sends_no_statements_until_a_run_ends(api_tenant_a, settings):
     tenant = api_tenant_a.tenant
-    Plan.objects.filter(name=tenant.plan).update(max_concurrent_runs=1)
+    # update_or_create: a transactional test before this one may have flushed the shipped plans.
+    Plan.objects.update_or_create(name=tenant.plan, defaults={"max_concurrent_runs": 1})
     settings.SYMPHONY_OPENAI_QUEUE_S = QUEUE_S
     program = Program.objects.create(tenant=tenant, name="holder")
     version = programs.add_version(program, "p.py", b"def main(a):\n    return 1\n")

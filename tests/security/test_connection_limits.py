@@ -350,7 +350,8 @@ def test_large_call_many_does_not_deadlock_under_back_pressure(gpu_worker_proces
 def test_refused_frame_fails_its_call_at_once(lip_runner) -> None:
     """A LIP in the real sandbox sampling with a bias of MAX_MAP_ENTRIES + 1 entries gets
     BadFrame naming the limit at once (it used to wait for a reply until the run's deadline),
-    and its connection keeps working."""
+    and its connection keeps working. Sent with the low-level call: the SDK's ``sample``
+    refuses such a map before sending (naming ``bias_set``), and this checks the worker."""
     n = protocol.MAX_MAP_ENTRIES + 1
     prog = f"""
     import time
@@ -361,7 +362,8 @@ def test_refused_frame_fails_its_call_at_once(lip_runner) -> None:
         (d,) = sy.pred(kv, sy.tokenize("a biased choice"))
         t0 = time.monotonic()
         try:
-            d.sample(bias={{i: 0.5 for i in range({n})}})
+            bias = {{str(i): 0.5 for i in range({n})}}
+            sy.session().conn.call("dist_sample", {{"dist": d.id, "temperature": 1.0, "bias": bias}})
         except sy.BadFrame as exc:
             caught = {{"type": type(exc).__name__, "op": exc.op, "message": exc.message}}
         else:
