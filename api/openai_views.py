@@ -15,7 +15,6 @@ import asyncio
 import functools
 import json
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import TypeVar
@@ -127,21 +126,16 @@ async def _start(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Ru
     a serving system queues a burst, then gets a 429 with ``Retry-After``. It waits on the
     tenant's ended-run notices (api/services/run_notices.py), trying again once per run that
     ended (and once at its deadline), never polling the database."""
-    deadline = time.monotonic() + settings.SYMPHONY_OPENAI_QUEUE_S
-    async with run_notices.ended_runs(key.tenant_id) as ended:
-        while True:
-            run = await db_call(_start_once, key, parsed, plan)
-            if run is not None:
-                return run
-            left = deadline - time.monotonic()
-            if left <= 0:
-                message = (
-                    "this API key's tenant already runs as many requests as its plan allows, still after "
-                    f"waiting {settings.SYMPHONY_OPENAI_QUEUE_S:g} s: retry later"
-                )
-                body = error_body(message, "rate_limit_error", "rate_limit_exceeded")
-                raise _Refused(429, body, {"Retry-After": "1"})
-            await ended.wait(left)
+    run = await run_notices.start_when_a_slot_frees(
+        key.tenant_id, lambda: db_call(_start_once, key, parsed, plan), settings.SYMPHONY_OPENAI_QUEUE_S
+    )
+    if run is None:
+        message = (
+            "this API key's tenant already runs as many requests as its plan allows, still after "
+            f"waiting {settings.SYMPHONY_OPENAI_QUEUE_S:g} s: retry later"
+        )
+        raise _Refused(429, error_body(message, "rate_limit_error", "rate_limit_exceeded"), {"Retry-After": "1"})
+    return run
 
 
 async def _finished_run(run: Run) -> Run:

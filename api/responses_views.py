@@ -13,7 +13,6 @@ import asyncio
 import functools
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 
@@ -73,18 +72,13 @@ async def _start(key: ApiKey, turn: Turn, plan: PlanLimits) -> Turn:
     """As the chat endpoint: over the plan's concurrent-run limit, wait a bounded time on the
     tenant's ended-run notices (api/services/run_notices.py), trying again once per run that
     ended, never polling the database."""
-    deadline = time.monotonic() + settings.SYMPHONY_OPENAI_QUEUE_S
-    async with run_notices.ended_runs(key.tenant_id) as ended:
-        while True:
-            started = await db_call(_start_once, key, turn, plan)
-            if started is not None:
-                return started
-            left = deadline - time.monotonic()
-            if left <= 0:
-                message = "this API key's tenant already runs as many requests as its plan allows: retry later"
-                body = error_body(message, "rate_limit_error", "rate_limit_exceeded")
-                raise _Refused(429, body, {"Retry-After": "1"})
-            await ended.wait(left)
+    started = await run_notices.start_when_a_slot_frees(
+        key.tenant_id, lambda: db_call(_start_once, key, turn, plan), settings.SYMPHONY_OPENAI_QUEUE_S
+    )
+    if started is None:
+        message = "this API key's tenant already runs as many requests as its plan allows: retry later"
+        raise _Refused(429, error_body(message, "rate_limit_error", "rate_limit_exceeded"), {"Retry-After": "1"})
+    return started
 
 
 def _finish(turn: Turn) -> tuple[int, dict]:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import redis.exceptions
 from django.conf import settings
@@ -26,6 +27,8 @@ from django.conf import settings
 from api import redis_client
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 #: Seconds between tries while the notices cannot be subscribed to.
 FALLBACK_POLL_S = 2.0
@@ -85,3 +88,22 @@ async def ended_runs(tenant_id: int) -> AsyncIterator[EndedRuns]:
         yield notices
     finally:
         await notices.close()
+
+
+async def start_when_a_slot_frees(
+    tenant_id: int, try_start: Callable[[], Awaitable[T | None]], wait_s: float
+) -> T | None:
+    """``try_start()`` now, and again each time a run of the tenant ends, for up to ``wait_s``
+    seconds (once more at the end); what it started, or ``None`` if it never could. A try
+    returns ``None`` while the tenant is at its concurrent-run limit."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    async with ended_runs(tenant_id) as ended:
+        while True:
+            started = await try_start()
+            if started is not None:
+                return started
+            left = deadline - loop.time()
+            if left <= 0:
+                return None
+            await ended.wait(left)
