@@ -10,6 +10,8 @@ from __future__ import annotations
 import pytest
 from django.test import Client
 
+from tests.asgi_request import asgi_request
+
 pytestmark = pytest.mark.django_db
 
 HEADER = "Content-Security-Policy"
@@ -66,52 +68,8 @@ def test_the_probes_answered_before_the_rest_of_django_carry_the_policy():
 
 
 def _asgi_request(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict[bytes, bytes]]:
-    """One request through the real ASGI application (web/asgi.py), in-process."""
-    import asyncio
-
-    from asgiref.sync import async_to_sync
-    from django.core import signals
-    from django.db import close_old_connections
-
-    from web.asgi import application
-
-    sent: list[dict] = []
-    bodies = [{"type": "http.request", "body": b"", "more_body": False}]
-
-    async def receive() -> dict:
-        if bodies:
-            return bodies.pop()
-        await asyncio.Event().wait()  # the client stays connected until the response is sent
-        raise AssertionError("unreachable")
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"testserver"), *headers],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
-    # async_to_sync from this thread: Django's sync code runs here, in the test's transaction,
-    # whose connection the request's start and end must not close (as Django's test client).
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    try:
-        async_to_sync(application)(scope, receive, send)
-    finally:
-        signals.request_started.connect(close_old_connections)
-        signals.request_finished.connect(close_old_connections)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    return start["status"], {name.lower(): value for name, value in start["headers"]}
+    response = asgi_request(method, path, headers)
+    return response.status, response.headers
 
 
 def test_every_asgi_response_carries_the_policy_those_refused_in_front_of_django_included(settings):

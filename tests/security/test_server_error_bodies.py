@@ -9,22 +9,18 @@ real ASGI application (web/asgi.py) in-process, on the test database."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 
 import pytest
-from asgiref.sync import async_to_sync
-from django.core import signals
-from django.db import close_old_connections
 
 from api import authentication, openai_views
 from api.models import KVFile, Run
 from api.services import openai_compat, responses, trusted_runs
 
-# Imported at collection: the first import sets Django up again (logging included), which would
-# drop the log capture of the test that imported it.
-from web.asgi import application
+# Imported at collection: its first import of web.asgi sets Django up again (logging included),
+# which would drop the log capture of the test that imported it.
+from tests.asgi_request import asgi_request
 
 pytestmark = pytest.mark.django_db
 
@@ -33,46 +29,11 @@ LOGGER = "symphony.server_errors"
 
 def _asgi(method: str, path: str, secret: str, body: bytes = b"") -> tuple[int, dict]:
     """One request through the real ASGI application, in this thread (the test's transaction)."""
-    sent: list[dict] = []
-    bodies = [{"type": "http.request", "body": body, "more_body": False}]
-
-    async def receive() -> dict:
-        if bodies:
-            return bodies.pop()
-        await asyncio.Event().wait()  # connected until the response is sent
-        raise AssertionError("unreachable")
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    headers = [(b"host", b"testserver"), (b"authorization", f"Bearer {secret}".encode())]
+    headers = [(b"authorization", f"Bearer {secret}".encode())]
     if body:
         headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "https",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 443),
-    }
-    # As Django's test client does: the request's start and end must not close the connection
-    # that holds the test's transaction.
-    signals.request_started.disconnect(close_old_connections)
-    signals.request_finished.disconnect(close_old_connections)
-    try:
-        async_to_sync(application)(scope, receive, send)
-    finally:
-        signals.request_started.connect(close_old_connections)
-        signals.request_finished.connect(close_old_connections)
-    status = next(m for m in sent if m["type"] == "http.response.start")["status"]
-    return status, json.loads(b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"))
+    response = asgi_request(method, path, headers, body, scheme="https")
+    return response.status, json.loads(response.body)
 
 
 def _logged(caplog, request_id: str) -> logging.LogRecord:
