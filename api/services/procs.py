@@ -40,7 +40,7 @@ from django.db import close_old_connections, connection, transaction
 from rest_framework import serializers as drf
 
 from api.models import ProgramVersion, Run, Tenant
-from api.services.quotas import QuotaExceeded, check_can_start, live_descendants, lock_account, plan_limits
+from api.services.quotas import QuotaExceeded, check_can_start, live_descendants, plan_limits
 from gpu_worker import contracts
 from gpu_worker.protocol import ErrorCode
 
@@ -180,7 +180,7 @@ def create_child(parent_id: str, entry: object, args: object, limits: object, re
     asked = child_limits.get("deadline_s")
     child_limits["deadline_s"] = round(min(float(asked) if asked else remaining_s, remaining_s), 3)
     with transaction.atomic():
-        lock_account(parent.tenant)  # before the tenant's row, as api/services/runs.py does
+        # No account lock: a child counts within its tree, not against the account's runs.
         tenant = Tenant.objects.select_for_update().get(pk=parent.tenant_id)
         if tenant.closed_at is not None:
             raise SpawnRefused(ErrorCode.PERMISSION, "this tenant is closed")

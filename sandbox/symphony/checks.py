@@ -83,10 +83,26 @@ def json_keys(value: Any, op: str, what: str) -> Any:
     The wire (msgpack) carries string keys only, so a result like ``{1: "a"}`` used to fail the
     program at its very end and lose the result. Two keys that become the same string, and keys
     JSON has no text for, are refused here naming where they are (``what`` is the value's name,
-    e.g. ``result``), never dropped."""
+    e.g. ``result``), never dropped. A value whose keys are all strings already (what a program
+    streams token by token) is returned as it is, after a scan that builds nothing."""
+    if not _has_other_keys(value):
+        return value
+    return _rewrite_keys(value, op, what)
+
+
+def _has_other_keys(value: Any) -> bool:
+    """Whether a map anywhere in ``value`` has a key that is not a str."""
+    if isinstance(value, dict):
+        return any(type(k) is not str or _has_other_keys(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(_has_other_keys(item) for item in value)
+    return False
+
+
+def _rewrite_keys(value: Any, op: str, what: str) -> Any:
     if isinstance(value, dict):
         if all(type(k) is str for k in value):
-            return {k: json_keys(v, op, f"{what}[{k!r}]") for k, v in value.items()}
+            return {k: _rewrite_keys(v, op, f"{what}[{k!r}]") for k, v in value.items()}
         out: dict[str, Any] = {}
         originals: dict[str, Any] = {}
         for key, item in value.items():
@@ -94,10 +110,10 @@ def json_keys(value: Any, op: str, what: str) -> Any:
             if text in originals:
                 raise InvalidArgument(f"{what}: keys {originals[text]!r} and {key!r} are the same key in JSON", op=op)
             originals[text] = key
-            out[text] = json_keys(item, op, f"{what}[{key!r}]")
+            out[text] = _rewrite_keys(item, op, f"{what}[{key!r}]")
         return out
     if isinstance(value, (list, tuple)):
-        return [json_keys(item, op, f"{what}[{i}]") for i, item in enumerate(value)]
+        return [_rewrite_keys(item, op, f"{what}[{i}]") for i, item in enumerate(value)]
     return value
 
 
