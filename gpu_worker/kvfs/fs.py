@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import torch
 
 from gpu_worker.kvfs.accounts import Accounts, DeviceShares
+from gpu_worker.kvfs.catalogue import Catalogue
 from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NoSpace, NotFound, PoolFull, QuotaExceeded
 from gpu_worker.kvfs.files import (
     DEVICE,
@@ -34,7 +35,6 @@ from gpu_worker.kvfs.files import (
     HOST,
     STORE_SUFFIX,
     Handle,
-    HandleTable,
     KVFile,
     Owner,
     pages_for,
@@ -165,8 +165,11 @@ class KVFS:
         self._leased: dict[tuple[str, str], float] = {}
         self.page_io = page_io
         self.store = store
-        self._handles = HandleTable()
-        self._named: dict[tuple[str, str], KVFile] = {}
+        #: Named files and open handles (gpu_worker/kvfs/catalogue.py); ``_named`` and
+        #: ``_handles`` are its two tables.
+        self.catalogue = Catalogue(self.limits.max_handles_per_session)
+        self._handles = self.catalogue.handles
+        self._named = self.catalogue.named
         self._lock = threading.RLock()
         self._on_release = on_release
         self._session_limits: dict[Owner, int] = {}
@@ -179,11 +182,7 @@ class KVFS:
 
     # ----------------------------------------------------------------- handles and files
     def _new_handle(self, owner: Owner, file: KVFile) -> int:
-        validate_tenant(owner.tenant)
-        if len(self._handles.of_session(owner)) >= self.limits.max_handles_per_session:
-            raise NoSpace(f"too many open KV handles (limit {self.limits.max_handles_per_session})")
-        file.touch()
-        return self._handles.add(owner, file).hid
+        return self.catalogue.new_handle(owner, file)
 
     def _get(self, owner: Owner, h: object) -> Handle:
         handle = self._handles.get(owner, h)
@@ -502,13 +501,12 @@ class KVFS:
         cap = self.quota(tenant).max_files
         if cap is None:
             return
-        have = sum(1 for (t, _) in self._named if t == tenant)
+        have = self.catalogue.file_count(tenant)
         if have >= cap:
             raise QuotaExceeded(f"the tenant has {have} named KV files (its plan allows {cap}); remove some first")
 
     def _pinned_pages(self, tenant: str | None) -> int:
-        """Pages of the tenant's (``None``: everyone's) pinned named files, on whichever tier."""
-        return sum(f.n_pages for (t, _), f in self._named.items() if f.pinned and tenant in (None, t))
+        return self.catalogue.pinned_pages(tenant)
 
     def _check_pinned(self, tenant: str, adding: int, what: str) -> None:
         """Refuse ``adding`` more pinned pages past the tenant's device share (EDQUOT)."""
@@ -805,23 +803,10 @@ class KVFS:
 
     # ------------------------------------------------------------------ tiers and budgets
     def _stored_bytes(self, tenant: str) -> int:
-        return sum(f.n_pages for (t, _), f in self._named.items() if t == tenant) * self.page_bytes
+        return self.catalogue.stored_pages(tenant) * self.page_bytes
 
     def _evictable(self, tenant: str | None = None, tenants: Sequence[str] | None = None) -> list[KVFile]:
-        """Idle, unpinned, device-resident named files (of ``tenant`` / ``tenants`` where
-        given), least recently used first."""
-        files = [
-            f
-            for f in self._named.values()
-            if f.residency == DEVICE
-            and f.pages
-            and not f.pinned
-            and not f.handles
-            and not f.plan_pending
-            and (tenant is None or f.tenant == tenant)
-            and (tenants is None or f.tenant in tenants)
-        ]
-        return sorted(files, key=lambda f: f.use_seq)
+        return self.catalogue.evictable(tenant, tenants)
 
     def _fits_host_share(self, file: KVFile, need: int) -> bool:
         """Make room for ``need`` host pages within the file's tenant's host share by dropping
@@ -863,9 +848,7 @@ class KVFS:
         if need > self.tiers.host_capacity or not self._fits_host_share(file, need):
             self.tiers.to_disk(file)
             return
-        host_files = sorted(
-            (f for f in self._named.values() if f.residency == HOST and not f.handles), key=lambda f: f.use_seq
-        )
+        host_files = self.catalogue.idle_on_host()
         clean = sorted((f for f in self._named.values() if self.tiers.has_clean_copy(f)), key=lambda f: f.use_seq)
         while self.tiers.host_capacity - self.tiers.host_used < need and clean:
             self.tiers.forget_clean_copy(clean.pop(0))
@@ -1028,10 +1011,7 @@ class KVFS:
             self._ensure_device(file)
 
     def _session_files(self, owner: Owner) -> list[KVFile]:
-        """The session's open files, each once, in the order its handles were opened: swapping
-        moves files one at a time against tier capacities, so the order decides which fit, and
-        it must not be a set's (object addresses) for the outcome to be reproducible."""
-        return list(dict.fromkeys(h.file for h in self._handles.of_session(owner)))
+        return self.catalogue.session_files(owner)
 
     @_locked
     def evict(self, tenant: str, name: str) -> None:
@@ -1116,13 +1096,7 @@ class KVFS:
         )
 
     def _held(self, owner: Owner) -> tuple[set[int], int]:
-        """The distinct pages and the tokens of the session's open files (lock held)."""
-        pages: set[int] = set()
-        tokens = 0
-        for handle in self._handles.of_session(owner):
-            pages.update(handle.file.pages)
-            tokens += len(handle.file.tokens)
-        return pages, tokens
+        return self.catalogue.held(owner)
 
     @_locked
     def session_usage(self, owner: Owner) -> int:
@@ -1152,10 +1126,8 @@ class KVFS:
 
     def _host_pages_per_tenant(self) -> Counter[str]:
         """Host-memory pages per tenant: spilled and swapped files, and clean copies (lock held)."""
-        files = {id(h.file): h.file for h in self._handles.all()}
-        files.update({id(f): f for f in self._named.values()})
         held: Counter[str] = Counter()
-        for f in files.values():
+        for f in self.catalogue.live_files():
             held[f.tenant] += self._host_held(f)
         return held
 
