@@ -4,6 +4,7 @@ Pure bookkeeping plus tiering; page contents move only through ``PageIO`` (the E
 Never imports Django or vLLM.
 """
 
+from gpu_worker.kvfs.budgets import KVFSLimits
 from gpu_worker.kvfs.errors import (
     Busy,
     Exists,
@@ -17,7 +18,7 @@ from gpu_worker.kvfs.errors import (
     StoreFull,
 )
 from gpu_worker.kvfs.files import Owner, validate_name
-from gpu_worker.kvfs.fs import KVFS, AppendPlan, KVFSLimits
+from gpu_worker.kvfs.fs import KVFS, AppendPlan
 from gpu_worker.kvfs.quota import TenantQuota
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
 from gpu_worker.kvfs.store import KVStore, LocalKVStore, S3KVStore, store_from_location

@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 import torch
 
-from gpu_worker.kvfs.accounts import Accounts, DeviceShares
+from gpu_worker.kvfs.budgets import Budgets, KVFSLimits
 from gpu_worker.kvfs.catalogue import Catalogue
-from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NoSpace, NotFound, PoolFull, QuotaExceeded
+from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NotFound, PoolFull
 from gpu_worker.kvfs.files import (
     DEVICE,
     DISK,
@@ -45,11 +45,10 @@ from gpu_worker.kvfs.files import (
 from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S, LeaseLost, Leases, StoreUnavailable
 from gpu_worker.kvfs.pages import PageAllocator
 from gpu_worker.kvfs.prefix import PrefixIndex, chain_key
-from gpu_worker.kvfs.quota import TenantQuota, share_pages
+from gpu_worker.kvfs.quota import TenantQuota
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
 from gpu_worker.kvfs.store import KVStore
 from gpu_worker.kvfs.tiers import PageIO, Tiers, decode_header, encode_blob, encode_meta, put_generation
-from gpu_worker.resource_model import RESERVE_FRACTION
 
 log = logging.getLogger(__name__)
 
@@ -80,32 +79,6 @@ def _locked(method: F) -> F:
             return method(self, *args, **kwargs)
 
     return wrapper  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class KVFSLimits:
-    """Per-tenant budgets; ``None`` means unlimited (bounded by the pool itself). The
-    ``*_per_tenant`` / share fields are the defaults of tenants whose plan set none
-    (:meth:`KVFS.set_tenant_quota`)."""
-
-    device_pages_per_tenant: int | None = None
-    stored_bytes_per_tenant: int | None = None
-    max_handles_per_session: int = 1024
-    pinned_device_share: float | None = None
-    host_share: float | None = None
-    max_files_per_tenant: int | None = None
-    #: Of the device pool, what the pinned files of all tenants together may hold.
-    max_pinned_fraction: float | None = None
-    #: Of the device pool, what no one account may hold (``resource_model.Pool.reserve``).
-    account_reserve_fraction: float = RESERVE_FRACTION
-
-    def default_quota(self) -> TenantQuota:
-        return TenantQuota(
-            stored_bytes=self.stored_bytes_per_tenant,
-            pinned_device_share=self.pinned_device_share,
-            host_share=self.host_share,
-            max_files=self.max_files_per_tenant,
-        )
 
 
 @dataclass(eq=False)
@@ -156,7 +129,7 @@ class KVFS:
         self.block_size = block_size
         self.lazy_write_s = lazy_write_s
         self.page_bytes = page_bytes
-        self.limits = limits or KVFSLimits()
+        limits = limits or KVFSLimits()
         self.alloc = PageAllocator(num_pages)
         self.prefix: PrefixIndex | None = PrefixIndex(self.alloc) if prefix_cache else None
         self.tiers = Tiers(self.alloc, page_io, store, host_pages, persist=self._persist_closed)
@@ -167,18 +140,26 @@ class KVFS:
         self.store = store
         #: Named files and open handles (gpu_worker/kvfs/catalogue.py); ``_named`` and
         #: ``_handles`` are its two tables.
-        self.catalogue = Catalogue(self.limits.max_handles_per_session)
+        self.catalogue = Catalogue(limits.max_handles_per_session)
         self._handles = self.catalogue.handles
         self._named = self.catalogue.named
         self._lock = threading.RLock()
         self._on_release = on_release
-        self._session_limits: dict[Owner, int] = {}
-        self._tenant_quotas: dict[str, TenantQuota] = {}
-        #: Per-account bounds on the device pool (gpu_worker/kvfs/accounts.py).
-        self.accounts = Accounts()
-        self.shares = DeviceShares(
-            self.alloc.usable, self.accounts, self.alloc.tenant_pages, self.limits.account_reserve_fraction
-        )
+        #: Session caps, tenant quotas and account shares (gpu_worker/kvfs/budgets.py).
+        self.budgets = Budgets(limits, self.alloc, self.catalogue, page_bytes)
+        self.accounts = self.budgets.accounts
+        self.shares = self.budgets.shares
+
+    @property
+    def limits(self) -> KVFSLimits:
+        return self.budgets.limits
+
+    @limits.setter
+    def limits(self, limits: KVFSLimits) -> None:
+        """Limits set after construction bound every later request (the pool's account
+        reserve excepted: it is sized once, with the pool)."""
+        self.budgets.limits = limits
+        self.catalogue.max_handles_per_session = limits.max_handles_per_session
 
     # ----------------------------------------------------------------- handles and files
     def _new_handle(self, owner: Owner, file: KVFile) -> int:
@@ -325,7 +306,7 @@ class KVFS:
                 pass
             else:
                 raise Exists(f"KV file {name!r} already exists")
-            self._check_file_count(owner.tenant)
+            self.budgets.check_file_count(owner.tenant)
             file.generation = self._acquire(owner.tenant, name, create=True)
             file.name = name
             file.changed()  # written at its last close, so every worker sharing the store sees it
@@ -475,12 +456,7 @@ class KVFS:
         (the run's ``max_pages``, never above the pool's ceiling; ``None``: the ceiling alone
         bounds it, through its account), count its tenant against ``account`` (``None``: the
         tenant alone) and make that account active, with ``weight``, until :meth:`close_session`."""
-        self.accounts.join(owner, account, weight)
-        if max_pages is None or max_pages >= self.shares.pool.ceiling:
-            # The account's bound is this one too, and its refusal names the pool's bound.
-            self._session_limits.pop(owner, None)
-        else:
-            self._session_limits[owner] = self.shares.pool.clamp(max_pages)
+        self.budgets.join(owner, max_pages, account, weight)
 
     @_locked
     def set_tenant_quota(self, tenant: str, quota: TenantQuota | None) -> None:
@@ -488,54 +464,19 @@ class KVFS:
         (and ``None``: all of them) fall back to ``KVFSLimits``. The control plane sends it with
         each session and each pin, so it is known before the tenant can store or pin anything.
         Files already past a lowered share stay; only growth and new pins are refused."""
-        if quota is None:
-            self._tenant_quotas.pop(tenant, None)
-        else:
-            self._tenant_quotas[tenant] = quota
+        self.budgets.set_tenant_quota(tenant, quota)
 
     def quota(self, tenant: str) -> TenantQuota:
         """The tenant's effective bounds (lock held or not needed: reads one dict entry)."""
-        return self._tenant_quotas.get(tenant, TenantQuota()).or_default(self.limits.default_quota())
-
-    def _check_file_count(self, tenant: str) -> None:
-        cap = self.quota(tenant).max_files
-        if cap is None:
-            return
-        have = self.catalogue.file_count(tenant)
-        if have >= cap:
-            raise QuotaExceeded(f"the tenant has {have} named KV files (its plan allows {cap}); remove some first")
+        return self.budgets.quota(tenant)
 
     def _pinned_pages(self, tenant: str | None) -> int:
         return self.catalogue.pinned_pages(tenant)
 
-    def _check_pinned(self, tenant: str, adding: int, what: str) -> None:
-        """Refuse ``adding`` more pinned pages past the tenant's device share (EDQUOT)."""
-        if adding <= 0:
-            return
-        quota = self.quota(tenant)
-        cap = share_pages(quota.pinned_device_share, self.alloc.usable)
-        held = self._pinned_pages(tenant) if cap is not None else 0
-        if cap is not None and held + adding > cap:
-            raise QuotaExceeded(
-                f"{what}: the tenant's pinned KV files would hold {held + adding} pages, past its plan's "
-                f"share of the device pool ({quota.pinned_device_share:g} of {self.alloc.usable} = {cap} pages); "
-                "unpin or remove a pinned file first"
-            )
-        fraction = self.limits.max_pinned_fraction
-        worker_cap = share_pages(fraction, self.alloc.usable)
-        everyone = self._pinned_pages(None) if worker_cap is not None else 0
-        if worker_cap is not None and everyone + adding > worker_cap:
-            raise QuotaExceeded(
-                f"{what}: the pinned KV files of all tenants on this worker would hold {everyone + adding} pages, "
-                f"past the {fraction:g} of its {self.alloc.usable}-page device pool ({worker_cap} pages) they may "
-                "hold; keep the file unpinned or retry later"
-            )
-
     def close_session(self, owner: Owner) -> None:
         with self._lock:
             flushes = [self._close(owner, handle.hid) for handle in self._handles.of_session(owner)]
-            self._session_limits.pop(owner, None)
-            self.accounts.leave(owner)
+            self.budgets.leave(owner)
         self._write_through([f for f in flushes if f is not None])
 
     @_locked
@@ -642,7 +583,7 @@ class KVFS:
         tenant's pinned pages past its device share fails with EDQUOT and changes nothing."""
         file = self._lookup(tenant, name)
         if pinned and not file.pinned:
-            self._check_pinned(tenant, file.n_pages, f"cannot pin KV file {name!r} ({file.n_pages} pages)")
+            self.budgets.check_pinned(tenant, file.n_pages, f"cannot pin KV file {name!r} ({file.n_pages} pages)")
         if file.pinned == bool(pinned):
             return
         file.pinned = bool(pinned)
@@ -669,18 +610,8 @@ class KVFS:
         grow = pages_for(total, bs) - len(file.pages)
         cow = file.computed % bs != 0 and self.alloc.refcount(file.pages[-1]) > 1
         n_alloc = grow + (1 if cow else 0)
-        stored_limit = self.quota(file.tenant).stored_bytes
-        if file.name is not None and file.pinned:
-            self._check_pinned(file.tenant, grow, f"cannot grow pinned KV file {file.name!r} by {grow} pages")
-        if file.name is not None and stored_limit is not None:
-            stored = self._stored_bytes(file.tenant) + grow * self.page_bytes
-            if stored > stored_limit:
-                raise NoSpace(f"stored KV budget of tenant exceeded: {stored} > {stored_limit} bytes")
-        limit = self._session_limits.get(owner)
-        if limit is not None and self.session_usage(owner) + n_alloc > limit:
-            raise NoSpace(
-                f"session KV page limit exceeded: {self.session_usage(owner)} held + {n_alloc} needed > {limit} pages"
-            )
+        self.budgets.check_growth(file, grow)
+        self.budgets.check_session(owner, n_alloc)
         self._reserve(file.tenant, n_alloc)
         self.tiers.forget_clean_copy(file)  # the forward writes into the file's pages
         allocated = self.alloc.alloc(file.tenant, n_alloc)
@@ -772,7 +703,7 @@ class KVFS:
             return 0  # not token ids: the append that follows refuses them
         if not pages:
             return 0
-        cap = self._session_limits.get(owner)
+        cap = self.budgets.session_cap(owner)
         if cap is not None and self.session_usage(owner) + len(pages) > cap:
             return 0  # computing it would not fit either; let the append say so
         self.alloc.incref(file.tenant, pages)
@@ -802,9 +733,6 @@ class KVFS:
         self._maybe_free(file)
 
     # ------------------------------------------------------------------ tiers and budgets
-    def _stored_bytes(self, tenant: str) -> int:
-        return self.catalogue.stored_pages(tenant) * self.page_bytes
-
     def _evictable(self, tenant: str | None = None, tenants: Sequence[str] | None = None) -> list[KVFile]:
         return self.catalogue.evictable(tenant, tenants)
 
@@ -812,7 +740,7 @@ class KVFS:
         """Make room for ``need`` host pages within the file's tenant's host share by dropping
         the tenant's own clean copies, then moving its own older host files to disk; whether
         it fits. Only the tenant's files move, so its spills never cost another tenant."""
-        cap = share_pages(self.quota(file.tenant).host_share, self.tiers.host_capacity)
+        cap = self.budgets.host_share_pages(file.tenant, self.tiers.host_capacity)
         if cap is None:
             return True
         if need > cap:
