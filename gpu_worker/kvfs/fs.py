@@ -14,9 +14,7 @@ loses nothing.
 from __future__ import annotations
 
 import functools
-import json
 import logging
-import sys
 import threading
 import time
 from collections import Counter
@@ -28,33 +26,30 @@ import torch
 
 from gpu_worker.kvfs.budgets import Budgets, KVFSLimits
 from gpu_worker.kvfs.catalogue import Catalogue
+from gpu_worker.kvfs.coherence import Coherence, held_here
 from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NotFound, PoolFull
 from gpu_worker.kvfs.files import (
     DEVICE,
     DISK,
     HOST,
-    STORE_SUFFIX,
     Handle,
     KVFile,
     Owner,
     pages_for,
-    store_key,
     validate_name,
     validate_tenant,
 )
-from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S, LeaseLost, Leases, StoreUnavailable
+from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S, LeaseLost, Leases
 from gpu_worker.kvfs.pages import PageAllocator
 from gpu_worker.kvfs.prefix import PrefixIndex, chain_key
 from gpu_worker.kvfs.quota import TenantQuota
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
 from gpu_worker.kvfs.store import KVStore
-from gpu_worker.kvfs.tiers import PageIO, Tiers, decode_header, encode_blob, encode_meta, put_generation
+from gpu_worker.kvfs.tiers import PageIO, Tiers, encode_blob, encode_meta, put_generation
 
 log = logging.getLogger(__name__)
 
 F = TypeVar("F", bound=Callable[..., Any])
-#: ``written_generation`` of an unlinked file: past any generation a write could carry.
-UNLINKED = sys.maxsize
 #: Seconds a closed ``durable=False`` file keeps unwritten changes before :meth:`KVFS.write_idle`
 #: writes it: longer than the pause between two turns of a conversation, whose next turn would
 #: otherwise find each turn's close writing its whole file (tens of MB) through to the store.
@@ -134,8 +129,6 @@ class KVFS:
         self.prefix: PrefixIndex | None = PrefixIndex(self.alloc) if prefix_cache else None
         self.tiers = Tiers(self.alloc, page_io, store, host_pages, persist=self._persist_closed)
         self.leases = Leases(store, worker_id, lease_ttl_s)
-        #: Named files whose write lease this worker holds, with when it was last renewed.
-        self._leased: dict[tuple[str, str], float] = {}
         self.page_io = page_io
         self.store = store
         #: Named files and open handles (gpu_worker/kvfs/catalogue.py); ``_named`` and
@@ -147,6 +140,9 @@ class KVFS:
         self._on_release = on_release
         #: Session caps, tenant quotas and account shares (gpu_worker/kvfs/budgets.py).
         self.budgets = Budgets(limits, self.alloc, self.catalogue, page_bytes)
+        #: Named files at their latest store generation, and the write leases held here
+        #: (gpu_worker/kvfs/coherence.py).
+        self.coherence = Coherence(store, self.leases, self.catalogue, self.tiers, self._release_seq)
         self.accounts = self.budgets.accounts
         self.shares = self.budgets.shares
 
@@ -170,100 +166,13 @@ class KVFS:
         self._ensure_device(handle.file)
         return handle
 
-    def _lookup(self, tenant: str, name: str) -> KVFile:
-        """The named file at its latest flushed generation: this worker's copy when it holds the
-        write lease or the copy is still the store's generation, else (re)loaded from the store
-        (a file another worker wrote since this one started, or changed since it was cached)."""
-        key = (validate_tenant(tenant), validate_name(name))
-        local = self._named.get(key)
-        if local is not None and self._held_here(local):
-            return local
-        lease = self.leases.read(tenant, name)
-        if local is not None:
-            if lease is not None and lease.generation == local.generation:
-                return local
-            if lease is None and local.generation == 0 and self._in_store(tenant, name):
-                return local  # written before leases existed; no other worker has changed it
-            why = "deleted" if lease is None else f"generation {lease.generation} written"
-            log.info("event=kv_stale_dropped file=%s generation=%d reason=%s", local.path, local.generation, why)
-            self._forget(local)
-        file = self._load_from_store(tenant, name)
-        if file is None:
-            raise NotFound(f"no KV file named {name!r}")
-        return file
-
-    @staticmethod
-    def _held_here(file: KVFile) -> bool:
-        """This worker's copy is the newest there is: it is being written here, or holds changes
-        not flushed yet (under this worker's write lease)."""
-        return file.writer is not None or file.plan_pending or file.dirty or not file.stored
-
-    def _in_store(self, tenant: str, name: str) -> bool:
-        try:
-            self.store.size(store_key(tenant, name))
-        except KeyError:
-            return False
-        except Exception as exc:
-            raise StoreUnavailable(f"the KV store is unreachable: {type(exc).__name__}: {exc}") from exc
-        return True
-
-    def _load_from_store(self, tenant: str, name: str) -> KVFile | None:
-        """Catalogue a file found in the store (disk-resident; its pages load when opened)."""
-        try:
-            blob = self.store.get(store_key(tenant, name))
-        except KeyError:
-            return None
-        except Exception as exc:
-            raise StoreUnavailable(f"the KV store is unreachable: {type(exc).__name__}: {exc}") from exc
-        file = self._file_from_meta(decode_header(blob))
-        self._named[(tenant, name)] = file
-        log.info("event=kv_found_in_store file=%s generation=%d", file.path, file.generation)
-        return file
-
-    @staticmethod
-    def _file_from_meta(meta: dict[str, str]) -> KVFile:
-        return KVFile(
-            tenant=meta["tenant"],
-            name=meta["name"],
-            tokens=[int(t) for t in json.loads(meta["tokens"])],
-            computed=int(meta["computed"]),
-            pinned=meta.get("pinned") == "1",
-            durable=meta.get("durable", "1") == "1",
-            last_used=float(meta.get("last_used", "0")),
-            residency=DISK,
-            spilled_pages=int(meta["n_pages"]),
-            generation=int(meta.get("generation", "0")),
-            stored=True,
-        )
-
-    def _forget(self, file: KVFile) -> None:
-        """Drop this worker's stale clean copy of a named file (no handle uses it)."""
-        del self._named[(file.tenant, file.name or "")]
-        if self._on_release is not None:
-            self._on_release(file.seq_id)
-        self.tiers.drop(file)
-
-    def _acquire(self, tenant: str, name: str, *, create: bool = False) -> int:
-        lease = self.leases.acquire(tenant, name, create=create)
-        self._leased[(tenant, name)] = time.monotonic()
-        return lease.generation
-
-    def _release(self, file: KVFile) -> None:
-        if self._leased.pop((file.tenant, file.name or ""), None) is not None:
-            self.leases.release(file.tenant, file.name or "")
-
-    def _persist(self, file: KVFile) -> None:
-        """Write a named file under this worker's lease as the next generation."""
-        assert file.name is not None
-        file.generation = self.leases.bump(file.tenant, file.name)
-        self._leased[(file.tenant, file.name)] = time.monotonic()
-        self.tiers.write_disk(file)
-
     def _persist_closed(self, file: KVFile) -> None:
-        """Flush a file no handle writes any more and give its lease back."""
-        self._persist(file)
-        if file.writer is None:
-            self._release(file)
+        """Flush a file no handle writes any more and give its lease back (the tiers' ``persist``)."""
+        self.coherence.persist_closed(file)
+
+    def _release_seq(self, seq_id: str) -> None:
+        if self._on_release is not None:
+            self._on_release(seq_id)
 
     def _share(self, src: KVFile, n_tokens: int) -> KVFile:
         """A new anonymous file with ``src``'s first ``n_tokens``, sharing their pages (COW)."""
@@ -285,8 +194,7 @@ class KVFS:
         """Anonymous (or unlinked) files die with their last handle; the engine forgets idle files."""
         if file.handles or file.plan_pending:
             return
-        if self._on_release is not None:
-            self._on_release(file.seq_id)
+        self._release_seq(file.seq_id)
         if file.name is None:
             self.tiers.drop(file)
 
@@ -301,13 +209,13 @@ class KVFS:
         if name is not None:
             key = (owner.tenant, validate_name(name))
             try:
-                self._lookup(owner.tenant, name)
+                self.coherence.lookup(owner.tenant, name)
             except NotFound:
                 pass
             else:
                 raise Exists(f"KV file {name!r} already exists")
             self.budgets.check_file_count(owner.tenant)
-            file.generation = self._acquire(owner.tenant, name, create=True)
+            file.generation = self.coherence.acquire(owner.tenant, name, create=True)
             file.name = name
             file.changed()  # written at its last close, so every worker sharing the store sees it
             self._named[key] = file
@@ -326,16 +234,16 @@ class KVFS:
         """
         if mode not in ("r", "w"):
             raise InvalidArgument("mode must be 'r' or 'w'")
-        file = self._lookup(owner.tenant, name)
+        file = self.coherence.lookup(owner.tenant, name)
         if mode == "w" and file.writer is not None:
             raise Busy(f"KV file {name!r} is already open for writing")
         if mode == "w":
-            generation = self._acquire(owner.tenant, name)
+            generation = self.coherence.acquire(owner.tenant, name)
             if generation != file.generation:  # another worker flushed since the check above
-                self._forget(file)
-                reloaded = self._load_from_store(owner.tenant, name)
+                self.coherence.forget(file)
+                reloaded = self.coherence.load_from_store(owner.tenant, name)
                 if reloaded is None:
-                    self._release(KVFile(tenant=owner.tenant, name=name))
+                    self.coherence.release(KVFile(tenant=owner.tenant, name=name))
                     raise NotFound(f"no KV file named {name!r}")
                 file = reloaded
         self._ensure_device(file)
@@ -373,7 +281,7 @@ class KVFS:
                     flush = self._begin_flush(file)
                 # else: written by write_idle, a spill to disk or flush; the lease stays held
             elif not file.dirty:
-                self._release(file)
+                self.coherence.release(file)
         self._maybe_free(file)
         return flush
 
@@ -389,17 +297,14 @@ class KVFS:
         unlinked here and the conflict logged. A store that fails is logged; the file stays
         dirty (written at the next close or at shutdown) and the lease stays held meanwhile."""
         try:
-            file.generation = self.leases.bump(file.tenant, file.name or "")
+            file.generation = self.coherence.bump(file)
         except LeaseLost as exc:
             log.error("event=kv_write_conflict file=%s error=%s", file.path, exc.message)
-            self._leased.pop((file.tenant, file.name or ""), None)
-            del self._named[(file.tenant, file.name or "")]
-            file.name = None
+            self.coherence.lost(file)
             return None
         except Exception as exc:
             log.warning("event=kv_write_through_failed file=%s error=%r", file.path, exc)
             return None
-        self._leased[(file.tenant, file.name or "")] = time.monotonic()
         data = self.tiers.host_data_of(file)  # a copy of device pages; a host copy is never mutated
         return _Flush(file, file.generation, file.version, data, encode_meta(file, data.shape[0]))
 
@@ -419,7 +324,7 @@ class KVFS:
                     continue  # changed since: the newer write (or the next close) flushes it
                 file.stored, file.dirty = True, False
                 if file.writer is None and self._named.get((file.tenant, file.name or "")) is file:
-                    self._release(file)
+                    self.coherence.release(file)
 
     def write_idle(self, now: float | None = None, limit: int = 4) -> int:
         """Write through the closed ``durable=False`` files whose changes have waited
@@ -482,27 +387,12 @@ class KVFS:
     @_locked
     def remove(self, tenant: str, name: str) -> None:
         """Unlink a named file; open handles keep it alive as an anonymous file."""
-        file = self._lookup(tenant, name)
+        file = self.coherence.lookup(tenant, name)
         self._unlink(file)
 
     def _unlink(self, file: KVFile) -> None:
-        tenant, name = file.tenant, file.name or ""
-        del self._named[(tenant, name)]
-        self._leased.pop((tenant, name), None)
-        try:
-            with file.write_lock:  # after a write in flight; none may land after the delete
-                self.store.delete(store_key(tenant, name))
-                file.written_generation = UNLINKED
-        except Exception as exc:
-            raise StoreUnavailable(f"the KV store is unreachable: {type(exc).__name__}: {exc}") from exc
-        self.leases.delete(tenant, name)  # after the blob: a reader never finds a lease-less blob newer than its copy
-        if file.residency == DISK:
-            file.residency = DEVICE
-            file.spilled_pages = 0
-            file.computed = 0
-        file.name = None
+        self.coherence.unlink(file)
         self._maybe_free(file)
-        log.info("event=kv_remove tenant=%s name=%s", tenant, name)
 
     delete = remove
 
@@ -512,16 +402,13 @@ class KVFS:
         catalogued here or not: a store shared with other workers (S3) may hold files this worker
         never listed, written by one that is gone. Returns the names removed, sorted. Open
         handles keep their pages as anonymous files, as with :meth:`remove`."""
-        prefix = validate_tenant(tenant) + "/"
+        validate_tenant(tenant)
         if self.prefix is not None:
             self.prefix.drop_tenant(tenant)
         names = {name for (owner, name) in self._named if owner == tenant}
         for name in names:
             self._unlink(self._named[(tenant, name)])
-        for key in self.store.list(prefix):
-            self.store.delete(key)
-            if key.endswith(STORE_SUFFIX):
-                names.add(key[len(prefix) : -len(STORE_SUFFIX)])
+        names |= self.coherence.delete_tenant(tenant)
         log.info("event=kv_remove_tenant tenant=%s files=%d", tenant, len(names))
         return sorted(names)
 
@@ -581,16 +468,16 @@ class KVFS:
     def pin(self, tenant: str, name: str, pinned: bool) -> None:
         """Pin (never spilled by policy) or unpin a named file; a pin that would take the
         tenant's pinned pages past its device share fails with EDQUOT and changes nothing."""
-        file = self._lookup(tenant, name)
+        file = self.coherence.lookup(tenant, name)
         if pinned and not file.pinned:
             self.budgets.check_pinned(tenant, file.n_pages, f"cannot pin KV file {name!r} ({file.n_pages} pages)")
         if file.pinned == bool(pinned):
             return
         file.pinned = bool(pinned)
-        if not self._held_here(file):
+        if not held_here(file):
             # The pin is part of the stored file, so a worker loading it later keeps it on device
             # too: written now as a new generation, under the lease like any write.
-            self._acquire(tenant, name)
+            self.coherence.acquire(tenant, name)
             self._persist_closed(file)
 
     # ----------------------------------------------------------------------- appends
@@ -944,7 +831,7 @@ class KVFS:
     @_locked
     def evict(self, tenant: str, name: str) -> None:
         """Explicitly move a named file to disk, freeing its device pages and host memory."""
-        file = self._lookup(tenant, name)
+        file = self.coherence.lookup(tenant, name)
         if file.handles or file.plan_pending:
             raise Busy(f"KV file {name!r} is open")
         self.tiers.to_disk(file)
@@ -954,55 +841,18 @@ class KVFS:
         """Write every named file with unflushed changes to the store and give every write
         lease back (graceful shutdown); residency is unchanged. Clean copies are not written:
         the store has them, maybe already at a newer generation from another worker."""
-        for file in list(self._named.values()):
-            if file.residency != DISK and (file.dirty or not file.stored):
-                try:
-                    self._persist(file)
-                except LeaseLost as exc:
-                    log.error("event=kv_write_conflict file=%s error=%s", file.path, exc.message)
-        for tenant, name in list(self._leased):
-            self._leased.pop((tenant, name), None)
-            self.leases.release(tenant, name)
+        self.coherence.flush_all()
 
     @_locked
     def renew_leases(self) -> int:
         """Renew the write leases this worker holds once a third of their TTL has passed (called
         from the worker's tick); a lease lost meanwhile is logged and dropped. Returns renewals."""
-        renewed = 0
-        now = time.monotonic()
-        for (tenant, name), at in list(self._leased.items()):
-            if now - at < self.leases.ttl_s / 3:
-                continue
-            try:
-                self.leases.renew(tenant, name)
-            except LeaseLost as exc:
-                log.error("event=kv_lease_lost tenant=%s name=%s error=%s", tenant, name, exc.message)
-                self._leased.pop((tenant, name), None)
-                continue
-            except Exception as exc:  # store down: retried next tick, within the TTL
-                log.warning("event=kv_lease_renew_failed tenant=%s name=%s error=%r", tenant, name, exc)
-                continue
-            self._leased[(tenant, name)] = now
-            renewed += 1
-        return renewed
+        return self.coherence.renew()
 
     @_locked
     def load_index(self) -> int:
         """Rebuild the catalogue from the store at start: every file is disk-resident."""
-        found = []
-        for key in self.store.list():
-            if not key.endswith(STORE_SUFFIX):
-                continue
-            meta = decode_header(self.store.get(key))
-            tenant, name = meta["tenant"], meta["name"]
-            if (tenant, name) in self._named or store_key(tenant, name) != key:
-                continue
-            found.append(meta)
-        # Oldest first, so the logical LRU clock continues the stored order.
-        for meta in sorted(found, key=lambda m: float(m.get("last_used", "0"))):
-            self._named[(meta["tenant"], meta["name"])] = self._file_from_meta(meta)
-        loaded = len(found)
-        return loaded
+        return self.coherence.load_index()
 
     # ------------------------------------------------------------------------ views
     @_locked
@@ -1071,7 +921,7 @@ class KVFS:
                 pinned=f.pinned,
                 last_used=f.last_used,
                 generation=f.generation,
-                leased=(t, f.name or "") in self._leased,
+                leased=(t, f.name or "") in self.coherence.leased,
             )
             for (t, _), f in self._named.items()
             if tenant is None or t == tenant
