@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -41,7 +41,8 @@ from gpu_worker.kvfs.files import (
 )
 from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S, LeaseLost, Leases
 from gpu_worker.kvfs.pages import PageAllocator
-from gpu_worker.kvfs.prefix import PrefixIndex, chain_key
+from gpu_worker.kvfs.prefix import PrefixIndex
+from gpu_worker.kvfs.prefix_cache import PrefixCache
 from gpu_worker.kvfs.quota import TenantQuota
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
 from gpu_worker.kvfs.store import KVStore
@@ -126,7 +127,9 @@ class KVFS:
         self.page_bytes = page_bytes
         limits = limits or KVFSLimits()
         self.alloc = PageAllocator(num_pages)
-        self.prefix: PrefixIndex | None = PrefixIndex(self.alloc) if prefix_cache else None
+        #: The tenant-scoped prefix index and what files do with it (gpu_worker/kvfs/prefix_cache.py).
+        self.prefix_cache = PrefixCache(self.alloc, block_size, prefix_cache)
+        self.prefix: PrefixIndex | None = self.prefix_cache.index
         self.tiers = Tiers(self.alloc, page_io, store, host_pages, persist=self._persist_closed)
         self.leases = Leases(store, worker_id, lease_ttl_s)
         self.page_io = page_io
@@ -403,8 +406,7 @@ class KVFS:
         never listed, written by one that is gone. Returns the names removed, sorted. Open
         handles keep their pages as anonymous files, as with :meth:`remove`."""
         validate_tenant(tenant)
-        if self.prefix is not None:
-            self.prefix.drop_tenant(tenant)
+        self.prefix_cache.drop_tenant(tenant)
         names = {name for (owner, name) in self._named if owner == tenant}
         for name in names:
             self._unlink(self._named[(tenant, name)])
@@ -541,30 +543,11 @@ class KVFS:
         file.pages = list(plan.page_ids)
         file.changed()
         self.alloc.decref(plan._replaced)
-        self._register_full_pages(file)
+        self.prefix_cache.register_full_pages(file)
         file.touch()
         self._maybe_free(file)
 
     # ------------------------------------------------------------------- prefix cache
-    def _extend_chain(self, file: KVFile) -> int:
-        """Key the file's full computed pages it has no key for yet; returns how many are full."""
-        bs = self.block_size
-        full = file.computed // bs
-        while len(file.chain) < full:
-            i = len(file.chain)
-            file.chain.append(chain_key(file.chain[-1] if i else b"", file.tokens[i * bs : (i + 1) * bs]))
-        return full
-
-    def _register_full_pages(self, file: KVFile) -> None:
-        """Index the file's pages that became full (their tokens are final) under their chained
-        keys. Only device-resident, cache-enabled files with the cache on; O(new full pages)."""
-        if self.prefix is None or not file.cache or file.residency != DEVICE:
-            return
-        full = self._extend_chain(file)
-        for i in range(file.registered, full):
-            self.prefix.register(file.tenant, file.chain[i], file.pages[i])
-        file.registered = full
-
     @_locked
     def map_cached_prefix(self, owner: Owner, h: int, tokens: Sequence[int], limit: int) -> int:
         """Start a fresh file (no tokens yet) from the longest prefix of ``tokens`` whose whole
@@ -573,19 +556,10 @@ class KVFS:
         tokens were mapped: they are now the file's computed tokens, on shared pages."""
         handle = self._handles.get(owner, h)
         file = handle.file
-        if self.prefix is None or not file.cache or file.tokens or file.pages or file.plan_pending:
+        if not file.cache or file.tokens or file.pages or file.plan_pending:
             return 0
-        bs = self.block_size
-        n_pages = max(0, min(limit, len(tokens) - 1)) // bs
-        keys: list[bytes] = []
-
-        def chained() -> Iterator[bytes]:  # lazily: a miss on page 1 hashes one page only
-            for i in range(n_pages):
-                keys.append(chain_key(keys[-1] if i else b"", tokens[i * bs : (i + 1) * bs]))
-                yield keys[-1]
-
         try:
-            pages = self.prefix.lookup(file.tenant, chained())
+            pages, keys = self.prefix_cache.match(file.tenant, tokens, limit)
         except (OverflowError, TypeError, ValueError):
             return 0  # not token ids: the append that follows refuses them
         if not pages:
@@ -594,24 +568,21 @@ class KVFS:
         if cap is not None and self.session_usage(owner) + len(pages) > cap:
             return 0  # computing it would not fit either; let the append say so
         self.alloc.incref(file.tenant, pages)
-        n = len(pages) * bs
+        n = len(pages) * self.block_size
         file.tokens = [int(t) for t in tokens[:n]]
         file.computed = n
         file.pages = list(pages)
-        file.chain = keys[: len(pages)]
+        file.chain = keys
         file.registered = len(pages)
         file.changed()
         file.touch()
         log.debug("event=kv_prefix_hit file=%s tokens=%d", file.path, n)
         return n
 
-    def _reclaim_cached(self, n: int, tenant: str | None = None) -> int:
-        return 0 if self.prefix is None or n <= 0 else self.prefix.reclaim(n, tenant)
-
     @_locked
     def prefix_cached_pages(self, tenant: str | None = None) -> int:
         """Pages only the prefix cache holds (reclaimed first when pages are needed)."""
-        return 0 if self.prefix is None else self.prefix.cached_only(tenant)
+        return self.prefix_cache.cached_only(tenant)
 
     @_locked
     def abort_append(self, plan: AppendPlan) -> None:
@@ -726,7 +697,7 @@ class KVFS:
         """While ``short()`` pages are missing: reclaim the cached-only prefix pages of
         ``cached_of`` (``None``: anyone's), then spill ``victims`` in order, reclaiming after each."""
         for tenant in cached_of:
-            self._reclaim_cached(short(), tenant)
+            self.prefix_cache.reclaim(short(), tenant)
         for victim in victims:
             if short() <= 0:
                 return
@@ -734,7 +705,7 @@ class KVFS:
                 continue  # spilled by an earlier step of the same reserve
             self._spill(victim)
             for tenant in cached_of:
-                self._reclaim_cached(short(), tenant)
+                self.prefix_cache.reclaim(short(), tenant)
 
     def _victims(self, account: str) -> list[KVFile]:
         """Idle unpinned device files that may be spilled for ``account``, each group least
@@ -757,7 +728,7 @@ class KVFS:
     def reclaimable_pages(self) -> int:
         """Device pages a new request could get now: free ones plus those of idle unpinned
         named files (of any tenant), which are spilled before any request is refused."""
-        cached = 0 if self.prefix is None else self.prefix.cached_only()
+        cached = self.prefix_cache.cached_only()
         return self.alloc.free_count + cached + sum(len(f.pages) for f in self._evictable())
 
     def _ensure_device(self, file: KVFile) -> None:
@@ -770,7 +741,7 @@ class KVFS:
         the bytes.) The fresh pages are indexed as a new file's would be."""
         if file.residency == DEVICE:
             return
-        lead = self._cached_lead(file)
+        lead = self.prefix_cache.cached_lead(file)
         try:
             self._reserve(file.tenant, file.spilled_pages - len(lead))
         except BaseException:
@@ -778,18 +749,7 @@ class KVFS:
             raise
         self.tiers.reload(file, lead)
         file.registered = len(lead)
-        self._register_full_pages(file)
-
-    def _cached_lead(self, file: KVFile) -> list[int]:
-        """The prefix cache's pages for the spilled file's first full pages (the longest run
-        from the first), each with a reference taken for the caller so that making room for the
-        rest cannot reclaim them."""
-        if self.prefix is None or not file.cache:
-            return []
-        full = min(self._extend_chain(file), file.spilled_pages)
-        pages = self.prefix.lookup(file.tenant, file.chain[:full])
-        self.alloc.incref(file.tenant, pages)
-        return pages
+        self.prefix_cache.register_full_pages(file)
 
     @_locked
     def swap_out(self, owner: Owner) -> int:
@@ -810,7 +770,7 @@ class KVFS:
             and all(self._handles.owner_of(hid) == owner for hid in f.handles)
         ]
         inside = Counter(p for f in files for p in f.pages)
-        indexed = set(self.prefix.pages()) if self.prefix is not None else set()
+        indexed = set(self.prefix_cache.pages())
         freed = 0
         for file in files:
             if any(self.alloc.refcount(p) > inside[p] + (p in indexed) for p in file.pages):
@@ -867,8 +827,8 @@ class KVFS:
             host_clean_pages=self.tiers.clean_pages,
             host_capacity_pages=self.tiers.host_capacity,
             disk_pages=sum(f.spilled_pages for f in files if f.residency == DISK),
-            prefix_cached_pages=0 if self.prefix is None else self.prefix.cached_only(),
-            prefix_indexed_pages=0 if self.prefix is None else len(self.prefix),
+            prefix_cached_pages=self.prefix_cache.cached_only(),
+            prefix_indexed_pages=self.prefix_cache.indexed(),
             files=len(files),
             open_handles=len(self._handles),
         )
@@ -942,8 +902,7 @@ class KVFS:
                 refs.update(f.pages)
                 live.update(f.pages)
             assert all(self.alloc.owner(p) == f.tenant for p in f.pages)
-        if self.prefix is not None:
-            refs.update(self.prefix.pages())
+        refs.update(self.prefix_cache.pages())
         held_on_host = sum(f.host_data.shape[0] for f in files.values() if f.host_data is not None)
         assert self.tiers.host_used == held_on_host, (self.tiers.host_used, held_on_host)
         clean = sum(
