@@ -27,11 +27,10 @@ import torch
 from gpu_worker.kvfs.budgets import Budgets, KVFSLimits
 from gpu_worker.kvfs.catalogue import Catalogue
 from gpu_worker.kvfs.coherence import Coherence, held_here
-from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NotFound, PoolFull
+from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NotFound
 from gpu_worker.kvfs.files import (
     DEVICE,
     DISK,
-    HOST,
     Handle,
     KVFile,
     Owner,
@@ -41,6 +40,7 @@ from gpu_worker.kvfs.files import (
 )
 from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S, LeaseLost, Leases
 from gpu_worker.kvfs.pages import PageAllocator
+from gpu_worker.kvfs.placement import Placement, host_pages_of
 from gpu_worker.kvfs.prefix import PrefixIndex
 from gpu_worker.kvfs.prefix_cache import PrefixCache
 from gpu_worker.kvfs.quota import TenantQuota
@@ -146,6 +146,8 @@ class KVFS:
         #: Named files at their latest store generation, and the write leases held here
         #: (gpu_worker/kvfs/coherence.py).
         self.coherence = Coherence(store, self.leases, self.catalogue, self.tiers, self._release_seq)
+        #: Spill, reload and tier policy (gpu_worker/kvfs/placement.py).
+        self.placement = Placement(self.alloc, self.tiers, self.catalogue, self.budgets, self.prefix_cache)
         self.accounts = self.budgets.accounts
         self.shares = self.budgets.shares
 
@@ -170,7 +172,7 @@ class KVFS:
         return handle
 
     def _persist_closed(self, file: KVFile) -> None:
-        """Flush a file no handle writes any more and give its lease back (the tiers' ``persist``)."""
+        """_Flush a file no handle writes any more and give its lease back (the tiers' ``persist``)."""
         self.coherence.persist_closed(file)
 
     def _release_seq(self, seq_id: str) -> None:
@@ -591,165 +593,20 @@ class KVFS:
         self._maybe_free(file)
 
     # ------------------------------------------------------------------ tiers and budgets
-    def _evictable(self, tenant: str | None = None, tenants: Sequence[str] | None = None) -> list[KVFile]:
-        return self.catalogue.evictable(tenant, tenants)
-
-    def _fits_host_share(self, file: KVFile, need: int) -> bool:
-        """Make room for ``need`` host pages within the file's tenant's host share by dropping
-        the tenant's own clean copies, then moving its own older host files to disk; whether
-        it fits. Only the tenant's files move, so its spills never cost another tenant."""
-        cap = self.budgets.host_share_pages(file.tenant, self.tiers.host_capacity)
-        if cap is None:
-            return True
-        if need > cap:
-            return False
-        own = sorted(
-            (f for (t, _), f in self._named.items() if t == file.tenant and f is not file), key=lambda f: f.use_seq
-        )
-        used = sum(self._host_held(f) for f in own)  # spilled files and clean copies
-        for victim in [f for f in own if self.tiers.has_clean_copy(f)]:
-            if used + need <= cap:
-                break
-            used -= self._host_held(victim)
-            self.tiers.forget_clean_copy(victim)
-        for victim in [f for f in own if f.residency == HOST and not f.handles]:
-            if used + need <= cap:
-                break
-            used -= self._host_held(victim)
-            self.tiers.to_disk(victim)
-        return used + need <= cap
-
-    @staticmethod
-    def _host_held(file: KVFile) -> int:
-        return 0 if file.host_data is None else file.host_data.shape[0]
-
     def _spill(self, file: KVFile) -> None:
-        """Device -> host when host memory has room (within the tenant's host share, then
-        making room by dropping other files' clean copies, then by moving older host files to
-        disk), else disk. A file with a clean copy goes to host without a copy and needs no room."""
-        if self.tiers.has_clean_copy(file):
-            self.tiers.device_to_host(file)
-            return
-        need = len(file.pages)
-        if need > self.tiers.host_capacity or not self._fits_host_share(file, need):
-            self.tiers.to_disk(file)
-            return
-        host_files = self.catalogue.idle_on_host()
-        clean = sorted((f for f in self._named.values() if self.tiers.has_clean_copy(f)), key=lambda f: f.use_seq)
-        while self.tiers.host_capacity - self.tiers.host_used < need and clean:
-            self.tiers.forget_clean_copy(clean.pop(0))
-        while self.tiers.host_capacity - self.tiers.host_used < need and host_files:
-            self.tiers.to_disk(host_files.pop(0))
-        if self.tiers.host_capacity - self.tiers.host_used >= need:
-            self.tiers.device_to_host(file)
-        else:
-            self.tiers.to_disk(file)
+        self.placement.spill(file)
 
     def _reserve(self, tenant: str, n: int) -> None:
-        """Make ``n`` pages allocatable for ``tenant``, or raise ENOSPC: within the tenant's
-        budget (if configured), within its account's bounds (gpu_worker/kvfs/accounts.py), then
-        from the free pages, reclaiming cached-only prefix pages first (least recently used
-        first) and then spilling idle named files by LRU (a spilled file's indexed pages become
-        cached-only, so each spill is followed by a reclaim). Whose files may be spilled is the
-        account bounds' to say (:meth:`_victims`)."""
-        budget = self.limits.device_pages_per_tenant
-        if budget is not None:
-            self._make_room(lambda: self.alloc.tenant_pages(tenant) + n - budget, [tenant], self._evictable(tenant))
-            if self.alloc.tenant_pages(tenant) + n > budget:
-                raise PoolFull(
-                    f"device KV page budget of tenant exceeded: {self.alloc.tenant_pages(tenant)} held "
-                    f"+ {n} needed > {budget} pages"
-                )
-        account = self.accounts.of(tenant)
-        if n <= 0 or not self.accounts.bounded(tenant):
-            self._reserve_free(account, n, self.accounts.bounded(tenant))
-            return
-        own = self.accounts.tenants(account)
-        ceiling = self.shares.pool.ceiling
-        self._make_room(lambda: self.shares.held(account) + n - ceiling, own, self._evictable(tenants=own))
-        if self.shares.held(account) + n > ceiling:
-            raise PoolFull(f"device KV pages: {n} more refused; {self.shares.describe(account)}")
-        if self.shares.over_share(account, n):
-            # Above its share while others are active: only what keeps the reserve free for them.
-            keep = self.shares.pool.reserve
-            self._make_room(
-                lambda: keep + n - self.alloc.free_count if self.shares.over_share(account, n) else 0,
-                own,
-                self._evictable(tenants=own),
-            )
-            if self.shares.over_share(account, n) and self.alloc.free_count - n < keep:
-                raise PoolFull(f"device KV pages: {n} more refused; {self.shares.describe(account)}")
-        self._reserve_free(account, n)
-
-    def _reserve_free(self, account: str, n: int, bounded: bool = True) -> None:
-        """Make ``n`` pages free for ``account``, reclaiming and spilling what :meth:`_victims`
-        allows, or raise ENOSPC."""
-        own = self.accounts.tenants(account)
-        if self.alloc.free_count < n:
-            victims = self._victims(account)
-            cached = None if self.shares.over_share(account, n) else [None]
-            self._make_room(lambda: n - self.alloc.free_count, [*own, *(cached or [])], victims)
-            if self.alloc.free_count < n:
-                why = f"; {self.shares.describe(account)}" if bounded else ""
-                raise PoolFull(f"KV cache full: {n} pages needed, {self.alloc.free_count} free{why}")
-
-    def _make_room(self, short: Callable[[], int], cached_of: Sequence[str | None], victims: Sequence[KVFile]) -> None:
-        """While ``short()`` pages are missing: reclaim the cached-only prefix pages of
-        ``cached_of`` (``None``: anyone's), then spill ``victims`` in order, reclaiming after each."""
-        for tenant in cached_of:
-            self.prefix_cache.reclaim(short(), tenant)
-        for victim in victims:
-            if short() <= 0:
-                return
-            if victim.residency != DEVICE or not victim.pages:
-                continue  # spilled by an earlier step of the same reserve
-            self._spill(victim)
-            for tenant in cached_of:
-                self.prefix_cache.reclaim(short(), tenant)
-
-    def _victims(self, account: str) -> list[KVFile]:
-        """Idle unpinned device files that may be spilled for ``account``, each group least
-        recently used first. For an account within its fair share: first those of the active
-        accounts above theirs, then everyone's (plain LRU, also when no other account is
-        active). For an account above its share: only its own, then those of accounts with no
-        live session; it never makes room by spilling an active account's files."""
-        files = self._evictable()
-        if not self.shares.contended(account):
-            return files
-        active = self.accounts.active_weights()
-        if self.shares.over_share(account):
-            own = [f for f in files if self.accounts.of(f.tenant) == account]
-            return own + [f for f in files if self.accounts.of(f.tenant) not in active]
-        over = {a for a in active if a != account and self.shares.over_share(a)}
-        first = [f for f in files if self.accounts.of(f.tenant) in over]
-        return first + [f for f in files if self.accounts.of(f.tenant) not in over]
+        self.placement.reserve(tenant, n)
 
     @_locked
     def reclaimable_pages(self) -> int:
         """Device pages a new request could get now: free ones plus those of idle unpinned
         named files (of any tenant), which are spilled before any request is refused."""
-        cached = self.prefix_cache.cached_only()
-        return self.alloc.free_count + cached + sum(len(f.pages) for f in self._evictable())
+        return self.placement.reclaimable()
 
     def _ensure_device(self, file: KVFile) -> None:
-        """Bring a spilled file back onto device pages. Its first full pages that the tenant's
-        prefix cache holds (a system prompt every conversation starts with) are mapped, not
-        copied: a reloaded conversation shares them again as it did before it left, so it takes
-        only its own pages of the device and of the copy. (Reloaded onto fresh pages, 48
-        conversations over one 600-token system prompt each came back with a private copy of
-        its four pages: the device held half as many of them, and every reload copied twice
-        the bytes.) The fresh pages are indexed as a new file's would be."""
-        if file.residency == DEVICE:
-            return
-        lead = self.prefix_cache.cached_lead(file)
-        try:
-            self._reserve(file.tenant, file.spilled_pages - len(lead))
-        except BaseException:
-            self.alloc.decref(lead)
-            raise
-        self.tiers.reload(file, lead)
-        file.registered = len(lead)
-        self.prefix_cache.register_full_pages(file)
+        self.placement.ensure_device(file)
 
     @_locked
     def swap_out(self, owner: Owner) -> int:
@@ -761,32 +618,12 @@ class KVFS:
         context would come back as N copies of it (and fail with ENOSPC where the pages were
         budgeted shared). References of the prefix index do not count: a page only the index
         holds is reclaimable anyway."""
-        files = [
-            f
-            for f in self._session_files(owner)
-            if f.residency == DEVICE
-            and f.pages
-            and not f.plan_pending
-            and all(self._handles.owner_of(hid) == owner for hid in f.handles)
-        ]
-        inside = Counter(p for f in files for p in f.pages)
-        indexed = set(self.prefix_cache.pages())
-        freed = 0
-        for file in files:
-            if any(self.alloc.refcount(p) > inside[p] + (p in indexed) for p in file.pages):
-                continue
-            before = self.alloc.free_count
-            self.tiers.device_to_host(file)
-            freed += self.alloc.free_count - before
-        return freed
+        return self.placement.swap_out(owner)
 
     @_locked
     def swap_in(self, owner: Owner) -> None:
-        for file in self._session_files(owner):
+        for file in self.catalogue.session_files(owner):
             self._ensure_device(file)
-
-    def _session_files(self, owner: Owner) -> list[KVFile]:
-        return self.catalogue.session_files(owner)
 
     @_locked
     def evict(self, tenant: str, name: str) -> None:
@@ -866,7 +703,7 @@ class KVFS:
         """Host-memory pages per tenant: spilled and swapped files, and clean copies (lock held)."""
         held: Counter[str] = Counter()
         for f in self.catalogue.live_files():
-            held[f.tenant] += self._host_held(f)
+            held[f.tenant] += host_pages_of(f)
         return held
 
     @_locked
