@@ -22,8 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-import torch
-
 from gpu_worker.kvfs.budgets import Budgets, KVFSLimits
 from gpu_worker.kvfs.catalogue import Catalogue
 from gpu_worker.kvfs.coherence import Coherence, held_here
@@ -38,7 +36,7 @@ from gpu_worker.kvfs.files import (
     validate_name,
     validate_tenant,
 )
-from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S, LeaseLost, Leases
+from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S, Leases
 from gpu_worker.kvfs.pages import PageAllocator
 from gpu_worker.kvfs.placement import Placement, host_pages_of
 from gpu_worker.kvfs.prefix import PrefixIndex
@@ -46,7 +44,8 @@ from gpu_worker.kvfs.prefix_cache import PrefixCache
 from gpu_worker.kvfs.quota import TenantQuota
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
 from gpu_worker.kvfs.store import KVStore
-from gpu_worker.kvfs.tiers import PageIO, Tiers, encode_blob, encode_meta, put_generation
+from gpu_worker.kvfs.tiers import PageIO, Tiers
+from gpu_worker.kvfs.writeback import Flush, WriteBack
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +54,6 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: writes it: longer than the pause between two turns of a conversation, whose next turn would
 #: otherwise find each turn's close writing its whole file (tens of MB) through to the store.
 DEFAULT_LAZY_WRITE_S = 120.0
-
-
-@dataclass(frozen=True, eq=False)
-class _Flush:
-    """A closed named file's write-through, snapshotted under the lock, written without it."""
-
-    file: KVFile
-    generation: int
-    version: int
-    data: torch.Tensor
-    meta: dict[str, str]
 
 
 def _locked(method: F) -> F:
@@ -148,6 +136,8 @@ class KVFS:
         self.coherence = Coherence(store, self.leases, self.catalogue, self.tiers, self._release_seq)
         #: Spill, reload and tier policy (gpu_worker/kvfs/placement.py).
         self.placement = Placement(self.alloc, self.tiers, self.catalogue, self.budgets, self.prefix_cache)
+        #: Write-through of closed named files, now or once idle (gpu_worker/kvfs/writeback.py).
+        self.writeback = WriteBack(self._lock, store, self.coherence, self.catalogue, self.tiers)
         self.accounts = self.budgets.accounts
         self.shares = self.budgets.shares
 
@@ -172,7 +162,7 @@ class KVFS:
         return handle
 
     def _persist_closed(self, file: KVFile) -> None:
-        """_Flush a file no handle writes any more and give its lease back (the tiers' ``persist``)."""
+        """Flush a file no handle writes any more and give its lease back (the tiers' ``persist``)."""
         self.coherence.persist_closed(file)
 
     def _release_seq(self, seq_id: str) -> None:
@@ -270,9 +260,9 @@ class KVFS:
             flush = self._close(owner, h)
         self._write_through([flush] if flush is not None else [])
 
-    def _close(self, owner: Owner, h: int) -> _Flush | None:
+    def _close(self, owner: Owner, h: int) -> Flush | None:
         """Close a handle (lock held); a named file whose last handle this was and that changed
-        comes back as a :class:`_Flush` for the caller to write once the lock is released."""
+        comes back as a :class:`Flush` for the caller to write once the lock is released."""
         handle = self._handles.get(owner, h)
         self._handles.pop(handle.hid)
         file = handle.file
@@ -283,53 +273,15 @@ class KVFS:
         if file.persistent and not file.handles:
             if file.dirty and file.residency != DISK:
                 if file.durable:
-                    flush = self._begin_flush(file)
+                    flush = self.writeback.begin(file)
                 # else: written by write_idle, a spill to disk or flush; the lease stays held
             elif not file.dirty:
                 self.coherence.release(file)
         self._maybe_free(file)
         return flush
 
-    def _begin_flush(self, file: KVFile) -> _Flush | None:
-        """The write-through of a named file whose last handle closed, so a worker crash loses
-        no closed file (lock held): reserve its next generation under the lease and snapshot
-        its pages and metadata. Encoding the blob and the store's write and ``fsync`` (~100 ms for
-        an 8-page float32 file of the 135M model on the benchmark host's disk) happen in
-        :meth:`_write_through` without the lock, which the engine thread takes to plan every
-        forward: held through the write, each closing conversation stalled every other session.
-        A lease lost meanwhile (it expired and another worker took the file, or the file was
-        deleted elsewhere) means this copy must not be written over the newer one: it is
-        unlinked here and the conflict logged. A store that fails is logged; the file stays
-        dirty (written at the next close or at shutdown) and the lease stays held meanwhile."""
-        try:
-            file.generation = self.coherence.bump(file)
-        except LeaseLost as exc:
-            log.error("event=kv_write_conflict file=%s error=%s", file.path, exc.message)
-            self.coherence.lost(file)
-            return None
-        except Exception as exc:
-            log.warning("event=kv_write_through_failed file=%s error=%r", file.path, exc)
-            return None
-        data = self.tiers.host_data_of(file)  # a copy of device pages; a host copy is never mutated
-        return _Flush(file, file.generation, file.version, data, encode_meta(file, data.shape[0]))
-
-    def _write_through(self, flushes: Sequence[_Flush]) -> None:
-        """Write snapshots taken by :meth:`_begin_flush`, then (lock held again) mark each file
-        clean and give its lease back, unless it changed, was written again or was reopened for
-        writing meanwhile. Called without the lock held (with it, when nested, still correct)."""
-        for flush in flushes:
-            file = flush.file
-            try:
-                put_generation(self.store, file, flush.generation, encode_blob(flush.data, flush.meta))
-            except Exception as exc:
-                log.warning("event=kv_write_through_failed file=%s error=%r", file.path, exc)
-                continue
-            with self._lock:
-                if file.generation != flush.generation or file.version != flush.version:
-                    continue  # changed since: the newer write (or the next close) flushes it
-                file.stored, file.dirty = True, False
-                if file.writer is None and self._named.get((file.tenant, file.name or "")) is file:
-                    self.coherence.release(file)
+    def _write_through(self, flushes: Sequence[Flush]) -> None:
+        self.writeback.write(flushes)
 
     def write_idle(self, now: float | None = None, limit: int = 4) -> int:
         """Write through the closed ``durable=False`` files whose changes have waited
@@ -340,22 +292,8 @@ class KVFS:
         crash loses nothing of it and another worker may take its lease. Returns files written."""
         now = time.time() if now is None else now
         with self._lock:
-            due = sorted(
-                (
-                    f
-                    for f in self._named.values()
-                    if not f.durable
-                    and f.dirty
-                    and not f.handles
-                    and not f.plan_pending
-                    and f.residency != DISK
-                    and now - f.last_used >= self.lazy_write_s
-                ),
-                key=lambda f: f.last_used,
-            )
-            flushes = [self._begin_flush(f) for f in due[:limit]]
-        written = [f for f in flushes if f is not None]
-        self._write_through(written)
+            written = self.writeback.due(now, self.lazy_write_s, limit)
+        self.writeback.write(written)
         return len(written)
 
     @_locked
