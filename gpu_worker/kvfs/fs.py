@@ -1,10 +1,16 @@
 """The KVFS facade: KV files as the session server and scheduler see them.
 
 All bookkeeping happens under one lock; page contents move only through ``PageIO`` (the
-engine). Named files are shared with every worker using the same store: a write lease with a
+engine). The facade holds the lock and the file operations (create, open, fork, append,
+truncate, close...); each concern behind them is a small part it calls with the lock held:
+``Catalogue`` (handles and names), ``Coherence`` (store and leases), ``Budgets`` (session caps,
+tenant quotas, account shares), ``Placement`` (spill, reload, tier policy), ``PrefixCache``,
+``WriteBack`` (write-through and lazy writes) and ``Metering`` (usage, listings, invariants).
+
+Named files are shared with every worker using the same store: a write lease with a
 generation number (gpu_worker/kvfs/lease.py) gives each one writer at a time, and a cached copy
 is checked against the store's generation whenever it is opened, so no worker serves a stale
-copy or flushes one over a newer write.
+copy or flushes one over a newer write (gpu_worker/kvfs/coherence.py).
 
 Appends are two-phase: ``plan_append`` reserves pages and says what the forward must compute,
 ``commit_append`` makes it visible, ``abort_append`` gives everything back, so a failed forward
@@ -17,7 +23,6 @@ import functools
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -27,7 +32,6 @@ from gpu_worker.kvfs.catalogue import Catalogue
 from gpu_worker.kvfs.coherence import Coherence, held_here
 from gpu_worker.kvfs.errors import Busy, Exists, InvalidArgument, NotFound
 from gpu_worker.kvfs.files import (
-    DEVICE,
     DISK,
     Handle,
     KVFile,
@@ -37,8 +41,9 @@ from gpu_worker.kvfs.files import (
     validate_tenant,
 )
 from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S, Leases
+from gpu_worker.kvfs.metering import Metering
 from gpu_worker.kvfs.pages import PageAllocator
-from gpu_worker.kvfs.placement import Placement, host_pages_of
+from gpu_worker.kvfs.placement import Placement
 from gpu_worker.kvfs.prefix import PrefixIndex
 from gpu_worker.kvfs.prefix_cache import PrefixCache
 from gpu_worker.kvfs.quota import TenantQuota
@@ -138,6 +143,10 @@ class KVFS:
         self.placement = Placement(self.alloc, self.tiers, self.catalogue, self.budgets, self.prefix_cache)
         #: Write-through of closed named files, now or once idle (gpu_worker/kvfs/writeback.py).
         self.writeback = WriteBack(self._lock, store, self.coherence, self.catalogue, self.tiers)
+        #: Usage, totals, listings and invariants (gpu_worker/kvfs/metering.py).
+        self.metering = Metering(
+            self.alloc, self.tiers, self.catalogue, self.prefix_cache, self.coherence.leased, page_bytes, block_size
+        )
         self.accounts = self.budgets.accounts
         self.shares = self.budgets.shares
 
@@ -592,101 +601,24 @@ class KVFS:
     # ------------------------------------------------------------------------ views
     @_locked
     def stats(self) -> KVStats:
-        files = list(self._named.values())
-        return KVStats(
-            total_pages=self.alloc.usable,
-            free_pages=self.alloc.free_count,
-            used_pages=self.alloc.usable - self.alloc.free_count,
-            pages_per_tenant=self.alloc.per_tenant(),
-            host_pages=self.tiers.host_used,
-            host_clean_pages=self.tiers.clean_pages,
-            host_capacity_pages=self.tiers.host_capacity,
-            disk_pages=sum(f.spilled_pages for f in files if f.residency == DISK),
-            prefix_cached_pages=self.prefix_cache.cached_only(),
-            prefix_indexed_pages=self.prefix_cache.indexed(),
-            files=len(files),
-            open_handles=len(self._handles),
-        )
-
-    def _held(self, owner: Owner) -> tuple[set[int], int]:
-        return self.catalogue.held(owner)
+        return self.metering.stats()
 
     @_locked
     def session_usage(self, owner: Owner) -> int:
         """Distinct device pages held by the session's open files now."""
-        return len(self._held(owner)[0])
+        return self.metering.session_usage(owner)
 
     @_locked
     def live_usage(self, owners: Sequence[Owner]) -> list[tuple[dict[str, int], int]]:
         """Per session: the fields of its live ``kv`` event and the distinct device pages it
-        holds (what page-seconds are metered on). The event tells a run only about itself and
-        its own tenant: the pages it holds, its tenant's device and host pages, its tokens.
-        Worker-wide totals would show every other tenant's prompt sizes as they come and go;
-        staff read those from /api/v1/admin/workers and /metrics. One call for every live
-        session, so the worker's tick takes the lock once, not twice per session."""
-        host = self._host_pages_per_tenant()
-        out = []
-        for owner in owners:
-            pages, tokens = self._held(owner)
-            event = {
-                "run_pages": len(pages),
-                "tenant_device_pages": self.alloc.tenant_pages(owner.tenant),
-                "tenant_host_pages": host.get(owner.tenant, 0),
-                "tokens": tokens,
-            }
-            out.append((event, len(pages)))
-        return out
-
-    def _host_pages_per_tenant(self) -> Counter[str]:
-        """Host-memory pages per tenant: spilled and swapped files, and clean copies (lock held)."""
-        held: Counter[str] = Counter()
-        for f in self.catalogue.live_files():
-            held[f.tenant] += host_pages_of(f)
-        return held
+        holds (what page-seconds are metered on); gpu_worker/kvfs/metering.py."""
+        return self.metering.live_usage(owners)
 
     @_locked
     def list_files(self, tenant: str | None = None) -> list[KVFileInfo]:
-        rows = [
-            KVFileInfo(
-                tenant=f.tenant,
-                name=f.name or "",
-                tokens=len(f.tokens),
-                bytes=f.n_pages * self.page_bytes,
-                residency=f.residency,
-                pinned=f.pinned,
-                last_used=f.last_used,
-                generation=f.generation,
-                leased=(t, f.name or "") in self.coherence.leased,
-            )
-            for (t, _), f in self._named.items()
-            if tenant is None or t == tenant
-        ]
-        return sorted(rows, key=lambda r: (r.tenant, r.name))
+        return self.metering.list_files(tenant)
 
     @_locked
     def check(self) -> None:
         """Assert global invariants: refcounts equal references from live files, no leaks."""
-        self.alloc.check()
-        live: set[int] = set()
-        refs: Counter[int] = Counter()
-        files = {id(h.file): h.file for h in self._handles.all()}
-        files.update({id(f): f for f in self._named.values()})
-        for f in files.values():
-            if f.residency == DEVICE:
-                assert len(f.pages) == pages_for(f.computed, self.block_size), f.path
-                refs.update(f.pages)
-                live.update(f.pages)
-            assert all(self.alloc.owner(p) == f.tenant for p in f.pages)
-        refs.update(self.prefix_cache.pages())
-        held_on_host = sum(f.host_data.shape[0] for f in files.values() if f.host_data is not None)
-        assert self.tiers.host_used == held_on_host, (self.tiers.host_used, held_on_host)
-        clean = sum(
-            f.host_data.shape[0] for f in files.values() if f.host_data is not None and self.tiers.has_clean_copy(f)
-        )
-        assert self.tiers.clean_pages == clean, (self.tiers.clean_pages, clean)
-        for p in range(1, self.alloc.num_pages):
-            # Pages reserved by in-flight plans are the only references not held by a file.
-            assert self.alloc.refcount(p) >= refs[p], p
-        if not any(f.plan_pending for f in files.values()):
-            for p in range(1, self.alloc.num_pages):
-                assert self.alloc.refcount(p) == refs[p], (p, self.alloc.refcount(p), refs[p])
+        self.metering.check()
