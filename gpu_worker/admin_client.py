@@ -51,7 +51,7 @@ class AdminClient:
         return self.call(args.OP, args.to_wire())
 
     def create_session(
-        self, tenant: str, run_id: str, limits: dict[str, Any] | None = None, tree: str | None = None
+        self, tenant: str, run_id: str, limits: protocol.RunLimits | None = None, tree: str | None = None
     ) -> SessionAccess:
         """``tree``: the run tree's root run id (default: ``run_id``); runs of one tenant and one
         tree share channels."""
@@ -74,8 +74,8 @@ class AdminClient:
         """Delete every KV file of ``tenant`` here and in the KV store; the names deleted."""
         return protocol.TenantDeleted.from_wire(self.run(protocol.KvDeleteTenant(tenant=tenant))).deleted
 
-    def kv_pin(self, tenant: str, name: str, pinned: bool, quota: dict[str, Any] | None = None) -> None:
-        """``quota``: the tenant's plan bounds on KV files (session limits' ``QUOTA_KEYS``)."""
+    def kv_pin(self, tenant: str, name: str, pinned: bool, quota: protocol.KvQuotaLimits | None = None) -> None:
+        """``quota``: the tenant's plan bounds on KV files, set before the pin is checked."""
         self.run(protocol.AdminKvPin(tenant=tenant, name=name, pinned=pinned, quota=quota))
 
     def health(self) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import sys
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self, TypeGuard, TypeVar, dataclass_transform
+from typing import Any, ClassVar, Self, TypedDict, TypeGuard, TypeVar, dataclass_transform
 
 import msgpack
 
@@ -1261,12 +1261,46 @@ class Stats(Args):
     """Scheduler, KVFS, engine, grammar and connection metrics, and every session's usage."""
 
 
+class KvQuotaLimits(TypedDict, total=False):
+    """A tenant's plan bounds on its named KV files, the same for each of its runs (``None``:
+    unlimited; gpu_worker/kvfs/quota.py). Sent in a run's ``RunLimits`` and in the admin
+    ``kv_pin``; written by the control plane (``api.services.quotas.kv_quota``), read by the
+    worker (``gpu_worker.sessions.parse_tenant_quota``). Every key is sent, ``None`` included:
+    a plan changed to unlimited lifts the worker's bound too."""
+
+    max_stored_bytes: int | None
+    kv_pinned_share: float | None
+    kv_host_share: float | None
+    max_kv_files: int | None
+
+
+class RunLimits(KvQuotaLimits, total=False):
+    """A run's limits as ``create_session`` carries them: written by the control plane
+    (``api.services.quotas.session_limits``), checked and read by the worker
+    (``gpu_worker.sessions.SessionLimits.parse``, which refuses a bad value with EINVAL naming
+    its key). A key left out is unlimited or the worker's default."""
+
+    max_tokens: int | None
+    max_pages: int | None
+    #: Seconds the run may take (the control plane always sets it; the worker also takes none).
+    deadline_s: float
+    allowed_hosts: list[str]
+    max_kv_bytes: int | None
+    #: The plan's scheduling weight, in (0, 1000].
+    weight: float
+    max_stream_bytes: int | None
+    #: Whether the run's executor serves its ``spawn`` and ``child_cancel``.
+    spawn: bool
+    #: The account its tenant counts against (``Tenant.account_key``); none: the tenant alone.
+    account: str | None
+
+
 @admin_op("create_session", SessionCreated)
 class CreateSession(Args):
     tenant: str = arg(_TENANT)
     run_id: str = arg(Str(200))
-    #: The run's limits (``gpu_worker.sessions.SessionLimits.parse``).
-    limits: dict[str, Any] | None = None
+    #: The run's limits, checked by ``gpu_worker.sessions.SessionLimits.parse``.
+    limits: RunLimits | None = None
     #: The run tree it belongs to (its root run's id; default: ``run_id``, a tree of its own):
     #: sessions of one tenant and one tree share channels (gpu_worker/channels.py).
     tree: str | None = arg(Str(200), default=None)
@@ -1298,13 +1332,13 @@ class KvDelete(Args):
 
 @admin_op("kv_pin")
 class AdminKvPin(Args):
-    """Pin or unpin a tenant's named file; ``quota`` (keys of ``sessions.QUOTA_KEYS``) is the
-    tenant's plan, set before the pin is checked against it."""
+    """Pin or unpin a tenant's named file; ``quota`` is the tenant's plan, set before the pin
+    is checked against it."""
 
     tenant: str = arg(_TENANT)
     name: str = arg(_NAME)
     pinned: bool = arg(Bool(), default=True)
-    quota: dict[str, Any] | None = None
+    quota: KvQuotaLimits | None = None
 
 
 @admin_op("kv_delete_tenant", TenantDeleted)

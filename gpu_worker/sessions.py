@@ -13,7 +13,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -21,7 +21,7 @@ from gpu_worker.bias_vectors import BiasStore
 from gpu_worker.dists import DistStore
 from gpu_worker.grammar import GrammarHandles
 from gpu_worker.kvfs import Owner, TenantQuota
-from gpu_worker.protocol import ErrorCode, ProtocolError
+from gpu_worker.protocol import ErrorCode, KvQuotaLimits, ProtocolError, RunLimits
 from gpu_worker.usage import Usage
 
 if TYPE_CHECKING:
@@ -37,8 +37,8 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.BAD_ARGS, message)
 
 
-def _opt_int(limits: dict[str, Any], key: str, lo: int = 0) -> int | None:
-    value = limits.get(key)
+def _opt_int(value: object, key: str, lo: int = 0) -> int | None:
+    """A limit's value read from the wire (hostile until checked): ``None`` or an int >= ``lo``."""
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < lo:
@@ -46,8 +46,7 @@ def _opt_int(limits: dict[str, Any], key: str, lo: int = 0) -> int | None:
     return value
 
 
-def _opt_share(limits: dict[str, Any], key: str) -> float | None:
-    value = limits.get(key)
+def _opt_share(value: object, key: str) -> float | None:
     if value is None:
         return None
     if not isinstance(value, int | float) or isinstance(value, bool) or not 0 <= value <= 1:
@@ -56,16 +55,17 @@ def _opt_share(limits: dict[str, Any], key: str) -> float | None:
 
 
 #: The keys of a tenant's KV quota, in session limits and in the admin ``kv_pin`` op.
-QUOTA_KEYS = ("max_stored_bytes", "kv_pinned_share", "kv_host_share", "max_kv_files")
+QUOTA_KEYS = tuple(KvQuotaLimits.__annotations__)
 
 
-def parse_tenant_quota(limits: dict[str, Any]) -> TenantQuota:
-    """The tenant-wide KV bounds in a limits map (the plan's, the same for every run)."""
+def parse_tenant_quota(limits: KvQuotaLimits) -> TenantQuota:
+    """The tenant-wide KV bounds in a limits map (the plan's, the same for every run); the map
+    comes off the wire, so each value is checked here."""
     return TenantQuota(
-        stored_bytes=_opt_int(limits, "max_stored_bytes"),
-        pinned_device_share=_opt_share(limits, "kv_pinned_share"),
-        host_share=_opt_share(limits, "kv_host_share"),
-        max_files=_opt_int(limits, "max_kv_files"),
+        stored_bytes=_opt_int(limits.get("max_stored_bytes"), "max_stored_bytes"),
+        pinned_device_share=_opt_share(limits.get("kv_pinned_share"), "kv_pinned_share"),
+        host_share=_opt_share(limits.get("kv_host_share"), "kv_host_share"),
+        max_files=_opt_int(limits.get("max_kv_files"), "max_kv_files"),
     )
 
 
@@ -94,11 +94,14 @@ class SessionLimits:
     account: str | None = None
 
     @classmethod
-    def parse(cls, limits: object) -> SessionLimits:
-        if limits is None:
-            limits = {}
-        if not isinstance(limits, dict):
+    def parse(cls, wire: object) -> SessionLimits:
+        """``create_session``'s ``limits`` (``protocol.RunLimits``) as it came off the wire:
+        every value is checked, a bad one is EINVAL naming its key."""
+        if wire is None:
+            wire = {}
+        if not isinstance(wire, dict):
             raise _bad("limits must be a map")
+        limits = cast(RunLimits, wire)  # its keys; each value is checked below
         deadline = limits.get("deadline_s")
         if deadline is not None and (
             not isinstance(deadline, int | float) or isinstance(deadline, bool) or deadline <= 0
@@ -117,14 +120,14 @@ class SessionLimits:
         if account is not None and (not isinstance(account, str) or not 0 < len(account) <= 64):
             raise _bad("limits.account must be a string of 1 to 64 characters")
         return cls(
-            max_tokens=_opt_int(limits, "max_tokens"),
-            max_pages=_opt_int(limits, "max_pages"),
+            max_tokens=_opt_int(limits.get("max_tokens"), "max_tokens"),
+            max_pages=_opt_int(limits.get("max_pages"), "max_pages"),
             deadline_s=float(deadline) if deadline is not None else None,
             allowed_hosts=tuple(hosts),
-            max_kv_bytes=_opt_int(limits, "max_kv_bytes"),
+            max_kv_bytes=_opt_int(limits.get("max_kv_bytes"), "max_kv_bytes"),
             quota=parse_tenant_quota(limits),
             weight=float(weight),
-            max_stream_bytes=_opt_int(limits, "max_stream_bytes") or DEFAULT_MAX_STREAM_BYTES,
+            max_stream_bytes=_opt_int(limits.get("max_stream_bytes"), "max_stream_bytes") or DEFAULT_MAX_STREAM_BYTES,
             spawn=spawn,
             account=account,
         )

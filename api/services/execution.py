@@ -24,6 +24,7 @@ from api.services.procs import ProcessBroker
 from api.services.quotas import SANDBOX_RESOURCES, plan_limits, session_limits
 from api.services.run_args import program_args
 from api.services.runs import RunOutcome, finish_run, start_run
+from gpu_worker.protocol import RunLimits
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def _resource(limits: dict, key: str, plan_cap: int | None = None) -> int:
     return max(1, min(int(limits.get(key) or default), cap))
 
 
-def _sandbox_spec(run: Run, program_path: Path, session, worker_limits: dict):
+def _sandbox_spec(run: Run, program_path: Path, session, worker_limits: RunLimits):
     from sandbox.spec import SandboxSpec
 
     return SandboxSpec(
@@ -148,7 +149,7 @@ def execute_run(run_id: str, target: str | None = None, attempt: int = 0, launch
             return failover.reroute_unstarted(run_id, settings.SYMPHONY_WORKER_NAME, lost.cause, attempt)
 
 
-def _create_session(client, tenant: str, run_id: str, worker_limits: dict, tree: str):
+def _create_session(client, tenant: str, run_id: str, worker_limits: RunLimits, tree: str):
     """``create_session``; a worker that is not there at all raises :class:`_NotStarted`.
     ``tree``: the root run of the run's tree, whose channels it shares (gpu_worker/channels.py)."""
     try:
@@ -171,10 +172,10 @@ def _tree_root(run: Run) -> str:
 #: How a run's program is executed once its worker session exists: ``(run, session access,
 #: worker limits) -> SandboxResult``. The default is the gVisor sandbox; the built-in OpenAI
 #: program has a trusted in-process launcher (api/services/trusted_runs.py).
-Launch = Callable[[Run, Any, dict], Any]
+Launch = Callable[[Run, Any, RunLimits], Any]
 
 
-def launch_sandbox(run: Run, session: Any, worker_limits: dict) -> Any:
+def launch_sandbox(run: Run, session: Any, worker_limits: RunLimits) -> Any:
     """Run the program in a gVisor sandbox (a warm slot when one fits, else a fresh container)."""
     import sandbox
 
@@ -194,7 +195,9 @@ def _execute(run: Run, launch: Launch = launch_sandbox) -> str:
         # A sandboxed program may spawn: this executor serves its spawns (ProcessBroker below).
         # The built-in program run in-process never does, and pays for no broker.
         spawns = launch is launch_sandbox
-        worker_limits = {**session_limits(run), "spawn": True} if spawns else session_limits(run)
+        worker_limits = session_limits(run)
+        if spawns:
+            worker_limits["spawn"] = True
         # The runs of one tree (a root and what it spawned) share channels on the worker.
         session = _create_session(client, tenant, str(run.pk), worker_limits, tree=_tree_root(run))
         # Ends the session early if the run is cancelled meanwhile (api/services/cancellation.py).

@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from api.models import KVFile, Plan, Run, Tenant, UsageRecord
 from api.services import host_entries
+from gpu_worker.protocol import KvQuotaLimits, RunLimits
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,9 @@ def plan_limits(tenant: Tenant) -> PlanLimits:
     )
 
 
-def kv_quota(plan: PlanLimits) -> dict:
+def kv_quota(plan: PlanLimits) -> KvQuotaLimits:
     """The tenant's bounds on its named KV files as the worker takes them (session limits and
-    the admin ``kv_pin``: ``gpu_worker.sessions.QUOTA_KEYS``); ``None`` = unlimited."""
+    the admin ``kv_pin``: ``gpu_worker.protocol.KvQuotaLimits``); ``None`` = unlimited."""
     return {
         "max_stored_bytes": plan.kv_bytes_stored,
         "kv_pinned_share": plan.kv_pinned_device_share,
@@ -212,7 +213,7 @@ def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None
         raise QuotaExceeded(f"monthly token quota of {plan.tokens_per_month} is used up")
 
 
-def session_limits(run: Run) -> dict:
+def session_limits(run: Run) -> RunLimits:
     """The limits the worker enforces for ``run``: the run's own (validated when it was created:
     api/serializers.py ``RunLimitsSerializer``), capped by the plan, with the monthly token
     allowance left as a further cap on tokens and the tenant's allowlist as the widest one."""
@@ -227,7 +228,7 @@ def session_limits(run: Run) -> dict:
     # A run may narrow the tenant's tool allowlist, never widen it.
     narrowed = {host_entries.spelling(h) for h in requested.get("allowed_hosts") or ()}
     hosts = [h for h in tenant.allowed_tool_hosts if "allowed_hosts" not in requested or h.lower() in narrowed]
-    out: dict = {
+    out: RunLimits = {
         "max_tokens": max_tokens,
         "deadline_s": deadline,
         "allowed_hosts": hosts,

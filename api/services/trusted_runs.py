@@ -61,6 +61,7 @@ from django.db import close_old_connections, connection
 from api.models import ProgramVersion, Run
 from api.services import run_handoff
 from api.services.run_args import program_args
+from gpu_worker.protocol import RunLimits
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +245,7 @@ def _error_summary(exc: BaseException) -> str:
     return "\n".join(line.rstrip("\n") for line in lines)[:MAX_ERROR_CHARS]
 
 
-def launch_in_process(run: Run, session: Any, worker_limits: dict) -> Any:
+def launch_in_process(run: Run, session: Any, worker_limits: RunLimits) -> Any:
     """``execution.Launch``: run the built-in program's ``main(args)`` on this thread against
     the run's worker session; a ``SandboxResult`` as the sandbox's runner would report it. A
     version that is not the built-in source falls back to the sandbox (never executed here)."""
