@@ -341,7 +341,7 @@ class Worker:
                     self._send(writer, protocol.err_reply(protocol.request_id_of(body), exc))
                     continue
                 if not conn.authenticated:
-                    if op != "hello" or not self._hello_ok(session, args):
+                    if op != protocol.Hello.OP or not self._hello_ok(session, args):
                         log.warning("event=auth_failed session=%s op=%s", session.session_id, op[:32])
                         error = ProtocolError(ErrorCode.NOT_AUTHENTICATED, "hello with the session token first")
                         self._send(writer, protocol.err_reply(req_id, error))

@@ -7,6 +7,7 @@ statements whatever that count: one ``update_or_create`` per file took 17 s for 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -14,6 +15,7 @@ from django.utils import timezone
 
 from api.models import AuditLog, KVFile, Tenant
 from api.services.quotas import QuotaExceeded, kv_quota, plan_limits
+from gpu_worker import protocol
 
 log = logging.getLogger(__name__)
 
@@ -28,13 +30,13 @@ def _client():
     return AdminClient(settings.SYMPHONY_WORKER_ADMIN_SOCKET, timeout=10)
 
 
-def _call(op: str, *args):
-    from gpu_worker.protocol import ErrorCode, ProtocolError
-
+def _call(args: protocol.Args) -> Any:
+    """Run one admin op, given as its typed arguments (``gpu_worker.protocol.ADMIN_OPS``)."""
+    op = args.OP
     try:
-        return getattr(_client(), op)(*args)
-    except ProtocolError as exc:
-        if exc.code == ErrorCode.QUOTA:  # the tenant's plan share: its request, not the worker
+        return _client().run(args)
+    except protocol.ProtocolError as exc:
+        if exc.code == protocol.ErrorCode.QUOTA:  # the tenant's plan share: its request, not the worker
             raise QuotaExceeded(exc.message) from exc
         log.warning("worker_call_failed op=%s error=%s", op, exc)
         raise WorkerUnavailable(f"gpu_worker {op} failed: {exc}") from exc
@@ -62,7 +64,9 @@ def sync(tenant: Tenant) -> None:
     """Replace the tenant's mirror rows for this worker with the worker's current kv_list: new
     and changed rows in one upsert, vanished ones in one delete, ``synced_at`` in one update."""
     worker = settings.SYMPHONY_WORKER_NAME
-    entries = {e["name"]: _mirrored(e) for e in _call("kv_list", tenant.slug) if e.get("tenant") == tenant.slug}
+    entries = {
+        e["name"]: _mirrored(e) for e in _call(protocol.KvList(tenant=tenant.slug)) if e.get("tenant") == tenant.slug
+    }
     rows = KVFile.objects.filter(tenant=tenant, worker=worker)
     have = {row[0]: (row[1], tuple(row[2:])) for row in rows.values_list("name", "pk", *MIRRORED)}
     changed = [
@@ -84,7 +88,7 @@ def sync(tenant: Tenant) -> None:
 
 
 def delete(kv: KVFile) -> None:
-    _call("kv_delete", kv.tenant.slug, kv.name)
+    _call(protocol.KvDelete(tenant=kv.tenant.slug, name=kv.name))
     kv.delete()
 
 
@@ -92,7 +96,7 @@ def delete_all(tenant: Tenant) -> int:
     """Delete every KV file of ``tenant`` from this host's worker (device, host memory) and from
     the KV store (all of the tenant's objects there, which a shared store may hold for workers
     that are gone), and their mirror rows here; returns how many files went."""
-    deleted = _call("kv_delete_tenant", tenant.slug)
+    deleted = protocol.TenantDeleted.from_wire(_call(protocol.KvDeleteTenant(tenant=tenant.slug))).deleted
     KVFile.objects.filter(tenant=tenant, worker=settings.SYMPHONY_WORKER_NAME).delete()
     return len(deleted)
 
@@ -101,7 +105,9 @@ def pin(kv: KVFile, pinned: bool) -> KVFile:
     """Pin or unpin on the worker, which checks the pin against the tenant's plan share
     (sent along: the worker may not have run anything of this tenant yet); past it
     :class:`QuotaExceeded`."""
-    _call("kv_pin", kv.tenant.slug, kv.name, pinned, kv_quota(plan_limits(kv.tenant)))
+    _call(
+        protocol.AdminKvPin(tenant=kv.tenant.slug, name=kv.name, pinned=pinned, quota=kv_quota(plan_limits(kv.tenant)))
+    )
     kv.pinned = pinned
     kv.save(update_fields=["pinned", "synced_at"])
     return kv
@@ -109,7 +115,7 @@ def pin(kv: KVFile, pinned: bool) -> KVFile:
 
 def staff_evict(kv: KVFile, actor) -> None:
     """Evict a file from device/host memory on behalf of an operator; leaves an AuditLog row."""
-    _call("kv_evict", kv.tenant.slug, kv.name)
+    _call(protocol.KvEvict(tenant=kv.tenant.slug, name=kv.name))
     residency_before = kv.residency
     kv.residency = "disk"  # what kv_evict does; the next sync confirms it
     kv.save(update_fields=["residency", "synced_at"])

@@ -163,7 +163,7 @@ class PredRelay:
             decoded = p.Pred.decode(args, self._ctx.vocab_size)
             call = admit(self._ctx, s, decoded)
         except Exception as exc:
-            self._send(self._writer, p.err_reply(req_id, wire_error(exc, "pred", s.session_id)))
+            self._send(self._writer, p.err_reply(req_id, wire_error(exc, p.Pred.OP, s.session_id)))
             return
         entry = _InFlight(req_id, call)
         if decoded.stream and call.steps > 1:
@@ -172,7 +172,7 @@ class PredRelay:
             future = self._ctx.scheduler.submit(call)
         except Exception as exc:  # shutting down
             release(s, call)
-            self._send(self._writer, p.err_reply(req_id, wire_error(exc, "pred", s.session_id)))
+            self._send(self._writer, p.err_reply(req_id, wire_error(exc, p.Pred.OP, s.session_id)))
             return
         self._pending.add(entry)
         left = s.time_left()
@@ -229,5 +229,5 @@ class PredRelay:
         try:
             value = reply_value(s, call, future.result())  # raises the call's error
         except Exception as exc:
-            return p.err_reply(req_id, wire_error(exc, "pred", s.session_id))
+            return p.err_reply(req_id, wire_error(exc, p.Pred.OP, s.session_id))
         return p.ok_reply(req_id, value)

@@ -157,14 +157,14 @@ class Connection:
         path = path or os.environ.get(ENV_SOCKET) or DEFAULT_SOCKET
         token = token if token is not None else os.environ.get(ENV_TOKEN)
         if not token:
-            raise NotAuthenticated(f"no session token (set {ENV_TOKEN})", op="hello")
+            raise NotAuthenticated(f"no session token (set {ENV_TOKEN})", op=protocol.Hello.OP)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(timeout)
         try:
             sock.connect(path)
         except OSError as exc:
             sock.close()
-            raise ConnectionLost(f"cannot connect to session socket {path}: {exc}", op="hello") from None
+            raise ConnectionLost(f"cannot connect to session socket {path}: {exc}", op=protocol.Hello.OP) from None
         conn = cls(sock)
         try:
             conn._hello(token)
@@ -181,9 +181,9 @@ class Connection:
         try:
             _, value, error = protocol.parse_reply(protocol.unpack_body(self._read_frame()))
         except (_EndOfStream, OSError):
-            raise ConnectionLost("worker closed the connection during hello", op="hello") from None
+            raise ConnectionLost("worker closed the connection during hello", op=hello.OP) from None
         if error is not None:
-            raise from_wire(error.code, error.message, "hello", error.reason)
+            raise from_wire(error.code, error.message, hello.OP, error.reason)
         reply = protocol.HelloReply.from_wire(value)
         self.info = SessionInfo(
             session_id=reply.session_id,
@@ -302,8 +302,9 @@ class Connection:
             ids.append(self.deferred_releases.popleft())
         self._release_in_flight = True
         req_id = next(self._ids)
-        call = _Call("dist_release", None, self._release_done)
-        frame = protocol.pack(protocol.request(req_id, "dist_release", {"dists": ids}))
+        release = protocol.DistRelease(dists=ids)
+        call = _Call(release.OP, None, self._release_done)
+        frame = protocol.pack(protocol.request(req_id, release.OP, release.to_wire()))
         self._register_and_write([(req_id, call)], frame)
 
     def _release_done(self) -> None:
