@@ -19,22 +19,22 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from symphony import calls, checks
+from symphony import calls, checks, flows
 from symphony.calls import JSON, Call, HttpResponse, Received, TopK, VocabInfo
 from symphony.connection import Connection, SessionInfo
-from symphony.errors import ChannelClosed, InvalidArgument
+from symphony.errors import ChannelClosed
+from symphony.flows import Batch, Choice, Flow, Request, Streamed
+from symphony.handles import GrammarHandle, GrammarStateHandle, Handle
+
+T = TypeVar("T")
 
 
-class AsyncDist:
+class AsyncDist(Handle["AsyncSession"]):
     """Awaitable twin of :class:`symphony.Dist`; release explicitly (or ``async with``)."""
 
-    __slots__ = ("id", "session")
-
-    def __init__(self, session: AsyncSession, dist_id: int) -> None:
-        self.session = session
-        self.id = dist_id
+    __slots__ = ()
 
     async def sample(
         self,
@@ -71,14 +71,10 @@ class AsyncDist:
         await self.release()
 
 
-class AsyncKV:
+class AsyncKV(Handle["AsyncSession"]):
     """Awaitable twin of :class:`symphony.KV`."""
 
-    __slots__ = ("id", "session")
-
-    def __init__(self, session: AsyncSession, kv_id: int) -> None:
-        self.session = session
-        self.id = kv_id
+    __slots__ = ()
 
     async def pred(self, tokens: Iterable[int], positions: Sequence[int] | None = None) -> list[AsyncDist]:
         return await self.session.pred(self, tokens, positions)
@@ -102,34 +98,24 @@ class AsyncKV:
         await self.close()
 
 
-class AsyncGrammar:
-    __slots__ = ("id", "session")
+class AsyncGrammar(GrammarHandle["AsyncSession"]):
+    """Awaitable twin of :class:`symphony.Grammar`."""
 
-    def __init__(self, session: AsyncSession, grammar_id: int) -> None:
-        self.session = session
-        self.id = grammar_id
+    __slots__ = ()
 
     async def state(self) -> AsyncGrammarState:
         return AsyncGrammarState(self.session, await self.session._run(calls.grammar_state(self)))
 
 
-class AsyncGrammarState:
-    __slots__ = ("finished", "id", "session")
+class AsyncGrammarState(GrammarStateHandle["AsyncSession"]):
+    """Awaitable twin of :class:`symphony.GrammarState`."""
 
-    def __init__(self, session: AsyncSession, mask_id: int) -> None:
-        self.session = session
-        self.id = mask_id
-        self.finished = False
-
-    def advancing(self) -> calls.Advancing:
-        """This state as ``mask=`` of a choice the worker makes (``pred_token``, ``Dist.sample``):
-        the worker advances it by the chosen token, so no :meth:`advance` call follows."""
-        return calls.Advancing(self.id)
+    __slots__ = ()
 
     async def advance(self, token: int) -> bool:
         out = await self.session._run(calls.mask_advance(self, token))
-        self.finished = bool(out["finished"])
-        return bool(out["accepted"])
+        self.finished = out.finished
+        return out.accepted
 
 
 class AsyncBiasVector:
@@ -216,23 +202,16 @@ class AsyncSubscription:
             pass
 
 
-class AsyncChild:
+class AsyncChild(Handle["AsyncSession"]):
     """A child run this run spawned (:meth:`AsyncSession.spawn`); see ``symphony.Child``."""
 
-    __slots__ = ("id", "session")
-
-    def __init__(self, session: AsyncSession, child_id: str) -> None:
-        self.session = session
-        self.id = child_id
+    __slots__ = ()
 
     async def wait(self, timeout: float | None = None) -> JSON:
         return await self.session._run(calls.child_wait(self.id, timeout))
 
     async def cancel(self) -> bool:
-        return bool(await self.session._run(calls.child_cancel(self.id)))
-
-    def __repr__(self) -> str:
-        return f"AsyncChild({self.id})"
+        return await self.session._run(calls.child_cancel(self.id))
 
 
 async def connect(path: str | None = None, token: str | None = None) -> AsyncSession:
@@ -252,11 +231,31 @@ class AsyncSession:
         assert self.conn.info is not None
         return self.conn.info
 
-    async def _call(self, op: str, args: dict[str, Any]) -> Any:
-        return await asyncio.wrap_future(self.conn.submit(op, args))
+    async def _run(self, call: Call[T]) -> T:
+        return call.parse(await asyncio.wrap_future(self.conn.submit(call.op, call.args)))
 
-    async def _run(self, call: Call) -> Any:
-        return call.parse(await self._call(call.op, call.args))
+    async def _drive(self, flow: Flow[T]) -> T:
+        """Run a flow (``flows.py``) to its result, awaiting each request's reply."""
+        try:
+            request = next(flow)
+            while True:
+                request = flow.send(await self._perform(request))
+        except StopIteration as done:
+            return done.value
+
+    async def _perform(self, request: Request) -> Any:
+        if isinstance(request, Batch):  # every call in flight at once
+            return list(await asyncio.gather(*(self._run(call) for call in request.calls)))
+        if isinstance(request, Streamed):
+            loop, relay = asyncio.get_running_loop(), request.relay
+
+            def more(value: dict[str, Any]) -> None:
+                # On the reader thread; the reply's own wake-up is queued after these.
+                loop.call_soon_threadsafe(relay.more, value)
+
+            call = request.call
+            return call.parse(await asyncio.wrap_future(self.conn.submit(call.op, call.args, on_more=more)))
+        return await self._run(request)
 
     def close(self) -> None:
         self.conn.close()
@@ -264,14 +263,10 @@ class AsyncSession:
     async def pred(
         self, kv: AsyncKV | int, tokens: Iterable[int], positions: Sequence[int] | None = None
     ) -> list[AsyncDist]:
-        out: list[AsyncDist] = []
-        for call, keep in calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), positions, None):
-            dists = [AsyncDist(self, d) for d in (await self._call(call.op, call.args))["dists"]]
-            dropped = [d for i, d in enumerate(dists) if i not in keep]
-            if dropped:
-                await self._run(calls.dist_release(dropped))
-            out.extend(dists[i] for i in keep)
-        return out
+        ids = await self._drive(flows.pred(kv, tokens, positions))
+        if ids.dropped:
+            await self._run(calls.dist_release(ids.dropped))
+        return [AsyncDist(self, d) for d in ids.kept]
 
     async def pred_token(
         self,
@@ -284,18 +279,22 @@ class AsyncSession:
         mask: Any = None,
         bias: Mapping[int, float] | AsyncBiasVector | None = None,
     ) -> int:
-        checks.mask(mask, "pred")
-        then = calls.then_choose(temperature, top_p, top_k, seed, mask, bias)
-        chunks = calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), None, then)
-        replies = [await self._call(call.op, call.args) for call, _ in chunks]
-        return int(replies[-1]["tokens"][-1])
+        return await self._drive(flows.pred_token(kv, tokens, Choice(temperature, top_p, top_k, seed, mask, bias)))
 
     async def pred_token_many(
-        self, steps: Sequence[tuple[AsyncKV | int, Iterable[int]]], temperature: float = 0.0, **kw: Any
+        self,
+        steps: Sequence[tuple[AsyncKV | int, Iterable[int]]],
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
+        seed: int | None = None,
+        mask: Any = None,
+        bias: Mapping[int, float] | AsyncBiasVector | None = None,
     ) -> list[int]:
-        """Same contract as :meth:`symphony.Session.pred_token_many`; here the calls are simply
+        """Same contract as :meth:`symphony.Session.pred_token_many`; here each write's calls are
         gathered (the asyncio flavour keeps every call in flight anyway)."""
-        return list(await asyncio.gather(*(self.pred_token(kv, toks, temperature, **kw) for kv, toks in steps)))
+        choice = Choice(temperature, top_p, top_k, seed, mask, bias)
+        return await self._drive(flows.pred_token_many(steps, choice, self.conn.admission.cap))
 
     async def pred_tokens(
         self,
@@ -314,31 +313,8 @@ class AsyncSession:
     ) -> list[int]:
         """Same contract as :meth:`symphony.Session.pred_tokens`; ``on_token`` runs on this
         event loop, before this returns."""
-        checks.mask(mask, "pred")
-        steps = checks.steps(steps, "pred")
-        stops = checks.token_ids(stop, "pred")
-        loop = asyncio.get_running_loop()
-        out: list[int] = []
-        pending = checks.token_ids(tokens, "pred")
-        while len(out) < steps:  # one call per ``MAX_PRED_STEPS`` tokens
-            step = calls.StepCall(kv, pending, steps - len(out), stops, on_token is not None)
-            then = calls.then_choose(temperature, top_p, top_k, step.seed(seed, len(out)), mask, bias)
-            *head, last = step.calls(then)
-            for call in head:
-                await self._call(call.op, call.args)
-            relay = calls.TokenRelay(on_token)
-
-            def more(value: dict[str, Any], relay: calls.TokenRelay = relay) -> None:
-                # On the reader thread; the reply's own wake-up is queued after these.
-                loop.call_soon_threadsafe(relay.more, value)
-
-            future = self.conn.submit(last.op, last.args, on_more=more if on_token else None)
-            chosen = relay.rest(await asyncio.wrap_future(future))
-            out.extend(chosen)
-            if step.ended(chosen):
-                break
-            pending = [chosen[-1]]
-        return out
+        choice = Choice(temperature, top_p, top_k, seed, mask, bias)
+        return await self._drive(flows.pred_tokens(kv, tokens, steps, stop, choice, on_token))
 
     async def generate(
         self,
@@ -347,26 +323,16 @@ class AsyncSession:
         max_tokens: int,
         *,
         temperature: float = 0.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
         seed: int | None = None,
+        grammar: AsyncGrammar | AsyncGrammarState | None = None,
         stop: Iterable[int] | None = None,
     ) -> list[int]:
-        """Same contract as :meth:`symphony.Session.generate` (without grammar)."""
-        stops = set(self.info.eos_token_ids if stop is None else stop)
-        pending = checks.token_ids(prompt, "generate")
-        if max_tokens <= 0:
-            return []
-        if not pending:  # continue a file that already holds tokens
-            n = await self.kv_len(kv)
-            if n == 0:
-                raise InvalidArgument("generate needs a prompt or a file that already holds tokens", op="generate")
-            pending = (await self.kv_tokens(kv))[-1:]
-            await self.kv_truncate(kv, n - 1)
-        out = await self.pred_tokens(kv, pending, max_tokens, stop=sorted(stops), temperature=temperature, seed=seed)
-        if out[-1] in stops:  # not returned; every token before it is in the file already
-            out.pop()
-            return out
-        await self.release(await self.pred(kv, out[-1:]))  # so kv holds prompt + output
-        return out
+        """Same contract as :meth:`symphony.Session.generate`."""
+        choice = Choice(temperature, top_p, top_k, seed)
+        eos = self.info.eos_token_ids
+        return await self._drive(flows.generate(kv, prompt, max_tokens, choice, grammar, stop, eos))
 
     async def release(self, dists: Iterable[AsyncDist]) -> None:
         ds = list(dists)

@@ -10,15 +10,19 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
-from symphony import calls, checks
+from symphony import calls, checks, flows
 from symphony.calls import JSON, Call, HttpResponse, Received, TopK, VocabInfo
 from symphony.connection import Connection, SessionInfo
-from symphony.errors import ChannelClosed, InvalidArgument
+from symphony.errors import ChannelClosed
+from symphony.flows import Batch, Choice, Flow, Request, Streamed
+from symphony.handles import GrammarHandle, GrammarStateHandle, Handle
+
+T = TypeVar("T")
 
 
-class Dist:
+class Dist(Handle["Session"]):
     """A next-token distribution kept in the worker (a row of logits from ``pred``).
 
     Sampling and masking run worker-side; only the chosen token comes back. The handle is
@@ -26,11 +30,10 @@ class Dist:
     a later call) when the object is garbage-collected.
     """
 
-    __slots__ = ("__weakref__", "_finalizer", "id", "session")
+    __slots__ = ("__weakref__", "_finalizer")
 
     def __init__(self, session: Session, dist_id: int) -> None:
-        self.session = session
-        self.id = dist_id
+        super().__init__(session, dist_id)
         self._finalizer = weakref.finalize(self, session.conn.deferred_releases.append, dist_id)
 
     def sample(
@@ -72,18 +75,11 @@ class Dist:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
-    def __repr__(self) -> str:
-        return f"Dist({self.id})"
 
-
-class KV:
+class KV(Handle["Session"]):
     """An open KV file handle (docs/ARCHITECTURE.md §5): the tokens a sequence has seen and their cache."""
 
-    __slots__ = ("id", "session")
-
-    def __init__(self, session: Session, kv_id: int) -> None:
-        self.session = session
-        self.id = kv_id
+    __slots__ = ()
 
     def pred(self, tokens: Iterable[int], positions: Sequence[int] | None = None) -> list[Dist]:
         return self.session.pred(self, tokens, positions)
@@ -112,43 +108,26 @@ class KV:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return f"KV({self.id})"
 
-
-class Grammar:
+class Grammar(GrammarHandle["Session"]):
     """A compiled constraint (JSON schema, regex or EBNF); make one :meth:`state` per sequence."""
 
-    __slots__ = ("id", "session")
-
-    def __init__(self, session: Session, grammar_id: int) -> None:
-        self.session = session
-        self.id = grammar_id
+    __slots__ = ()
 
     def state(self) -> GrammarState:
         return GrammarState(self.session, self.session._run(calls.grammar_state(self)))
 
 
-class GrammarState:
+class GrammarState(GrammarStateHandle["Session"]):
     """A matcher position in a grammar; pass it as ``mask=`` and :meth:`advance` it per token."""
 
-    __slots__ = ("finished", "id", "session")
-
-    def __init__(self, session: Session, mask_id: int) -> None:
-        self.session = session
-        self.id = mask_id
-        self.finished = False
-
-    def advancing(self) -> calls.Advancing:
-        """This state as ``mask=`` of a choice the worker makes (``pred_token``, ``Dist.sample``):
-        the worker advances it by the chosen token, so no :meth:`advance` call follows."""
-        return calls.Advancing(self.id)
+    __slots__ = ()
 
     def advance(self, token: int) -> bool:
         """Feed the chosen token; returns whether it was accepted. Sets :attr:`finished`."""
         out = self.session._run(calls.mask_advance(self, token))
-        self.finished = bool(out["finished"])
-        return bool(out["accepted"])
+        self.finished = out.finished
+        return out.accepted
 
 
 class BiasVector:
@@ -265,16 +244,12 @@ class Subscription:
         return f"Subscription({self.channel.name!r}, {self.id})"
 
 
-class Child:
+class Child(Handle["Session"]):
     """A child run this run spawned (:meth:`Session.spawn`): a run of the same tenant and
-    program, on the same worker (KV files and batches shared), in its own sandbox."""
+    program, on the same worker (KV files and batches shared), in its own sandbox. ``id``: the
+    child run's id (``GET /api/v1/runs/<id>``)."""
 
-    __slots__ = ("id", "session")
-
-    def __init__(self, session: Session, child_id: str) -> None:
-        self.session = session
-        #: The child run's id (``GET /api/v1/runs/<id>``).
-        self.id = child_id
+    __slots__ = ()
 
     def wait(self, timeout: float | None = None) -> JSON:
         """Block until the child ends and return its result; raises :class:`ChildFailed` when it
@@ -283,10 +258,7 @@ class Child:
 
     def cancel(self) -> bool:
         """Cancel the child and its descendants; False when it had already ended."""
-        return bool(self.session._run(calls.child_cancel(self.id)))
-
-    def __repr__(self) -> str:
-        return f"Child({self.id})"
+        return self.session._run(calls.child_cancel(self.id))
 
 
 class Session:
@@ -300,8 +272,26 @@ class Session:
         assert self.conn.info is not None
         return self.conn.info
 
-    def _run(self, call: Call, timeout: float | None = None) -> Any:
+    def _run(self, call: Call[T], timeout: float | None = None) -> T:
         return call.parse(self.conn.call(call.op, call.args, timeout))
+
+    def _drive(self, flow: Flow[T]) -> T:
+        """Run a flow (``flows.py``) to its result, one blocking call per request."""
+        try:
+            request = next(flow)
+            while True:
+                request = flow.send(self._perform(request))
+        except StopIteration as done:
+            return done.value
+
+    def _perform(self, request: Request) -> Any:
+        if isinstance(request, Batch):  # one write, this thread reads every reply
+            replies = self.conn.call_many([(call.op, call.args) for call in request.calls])
+            return [call.parse(reply) for call, reply in zip(request.calls, replies, strict=True)]
+        if isinstance(request, Streamed):
+            call = request.call
+            return call.parse(self.conn.call(call.op, call.args, on_more=request.relay.more))
+        return self._run(request)
 
     def close(self) -> None:
         self.conn.close()
@@ -311,12 +301,9 @@ class Session:
         """One forward pass appending ``tokens`` to ``kv``; one :class:`Dist` per position
         (offsets into ``tokens``, negative from the end; default: the last)."""
         self.conn.flush_releases()
-        out: list[Dist] = []
-        for call, keep in calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), positions, None):
-            ids = self.conn.call(call.op, call.args)["dists"]
-            dists = [Dist(self, d) for d in ids]
-            out.extend(dists[i] for i in keep)
-        return out
+        ids = self._drive(flows.pred(kv, tokens, positions))
+        self.conn.deferred_releases.extend(ids.dropped)  # batched with a later call
+        return [Dist(self, d) for d in ids.kept]
 
     def pred_token(
         self,
@@ -331,11 +318,7 @@ class Session:
     ) -> int:
         """``pred`` + choose the next token in one round trip (greedy by default): the fast
         path of a decode loop, no Dist handle is created."""
-        checks.mask(mask, "pred")
-        then = calls.then_choose(temperature, top_p, top_k, seed, mask, bias)
-        chunks = calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), None, then)
-        replies = [self.conn.call(call.op, call.args) for call, _ in chunks]
-        return int(replies[-1]["tokens"][-1])
+        return self._drive(flows.pred_token(kv, tokens, Choice(temperature, top_p, top_k, seed, mask, bias)))
 
     def pred_tokens(
         self,
@@ -368,25 +351,8 @@ class Session:
         ``on_token(token)``: each token as soon as the worker chose it, in order, before this
         returns (for streaming). It runs on whichever thread reads the socket: keep it short and
         make no Symphony call from it; what it raises is raised here once the call is over."""
-        checks.mask(mask, "pred")
-        steps = checks.steps(steps, "pred")
-        stops = checks.token_ids(stop, "pred")
-        out: list[int] = []
-        pending = checks.token_ids(tokens, "pred")
-        while len(out) < steps:  # one call per ``MAX_PRED_STEPS`` tokens
-            step = calls.StepCall(kv, pending, steps - len(out), stops, on_token is not None)
-            then = calls.then_choose(temperature, top_p, top_k, step.seed(seed, len(out)), mask, bias)
-            *head, last = step.calls(then)
-            for call in head:
-                self.conn.call(call.op, call.args)
-            relay = calls.TokenRelay(on_token)
-            reply = self.conn.call(last.op, last.args, on_more=relay.more if on_token else None)
-            chosen = relay.rest(reply)
-            out.extend(chosen)
-            if step.ended(chosen):
-                break
-            pending = [chosen[-1]]
-        return out
+        choice = Choice(temperature, top_p, top_k, seed, mask, bias)
+        return self._drive(flows.pred_tokens(kv, tokens, steps, stop, choice, on_token))
 
     def pred_token_many(
         self,
@@ -408,20 +374,8 @@ class Session:
         fails, its error is raised once every reply of its write is in; the other files of that
         write did advance. More files than the connection may have in flight (63: the worker's 64
         less one kept for releases) go in several writes."""
-        checks.mask(mask, "pred")
-        then = calls.then_choose(temperature, top_p, top_k, seed, mask, bias)
-        chunked = [calls.pred_chunks(kv, checks.token_ids(tokens, "pred"), None, then) for kv, tokens in steps]
-        tokens: list[int] = [0] * len(chunked)
-        # A prompt longer than one call goes in several rounds; each file's chunks stay in order.
-        # A round of more files than a connection may have in flight goes in several writes.
-        cap = self.conn.admission.cap
-        for r in range(max((len(c) for c in chunked), default=0)):
-            lanes = [i for i, c in enumerate(chunked) if r < len(c)]
-            for group in (lanes[g : g + cap] for g in range(0, len(lanes), cap)):
-                replies = self.conn.call_many([(chunked[i][r][0].op, chunked[i][r][0].args) for i in group])
-                for i, reply in zip(group, replies, strict=True):
-                    tokens[i] = int(reply["tokens"][-1])
-        return tokens
+        choice = Choice(temperature, top_p, top_k, seed, mask, bias)
+        return self._drive(flows.pred_token_many(steps, choice, self.conn.admission.cap))
 
     def generate(
         self,
@@ -446,47 +400,9 @@ class Session:
         The tokens are decoded in the worker (:meth:`pred_tokens`): one call, not one per token;
         with a ``seed``, the token at step ``j`` is sampled with ``seed + j``.
         """
-        stops = set(self.info.eos_token_ids if stop is None else stop)
-        eos = set(self.info.eos_token_ids)
-        state = _grammar_state(grammar)
-        mask = state.advancing() if state is not None else None  # the worker advances it
-        # A grammar allows EOS only once the output is complete, and accepting it ends the
-        # grammar (its stop tokens are the tokenizer's EOS): it ends the decode too.
-        ends = stops | eos if state is not None else stops
-        pending = checks.token_ids(prompt, "generate")
-        if max_tokens <= 0:
-            return []
-        if not pending:
-            pending = self._reopen_last_token(kv)
-        out = self.pred_tokens(
-            kv,
-            pending,
-            max_tokens,
-            stop=sorted(ends),
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            seed=seed,
-            mask=mask,
-        )
-        if out[-1] in ends:
-            if state is not None and out[-1] in eos:
-                state.finished = True
-            if out[-1] in stops:  # not returned; every token before it is in the file already
-                out.pop()
-                return out
-        self.pred(kv, out[-1:])[0].release()  # the last token, so kv holds prompt + output
-        return out
-
-    def _reopen_last_token(self, kv: KV | int) -> list[int]:
-        """Drop the file's last token and return it, so a ``pred`` of it yields the next
-        token's distribution (the file keeps its tokens; one position is recomputed)."""
-        n = self.kv_len(kv)
-        if n == 0:
-            raise InvalidArgument("generate needs a prompt or a file that already holds tokens", op="generate")
-        last = self.kv_tokens(kv)[-1]
-        self.kv_truncate(kv, n - 1)
-        return [last]
+        choice = Choice(temperature, top_p, top_k, seed)
+        eos = self.info.eos_token_ids
+        return self._drive(flows.generate(kv, prompt, max_tokens, choice, grammar, stop, eos))
 
     def release(self, dists: Iterable[Dist]) -> None:
         ds = list(dists)
@@ -603,15 +519,6 @@ class Session:
     def finish(self, result: JSON, error: str | None = None) -> None:
         """Report the run's result (the runner calls this once; programs just return)."""
         self._run(calls.finish(result, error))
-
-
-def _grammar_state(grammar: Any) -> GrammarState | None:
-    """``generate``'s ``grammar=``: a compiled grammar starts a fresh state, a state goes on."""
-    if grammar is None or isinstance(grammar, GrammarState):
-        return grammar
-    if isinstance(grammar, Grammar):
-        return grammar.state()
-    raise InvalidArgument(f"grammar= takes a Grammar or a GrammarState, not {type(grammar).__name__}", op="generate")
 
 
 __all__ = [

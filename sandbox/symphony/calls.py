@@ -2,37 +2,76 @@
 
 Each function returns a :class:`Call`: the op name, its wire arguments, built from the op's
 typed definition in the protocol module (``gpu_worker/protocol.py``, the same classes the
-worker decodes them with), and how to turn the reply into a Python value. Keeping this in one
-place means the sync and async APIs cannot drift apart on the protocol.
+worker decodes them with), and how to turn the reply into a typed Python value (``Call[T]``).
+Keeping this in one place means the sync and async APIs cannot drift apart on the protocol;
+the calls that take several round trips are written once in ``flows.py``.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
 
 from symphony import checks
 from symphony.errors import InvalidArgument
 from symphony.wire import protocol
 
 JSON = Any
+T = TypeVar("T")
 
 
-def _same(value: Any) -> Any:
-    return value
+def _nothing(value: Any) -> None:
+    """An acknowledgement's reply: there is nothing in it for the program."""
+    return None
 
 
 @dataclass(frozen=True)
-class Call:
+class Call(Generic[T]):
+    """One request: the op, its wire arguments, and ``parse`` from the reply value to ``T``."""
+
     op: str
     args: dict[str, Any]
-    parse: Callable[[Any], Any] = field(default=_same)
+    parse: Callable[[Any], T]
 
 
-def _call(args: protocol.Args, parse: Callable[[Any], Any] = _same) -> Call:
+def _call(args: protocol.Args, parse: Callable[[Any], T]) -> Call[T]:
     return Call(args.OP, args.to_wire(), parse)
+
+
+def _ack(args: protocol.Args) -> Call[None]:
+    return Call(args.OP, args.to_wire(), _nothing)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """A ``pred`` call's reply: one Dist handle per requested position (``pred`` without
+    ``then``), or the tokens the worker chose (with ``then``; several with ``steps``)."""
+
+    dists: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+
+
+def _dists(value: dict[str, Any]) -> Predicted:
+    return Predicted(dists=tuple(int(d) for d in protocol.DistRefs.from_wire(value).dists))
+
+
+def _chosen(value: dict[str, Any]) -> Predicted:
+    return Predicted(tokens=tuple(int(t) for t in protocol.ChosenTokens.from_wire(value).tokens))
+
+
+@dataclass(frozen=True)
+class Advanced:
+    """``mask_advance``'s reply: whether the grammar took the token, and whether it is complete."""
+
+    accepted: bool
+    finished: bool
+
+
+def _advanced(value: dict[str, Any]) -> Advanced:
+    reply = protocol.Advanced.from_wire(value)
+    return Advanced(bool(reply.accepted), bool(reply.finished))
 
 
 @dataclass(frozen=True)
@@ -70,6 +109,15 @@ class TopK:
         return iter(zip(self.ids, self.logprobs, strict=True))
 
 
+def _ints(value: Any) -> list[int]:
+    """A list of token ids as the worker sent it (msgpack ints)."""
+    return list(value)
+
+
+def _floats(value: Any) -> list[float]:
+    return list(value)
+
+
 def handle_id(h: Any) -> int:
     """Accept a handle object (anything with ``.id``) or a raw int."""
     value = getattr(h, "id", h)
@@ -88,7 +136,7 @@ def _tokens(tokens: Iterable[int]) -> list[int]:
 # --------------------------------------------------------------------------- pred / dists
 def pred_chunks(
     kv: Any, tokens: Iterable[int], positions: Sequence[int] | None, then: protocol.Argmax | None
-) -> list[tuple[Call, list[int]]]:
+) -> list[tuple[Call[Predicted], list[int]]]:
     """``pred`` split into calls of at most ``MAX_PRED_TOKENS`` tokens (run in order).
 
     Returns ``(call, wanted)`` pairs: ``wanted`` are indexes into the call's reply list that
@@ -102,14 +150,15 @@ def pred_chunks(
             raise InvalidArgument(f"position {p} outside tokens (length {n})", op="pred")
     step = protocol.MAX_PRED_TOKENS
     kv_id = handle_id(kv)
-    out: list[tuple[Call, list[int]]] = []
+    parse = _dists if then is None else _chosen
+    out: list[tuple[Call[Predicted], list[int]]] = []
     for start in range(0, n, step):
         chunk = toks[start : start + step]
         rows = [p - start for p in wanted_abs if start <= p < start + len(chunk)]
         keep = list(range(len(rows)))
         if not rows:
             rows, keep = [len(chunk) - 1], []
-        out.append((_call(protocol.Pred(kv=kv_id, tokens=chunk, positions=rows, then=then)), keep))
+        out.append((_call(protocol.Pred(kv=kv_id, tokens=chunk, positions=rows, then=then), parse), keep))
     return out
 
 
@@ -133,7 +182,7 @@ class StepCall:
         """The call's seed when ``done`` tokens came before it (the worker adds its step)."""
         return None if seed is None else seed + done
 
-    def calls(self, then: protocol.Argmax) -> list[Call]:
+    def calls(self, then: protocol.Argmax) -> list[Call[Predicted]]:
         """The ``pred`` calls, in order: a prompt longer than one call goes first in calls that
         choose a token nobody reads (as ``pred_token``'s do); the last one decodes the steps."""
         head = [call for call, _ in pred_chunks(self.kv, self.tokens, None, then)]
@@ -145,7 +194,7 @@ class StepCall:
             stop=self.stop or None,
             stream=self.stream,
         )
-        return [*head, _call(last)]
+        return [*head, _call(last, _chosen)]
 
     def ended(self, chosen: list[int]) -> bool:
         """Whether the decode is over after this call chose ``chosen``: a stop token, or fewer
@@ -162,14 +211,15 @@ class TokenRelay:
         self.sent = 0
 
     def more(self, value: dict[str, Any]) -> None:
-        for token in value["tokens"]:
+        """A progress frame of the call (``ChosenTokens``: the tokens chosen since the last)."""
+        for token in protocol.ChosenTokens.from_wire(value).tokens:
             self.sent += 1
             if self.on_token is not None:
                 self.on_token(int(token))
 
-    def rest(self, reply: dict[str, Any]) -> list[int]:
+    def rest(self, reply: Predicted) -> list[int]:
         """The call's chosen tokens, after telling ``on_token`` those not told yet."""
-        chosen = [int(t) for t in reply["tokens"]]
+        chosen = list(reply.tokens)
         if self.on_token is not None:
             for token in chosen[self.sent :]:
                 self.on_token(token)
@@ -245,12 +295,12 @@ def _choice_params(
 
 def dist_sample(
     dist: Any, temperature: float, top_p: float, top_k: int, seed: int | None, mask: Any, bias: Any
-) -> Call:
+) -> Call[int]:
     params = _choice_params(temperature, top_p, top_k, seed, mask, bias)
     return _call(protocol.DistSample(dist=handle_id(dist), **params), int)
 
 
-def dist_argmax(dist: Any, mask: Any, bias: Any) -> Call:
+def dist_argmax(dist: Any, mask: Any, bias: Any) -> Call[int]:
     return _call(protocol.DistArgmax(dist=handle_id(dist), **_mask_bias(mask, bias)), int)
 
 
@@ -259,24 +309,24 @@ def _topk(v: dict[str, Any]) -> TopK:
     return TopK(tuple(reply.ids), tuple(reply.logprobs))
 
 
-def dist_topk(dist: Any, k: int) -> Call:
+def dist_topk(dist: Any, k: int) -> Call[TopK]:
     return _call(protocol.DistTopk(dist=handle_id(dist), k=int(k)), _topk)
 
 
-def dist_logprob(dist: Any, token_ids: Iterable[int]) -> Call:
-    return _call(protocol.DistLogprob(dist=handle_id(dist), token_ids=[int(t) for t in token_ids]), list)
+def dist_logprob(dist: Any, token_ids: Iterable[int]) -> Call[list[float]]:
+    return _call(protocol.DistLogprob(dist=handle_id(dist), token_ids=[int(t) for t in token_ids]), _floats)
 
 
 def _fp16(data: bytes) -> list[float]:
     return list(struct.unpack(f"<{len(data) // 2}e", data))
 
 
-def dist_full(dist: Any) -> Call:
+def dist_full(dist: Any) -> Call[list[float]]:
     return _call(protocol.DistFull(dist=handle_id(dist)), _fp16)
 
 
-def dist_release(dists: Iterable[Any]) -> Call:
-    return _call(protocol.DistRelease(dists=[handle_id(d) for d in dists]))
+def dist_release(dists: Iterable[Any]) -> Call[None]:
+    return _ack(protocol.DistRelease(dists=[handle_id(d) for d in dists]))
 
 
 # ------------------------------------------------------------------------------------ KVFS
@@ -284,58 +334,58 @@ def _kv(value: Any) -> int:
     return int(protocol.KvRef.from_wire(value).kv)
 
 
-def kv_create(name: str | None, cache: bool = True, durable: bool = True) -> Call:
+def kv_create(name: str | None, cache: bool = True, durable: bool = True) -> Call[int]:
     return _call(protocol.KvCreate(name=name, cache=cache, durable=durable), _kv)
 
 
-def kv_open(name: str, mode: str) -> Call:
+def kv_open(name: str, mode: str) -> Call[int]:
     if mode not in ("r", "w"):
         raise InvalidArgument('mode must be "r" or "w"', op="kv_open")
     return _call(protocol.KvOpen(name=name, mode=mode), _kv)
 
 
-def kv_fork(kv: Any) -> Call:
+def kv_fork(kv: Any) -> Call[int]:
     return _call(protocol.KvFork(kv=handle_id(kv)), _kv)
 
 
-def kv_close(kv: Any) -> Call:
-    return _call(protocol.KvClose(kv=handle_id(kv)))
+def kv_close(kv: Any) -> Call[None]:
+    return _ack(protocol.KvClose(kv=handle_id(kv)))
 
 
-def kv_remove(name: str) -> Call:
-    return _call(protocol.KvRemove(name=name))
+def kv_remove(name: str) -> Call[None]:
+    return _ack(protocol.KvRemove(name=name))
 
 
-def kv_len(kv: Any) -> Call:
+def kv_len(kv: Any) -> Call[int]:
     return _call(protocol.KvLen(kv=handle_id(kv)), int)
 
 
-def kv_tokens(kv: Any) -> Call:
-    return _call(protocol.KvTokens(kv=handle_id(kv)), list)
+def kv_tokens(kv: Any) -> Call[list[int]]:
+    return _call(protocol.KvTokens(kv=handle_id(kv)), _ints)
 
 
-def kv_truncate(kv: Any, n: int) -> Call:
-    return _call(protocol.KvTruncate(kv=handle_id(kv), n=int(n)))
+def kv_truncate(kv: Any, n: int) -> Call[None]:
+    return _ack(protocol.KvTruncate(kv=handle_id(kv), n=int(n)))
 
 
-def kv_extract(kv: Any, start: int, end: int) -> Call:
+def kv_extract(kv: Any, start: int, end: int) -> Call[int]:
     return _call(protocol.KvExtract(kv=handle_id(kv), start=int(start), end=int(end)), _kv)
 
 
-def kv_merge(a: Any, b: Any) -> Call:
+def kv_merge(a: Any, b: Any) -> Call[int]:
     return _call(protocol.KvMerge(a=handle_id(a), b=handle_id(b)), _kv)
 
 
-def kv_pin(name: str, pinned: bool) -> Call:
-    return _call(protocol.KvPin(name=name, pinned=bool(pinned)))
+def kv_pin(name: str, pinned: bool) -> Call[None]:
+    return _ack(protocol.KvPin(name=name, pinned=bool(pinned)))
 
 
 # ------------------------------------------------------------------------------- tokenizer
-def tokenize(text: str, add_special_tokens: bool) -> Call:
-    return _call(protocol.Tokenize(text=text, add_special_tokens=bool(add_special_tokens)), list)
+def tokenize(text: str, add_special_tokens: bool) -> Call[list[int]]:
+    return _call(protocol.Tokenize(text=text, add_special_tokens=bool(add_special_tokens)), _ints)
 
 
-def detokenize(ids: Iterable[int], skip_special_tokens: bool) -> Call:
+def detokenize(ids: Iterable[int], skip_special_tokens: bool) -> Call[str]:
     args = protocol.Detokenize(ids=[int(t) for t in ids], skip_special_tokens=bool(skip_special_tokens))
     return _call(args, str)
 
@@ -345,21 +395,21 @@ def _vocab(v: dict[str, Any]) -> VocabInfo:
     return VocabInfo(int(reply.vocab_size), tuple(reply.eos_token_ids), reply.bos_token_id, reply.chat_template)
 
 
-def vocab_info() -> Call:
+def vocab_info() -> Call[VocabInfo]:
     return _call(protocol.VocabInfo(), _vocab)
 
 
-def apply_chat_template(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> Call:
+def apply_chat_template(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool) -> Call[list[int]]:
     msgs = [{"role": str(m["role"]), "content": str(m["content"])} for m in messages]
     args = protocol.ApplyChatTemplate(messages=msgs, add_generation_prompt=bool(add_generation_prompt))
-    return _call(args, list)
+    return _call(args, _ints)
 
 
 # ------------------------------------------------------------------------------------- I/O
-def send_to_user(data: JSON) -> Call:
+def send_to_user(data: JSON) -> Call[None]:
     if type(data) is not str:  # the common case (text) needs no walk
         data = checks.json_keys(data, "send_to_user", "data")
-    return _call(protocol.SendToUser(data=data))
+    return _ack(protocol.SendToUser(data=data))
 
 
 def _http(v: dict[str, Any]) -> HttpResponse:
@@ -369,7 +419,7 @@ def _http(v: dict[str, Any]) -> HttpResponse:
 
 def http_fetch(
     url: str, method: str, headers: Mapping[str, str] | None, body: bytes | str | None, timeout: float | None
-) -> Call:
+) -> Call[HttpResponse]:
     args = protocol.HttpFetch(
         url=url,
         method=method,
@@ -380,24 +430,24 @@ def http_fetch(
     return _call(args, _http)
 
 
-def sleep(seconds: float) -> Call:
-    return _call(protocol.Sleep(seconds=float(seconds)))
+def sleep(seconds: float) -> Call[None]:
+    return _ack(protocol.Sleep(seconds=float(seconds)))
 
 
 # --------------------------------------------------------------------------------- grammar
-def grammar(json_schema: Any, regex: str | None, ebnf: str | None) -> Call:
+def grammar(json_schema: Any, regex: str | None, ebnf: str | None) -> Call[int]:
     if sum(v is not None for v in (json_schema, regex, ebnf)) != 1:
         raise InvalidArgument("give exactly one of json_schema, regex, ebnf", op="grammar")
     args = protocol.Grammar(json_schema=json_schema, regex=regex, ebnf=ebnf)
     return _call(args, lambda v: int(protocol.GrammarRef.from_wire(v).grammar))
 
 
-def grammar_state(g: Any) -> Call:
+def grammar_state(g: Any) -> Call[int]:
     return _call(protocol.GrammarState(grammar=handle_id(g)), lambda v: int(protocol.MaskRef.from_wire(v).mask))
 
 
-def mask_advance(mask: Any, token: int) -> Call:
-    return _call(protocol.MaskAdvance(mask=handle_id(mask), token=int(token)), dict)
+def mask_advance(mask: Any, token: int) -> Call[Advanced]:
+    return _call(protocol.MaskAdvance(mask=handle_id(mask), token=int(token)), _advanced)
 
 
 # ----------------------------------------------------------------------------- bias vectors
@@ -405,7 +455,7 @@ def _bias(value: dict[str, Any]) -> int:
     return int(protocol.BiasRef.from_wire(value).bias)
 
 
-def bias_set(ids: Iterable[int], value: float, vocab_size: int) -> Call:
+def bias_set(ids: Iterable[int], value: float, vocab_size: int) -> Call[int]:
     """``value`` on each of ``ids``: sent as the ids, or as a dense vector when they are more
     than one list of a frame may hold (``MAX_ARRAY_ITEMS``)."""
     token_ids = sorted({int(t) for t in ids})
@@ -421,7 +471,7 @@ def bias_set(ids: Iterable[int], value: float, vocab_size: int) -> Call:
     return bias_vector(dense, vocab_size)
 
 
-def bias_vector(values: Sequence[float], vocab_size: int) -> Call:
+def bias_vector(values: Sequence[float], vocab_size: int) -> Call[int]:
     """One offset per token, sent as float32 little-endian bytes (``vocab_size * 4``)."""
     if len(values) != vocab_size:
         raise InvalidArgument(
@@ -430,12 +480,12 @@ def bias_vector(values: Sequence[float], vocab_size: int) -> Call:
     return _call(protocol.BiasCreate(values=[float(v) for v in values]), _bias)
 
 
-def bias_release(bias: Any) -> Call:
-    return _call(protocol.BiasRelease(bias=int(getattr(bias, "bias_id", bias))))
+def bias_release(bias: Any) -> Call[None]:
+    return _ack(protocol.BiasRelease(bias=int(getattr(bias, "bias_id", bias))))
 
 
-def finish(result: JSON, error: str | None) -> Call:
-    return _call(protocol.Finish(result=checks.json_keys(result, "finish", "result"), error=error))
+def finish(result: JSON, error: str | None) -> Call[None]:
+    return _ack(protocol.Finish(result=checks.json_keys(result, "finish", "result"), error=error))
 
 
 # -------------------------------------------------------------------------------- channels
@@ -460,36 +510,36 @@ def _wait(timeout: float | None, op: str) -> float | None:
     return float(timeout)
 
 
-def channel_send(name: str, data: JSON) -> Call:
-    return _call(protocol.ChannelSend(name=name, data=checks.channel_value(data, "channel_send")))
+def channel_send(name: str, data: JSON) -> Call[None]:
+    return _ack(protocol.ChannelSend(name=name, data=checks.channel_value(data, "channel_send")))
 
 
-def channel_recv(name: str, timeout: float | None) -> Call:
+def channel_recv(name: str, timeout: float | None) -> Call[Received]:
     return _call(protocol.ChannelRecv(name=name, timeout=_wait(timeout, "channel_recv")), _received)
 
 
-def channel_publish(name: str, data: JSON) -> Call:
+def channel_publish(name: str, data: JSON) -> Call[int]:
     return _call(protocol.ChannelPublish(name=name, data=checks.channel_value(data, "channel_publish")), int)
 
 
-def channel_subscribe(name: str) -> Call:
+def channel_subscribe(name: str) -> Call[int]:
     return _call(protocol.ChannelSubscribe(name=name), lambda v: int(protocol.SubscriptionRef.from_wire(v).sub))
 
 
-def channel_next(sub: int, timeout: float | None) -> Call:
+def channel_next(sub: int, timeout: float | None) -> Call[Received]:
     return _call(protocol.ChannelNext(sub=sub, timeout=_wait(timeout, "channel_next")), _received)
 
 
-def channel_unsubscribe(sub: int) -> Call:
-    return _call(protocol.ChannelUnsubscribe(sub=sub))
+def channel_unsubscribe(sub: int) -> Call[None]:
+    return _ack(protocol.ChannelUnsubscribe(sub=sub))
 
 
-def channel_close(name: str) -> Call:
-    return _call(protocol.ChannelClose(name=name))
+def channel_close(name: str) -> Call[None]:
+    return _ack(protocol.ChannelClose(name=name))
 
 
 # ------------------------------------------------------------------------------ processes
-def spawn(entry: str | None, args: JSON, limits: Mapping[str, Any] | None) -> Call:
+def spawn(entry: str | None, args: JSON, limits: Mapping[str, Any] | None) -> Call[str]:
     """``entry``: ``module[:function]`` of the program's bundle; None, "" or "self": the program
     itself (its ``main``). ``args`` must be JSON (checked here, before anything is sent)."""
     import json
@@ -508,7 +558,7 @@ def spawn(entry: str | None, args: JSON, limits: Mapping[str, Any] | None) -> Ca
     return _call(spec, lambda v: str(protocol.Spawned.from_wire(v).child))
 
 
-def child_wait(child: str, timeout: float | None) -> Call:
+def child_wait(child: str, timeout: float | None) -> Call[JSON]:
     if timeout is not None and (not isinstance(timeout, int | float) or isinstance(timeout, bool) or timeout < 0):
         raise InvalidArgument("timeout must be a number of seconds >= 0 or None", op="child_wait")
     args = protocol.ChildWait(child=child, timeout=None if timeout is None else float(timeout))
@@ -530,5 +580,5 @@ def _raise(exc: BaseException) -> Any:
     raise exc
 
 
-def child_cancel(child: str) -> Call:
+def child_cancel(child: str) -> Call[bool]:
     return _call(protocol.ChildCancel(child=child), bool)

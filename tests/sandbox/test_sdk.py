@@ -400,6 +400,34 @@ def test_generate_takes_a_grammar_state_as_well_as_a_grammar(session) -> None:
         session.generate(session.kv_create(), ids, max_tokens=4, grammar="(yes|no)")
 
 
+def test_asyncio_generate_takes_a_grammar_like_the_threaded_one(session, gpu_worker_process) -> None:
+    """Both faces drive the one ``generate`` flow: the asyncio one takes ``grammar=`` (a grammar
+    or a state, whose ``finished`` it sets) and gives the threaded one's tokens."""
+    ids = session.apply_chat_template([{"role": "user", "content": "Answer yes or no: is water wet?"}])
+    want = session.generate(session.kv_create(), ids, max_tokens=4, grammar=session.grammar(regex="(yes|no)"))
+
+    async def go() -> tuple[list[int], list[int], bool, bool]:
+        info = gpu_worker_process.create_session()
+        s = await aio.connect(info.socket_path, info.token)
+        try:
+            g = await s.grammar(regex="(yes|no)")
+            by_grammar = await s.generate(await s.kv_create(), ids, max_tokens=4, grammar=g)
+            state = await g.state()
+            by_state = await s.generate(await s.kv_create(), ids, max_tokens=4, grammar=state, top_k=1)
+            manual = await g.state()
+            accepted = await manual.advance(by_state[0])
+            with pytest.raises(sy.InvalidArgument, match="grammar= takes a Grammar or a GrammarState"):
+                await s.generate(await s.kv_create(), ids, max_tokens=4, grammar="(yes|no)")
+            return by_grammar, by_state, state.finished, accepted
+        finally:
+            s.close()
+            gpu_worker_process.end_session(info.session_id)
+
+    by_grammar, by_state, finished, accepted = asyncio.run(go())
+    assert by_grammar == by_state == want and session.detokenize(want) in ("yes", "no")
+    assert finished and accepted
+
+
 def test_common_slips_get_errors_that_say_what_to_do(session) -> None:
     kv = session.kv_create()
     ids = session.tokenize(PROMPT)
