@@ -2,8 +2,8 @@
 
 Python's json module reads more than JSON: ``NaN`` and ``Infinity``, numbers that overflow to
 an infinity (``1e400``), and ``\\ud800`` escapes that make a lone surrogate. PostgreSQL's
-``jsonb`` and ``text`` refuse all of them, so a body carrying one used to pass validation and
-fail at the insert with a 500. They are refused here, while parsing, with a 400 that says why.
+``jsonb`` and ``text`` refuse all of them: a body carrying one would pass validation and fail at
+the insert with a 500. They are refused here, while parsing, with a 400 that says why.
 (U+0000, which JSON allows but PostgreSQL does not, is refused by the serializers'
 validators: api/validators.py.) Nesting is bounded too (``MAX_JSON_DEPTH``): deeper documents
 are refused here, before anything walks them recursively.

@@ -595,7 +595,21 @@ def common_args(argv: list[str] | None, description: str) -> BenchConfig:
 
 
 def config_dict(cfg: BenchConfig, **workload: Any) -> dict[str, Any]:
-    return {**asdict(cfg), **workload}
+    """The record's ``config``: the run's settings, with the model as :func:`portable_path`."""
+    return {**asdict(cfg), "model": portable_path(cfg.model), **workload}
+
+
+def portable_path(value: str) -> str:
+    """A path as a record keeps it: relative to the checkout when inside it, else its last two
+    parts (``models/<name>``). Where a directory lay on one machine says nothing to a reader of
+    the record, and names that machine's layout."""
+    path = Path(value)
+    if not path.is_absolute():
+        return value
+    try:
+        return str(path.relative_to(ROOT))
+    except ValueError:
+        return str(Path(*path.parts[-2:]))
 
 
 def workload_args(argv: list[str] | None, description: str, full: Any, quick: Any) -> tuple[BenchConfig, Any]:

@@ -1,8 +1,8 @@
 """The size limit of every request body, enforced in front of Django (``web/asgi.py``).
 
 Django's ASGI handler reads the whole body (into memory, then a temporary file) before any view
-or upload handler runs, and neither uvicorn nor the ALB limits it: a 1 GB upload used to be
-taken in whole and only refused afterwards, when the view read it. Here a body is refused with
+or upload handler runs, and neither uvicorn nor the ALB limits it: left to them, a 1 GB upload
+is taken in whole and only refused afterwards, when the view reads it. Here a body is refused with
 413 by its declared ``Content-Length`` before a byte of it is read, and a chunked body (no
 declared length) as soon as what arrived passes the limit; Django never sees either. The
 answer is the documented error envelope (the OpenAI one under ``/v1/``) with

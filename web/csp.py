@@ -12,7 +12,7 @@ JSON responses carry a policy too (a browser that renders one as a document runs
 
 Every response means those answered before the rest of Django too: the health probe and
 ``/metrics`` answer from middleware ahead of host validation, so :func:`content_security_policy`
-comes first in ``MIDDLEWARE`` (it once came after them, and ``/api/v1/health`` had no policy);
+comes first in ``MIDDLEWARE`` (after them, ``/api/v1/health`` would answer with no policy);
 and the refusals ``web/asgi.py`` sends in front of Django (413, 408, 429, 503) get theirs from
 :class:`ContentSecurityPolicyASGI`, the outermost ASGI layer."""
 

@@ -1,9 +1,9 @@
 """A finished in-process run handed to the request that waits on it, instead of a database read.
 
-Why: an OpenAI request waits on its run's event stream and, at the ``end`` event, used to read
-the run row (result, status, error, and the usage row's metered ``cached_tokens``) that the
-executor had committed a moment earlier. For a run executed in this very process
-(api/services/trusted_runs.py) that read is a PostgreSQL connection opened and a query, ~10 ms
+Why: an OpenAI request waits on its run's event stream and, at the ``end`` event, needs the run
+row (result, status, error, and the usage row's metered ``cached_tokens``) that the executor
+committed a moment earlier. For a run executed in this very process
+(api/services/trusted_runs.py) reading it is a PostgreSQL connection opened and a query, ~10 ms
 of a 1-token request's ~30 ms from "run recorded" to "client has the answer" on the benchmark
 host (bench/NOTES.md, B11), to fetch what this process's own executor thread holds.
 

@@ -2,8 +2,8 @@
 
 Owners set it (``PUT /tool-hosts``, the console's team page) within their plan's
 ``max_tool_hosts``; a run may narrow it with ``limits.allowed_hosts``, and a run naming a host
-outside it is refused when it is created (it used to be accepted and the host silently dropped,
-so the program's later EPERM contradicted what its author had listed). Entries are ``host`` (the
+outside it is refused when it is created (accepting it and dropping the host would leave the
+program a later EPERM that contradicts what its author listed). Entries are ``host`` (the
 scheme's default port) or ``host:port``, compared case-insensitively as the worker does
 (``gpu_worker/brokered_io.py``), in one canonical spelling (``gpu_worker/address_policy.py``).
 Owners may not list an address that is not public, in any spelling (``2130706433``, ``127.1``,

@@ -7,9 +7,10 @@
   runs of a tree; ``procs``: child runs; ``admin``: the control plane's ops.
 
 Each handler is registered for its op's class in ``gpu_worker/protocol.py`` and receives the
-arguments that class decoded, and a narrow context (``context.OpContext`` for a LIP's ops,
-``admin.AdminContext`` for the control plane's), never the ``Worker``. Errors of KVFS, the
-scheduler and the handlers become wire codes in one place (``errors.wire_error``).
+arguments that class decoded, and a context: a LIP's ops get the narrow ``context.OpContext``,
+never the ``Worker``; the control plane's ops get the ``Worker`` itself (``server.py`` passes
+it), typed as ``admin.AdminContext``, the protocol naming the part of it they may use. Errors of
+KVFS, the scheduler and the handlers become wire codes in one place (``errors.wire_error``).
 """
 
 from gpu_worker.ops import admin, channels, dist, io, kv, pred, procs, text

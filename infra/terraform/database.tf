@@ -1,6 +1,6 @@
 # PostgreSQL (RDS) for the control plane. The master password is generated and rotated by RDS in
 # Secrets Manager (manage_master_user_password); tasks and hosts read it from there and
-# deploy/entrypoint.sh assembles DATABASE_URL (URL-encoded, sslmode=require).
+# deploy/entrypoint.py assembles DATABASE_URL (URL-encoded, sslmode=require).
 resource "aws_db_subnet_group" "main" {
   name_prefix = "${local.name}-"
   description = "Private subnets of ${local.name}"

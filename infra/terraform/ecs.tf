@@ -18,7 +18,7 @@ resource "aws_cloudwatch_log_group" "ecs" {
 }
 
 locals {
-  # Plain settings; deploy/entrypoint.sh turns DATABASE_* and REDIS_* into the URLs Django and
+  # Plain settings; deploy/entrypoint.py turns DATABASE_* and REDIS_* into the URLs Django and
   # Celery read (DATABASE_URL, REDIS_URL, CELERY_BROKER_URL, CELERY_RESULT_BACKEND).
   app_environment = {
     DJANGO_DEBUG                = "0"

@@ -80,8 +80,8 @@ def json_keys(value: Any, op: str, what: str) -> Any:
     """``value`` with JSON's rules for map keys, as ``json.dumps`` applies them: an int, float,
     bool or ``None`` key becomes its JSON text (``{1: "a"}`` -> ``{"1": "a"}``).
 
-    The wire (msgpack) carries string keys only, so a result like ``{1: "a"}`` used to fail the
-    program at its very end and lose the result. Two keys that become the same string, and keys
+    The wire (msgpack) carries string keys only: sent as it is, a result like ``{1: "a"}`` would
+    fail the program at its very end and lose the result. Two keys that become the same string, and keys
     JSON has no text for, are refused here naming where they are (``what`` is the value's name,
     e.g. ``result``), never dropped. A value whose keys are all strings already (what a program
     streams token by token) is returned as it is, after a scan that builds nothing."""

@@ -1,5 +1,5 @@
 """Tenant owners manage their tool-host allowlist within the plan's bound; a run naming a host
-outside it is refused with a 400 that names the host (it used to be dropped silently)."""
+outside it is refused with a 400 that names the host (never dropped silently)."""
 
 from __future__ import annotations
 

@@ -43,3 +43,19 @@ def test_a_sides_resources_name_its_cpus() -> None:
         forward_threads=2, pid=None, omp_wait_policy=None, dtype="float32", max_batch=64, kv_bytes=1 << 30
     )
     assert side["cpu_affinity"] and side["omp_wait_policy"] == "default" and side["kv_bytes"] == 1 << 30
+
+
+def test_a_record_names_the_model_without_this_machines_layout() -> None:
+    """``config.model`` is relative to the checkout, or ``models/<name>`` outside it; no
+    committed record holds an absolute path."""
+    import json
+
+    inside = harness.ROOT / "var" / "models" / "SmolLM2-135M-Instruct"
+    cfg = harness.BenchConfig(model=str(inside), quick=False, reps=1, dtype="float32", seed=0)
+    assert harness.config_dict(cfg, turns=2)["model"] == "var/models/SmolLM2-135M-Instruct"
+    elsewhere = harness.BenchConfig(model="/srv/x/models/tiny", quick=True, reps=1, dtype="float32", seed=0)
+    assert harness.config_dict(elsewhere)["model"] == "models/tiny"
+    assert harness.portable_path("var/models/tiny") == "var/models/tiny"
+    for record in sorted((harness.ROOT / "bench" / "results").glob("*.json")):
+        text = json.dumps(json.loads(record.read_text()))
+        assert str(harness.ROOT) not in text and '"/work/' not in text and '"/home/' not in text, record.name

@@ -100,8 +100,8 @@ def test_a_stale_copy_is_never_flushed_over_a_newer_generation(kv_store):
     _write(a, io_a, A, "ctx", [1, 2, 3], create=True)
     _read(b, io_b, B, "ctx")  # B caches generation 1 on its device
     _write(a, io_a, A, "ctx", [4, 5])  # generation 2
-    b._spill(b._named[("acme", "ctx")])  # memory pressure on B: used to write B's copy back
-    b.flush()  # and so did graceful shutdown
+    b._spill(b._named[("acme", "ctx")])  # memory pressure on B: must not write B's stale copy back
+    b.flush()  # nor may graceful shutdown
     fresh, io_f = _worker(kv_store, "wc")  # no cache: reads what the store holds
     assert _read(fresh, io_f, A, "ctx") == ([4, 5], expected_kv([4, 5]))
     assert _read(b, io_b, B, "ctx")[0] == [4, 5]

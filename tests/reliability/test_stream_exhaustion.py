@@ -169,7 +169,7 @@ def test_one_tenants_streams_are_capped_hold_no_connection_and_are_released(
     streams.append(rest)
     assert rest.status == 200 and rest.seconds < CANARY_S
 
-    # Waiting streams hold no database connection (each used to pin one for its whole life).
+    # Waiting streams hold no database connection (none pins one for its whole life).
     time.sleep(1.0)
     assert _web_db_connections() <= db_before + DB_POOL, "open event streams hold database connections"
 

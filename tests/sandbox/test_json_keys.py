@@ -1,9 +1,9 @@
 """Results, streamed messages and channel messages follow JSON's rules for map keys.
 
-``return {1: "a"}`` used to fail a finished program at its very end (the wire carries string keys
-only) and lose its result; a coordinator lost its three children's work that way. ``json.dumps``
-takes such dicts, so the SDK now writes their keys as JSON does and refuses, naming where, only
-what JSON itself cannot say."""
+Sent as it is, ``return {1: "a"}`` would fail a finished program at its very end (the wire carries
+string keys only) and lose its result, and a coordinator its children's work with it.
+``json.dumps`` takes such dicts, so the SDK writes their keys as JSON does and refuses, naming
+where, only what JSON itself cannot say."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tokens a merge or an extract left to recompute are metered: the next ``pred`` on the new file
-computes them along with its own, and the session pays for them as prefill (a merge used to be
-free compute: the forward ran them, no call counted them). Real worker, tiny model; every file
+computes them along with its own, and the session pays for them as prefill (a merge is never
+free compute that the forward runs and no call counts). Real worker, tiny model; every file
 opts out of the prefix cache so nothing is mapped instead of computed."""
 
 from __future__ import annotations

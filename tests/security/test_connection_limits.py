@@ -349,7 +349,7 @@ def test_large_call_many_does_not_deadlock_under_back_pressure(gpu_worker_proces
 @pytest.mark.docker
 def test_refused_frame_fails_its_call_at_once(lip_runner) -> None:
     """A LIP in the real sandbox sampling with a bias of MAX_MAP_ENTRIES + 1 entries gets
-    BadFrame naming the limit at once (it used to wait for a reply until the run's deadline),
+    BadFrame naming the limit at once (it does not wait for a reply until the run's deadline),
     and its connection keeps working. Sent with the low-level call: the SDK's ``sample``
     refuses such a map before sending (naming ``bias_set``), and this checks the worker."""
     n = protocol.MAX_MAP_ENTRIES + 1
