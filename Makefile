@@ -50,8 +50,8 @@ lint: bootstrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy over gpu_worker/, sandbox/ (host side and SDK), client/ and api/services/; the checked
-# set and the per-module rules are [tool.mypy] in pyproject.toml.
+# mypy over gpu_worker/, sandbox/ (host side and SDK), client/, web/ and api/'s services, views,
+# serializers and tasks; the checked set and the per-module rules are [tool.mypy] in pyproject.toml.
 typecheck: bootstrap
 	$(PY) -m mypy
 

@@ -9,6 +9,7 @@ identifier OpenAI uses for abuse monitoring; it changes nothing in the answer).
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from rest_framework import serializers
 
@@ -43,7 +44,15 @@ MAX_TOOL_CALLS = 64
 NULLABLE_MESSAGE_KEYS = {"refusal", "audio", "function_call", "annotations"}
 
 
-class MessageContentField(serializers.Field):
+class _Field(serializers.Field):
+    """A DRF field whose ``fail`` is known to raise (DRF has no type information here)."""
+
+    if TYPE_CHECKING:
+
+        def fail(self, key: str, **kwargs: Any) -> NoReturn: ...
+
+
+class MessageContentField(_Field):
     """A message's ``content``: a string, or OpenAI's list of content parts, of which the text
     parts are joined (what current OpenAI clients send for multi-part messages). Other part
     types (images, audio) are refused: this model reads text only."""
@@ -267,7 +276,7 @@ class _CommonSerializer(serializers.Serializer):
         )
 
 
-def _schema(raw: object, response_format: dict | None) -> str | None:
+def _schema(raw: Any, response_format: dict | None) -> str | None:
     """The response's JSON schema as JSON text, in the key order the client wrote it (run args
     are jsonb, which reorders keys; the grammar emits properties in the schema's order)."""
     if not response_format or response_format["type"] == "text":
@@ -334,7 +343,7 @@ class ChatCompletionSerializer(_CommonSerializer):
         choice, tools = attrs.get("tool_choice"), attrs.get("tools")
         if choice not in (None, "none", "auto") and not tools:
             raise serializers.ValidationError({"tool_choice": ["tool_choice needs tools"]})
-        if isinstance(choice, dict) and choice["name"] not in {t["function"]["name"] for t in tools}:
+        if isinstance(choice, dict) and choice["name"] not in {t["function"]["name"] for t in tools or ()}:
             raise serializers.ValidationError({"tool_choice": [f"no tool named {choice['name']!r} in tools"]})
         if tools and attrs.get("response_format") and attrs["response_format"]["type"] != "text":
             raise serializers.ValidationError({"response_format": ["response_format cannot be combined with tools"]})
@@ -380,7 +389,7 @@ class ChatCompletionSerializer(_CommonSerializer):
         return self.request(True, args, prompt_chars, args["n"])
 
 
-class PromptField(serializers.Field):
+class PromptField(_Field):
     """A completion's ``prompt``: a string, a list of strings, a list of token ids, or a list
     of lists of token ids (OpenAI's four forms); always a list of prompts internally, each a
     string or a token id list."""
@@ -400,7 +409,7 @@ class PromptField(serializers.Field):
             self.fail("type")
         if all(_is_token(t) for t in data):
             data = [data]
-        prompts = []
+        prompts: list[str | list[int]] = []
         for p in data:
             if isinstance(p, list) and p and all(_is_token(t) for t in p):
                 prompts.append(p)

@@ -15,9 +15,9 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -174,7 +174,7 @@ async def _abandon(run: Run) -> None:
         log.exception("openai_abandon_failed run=%s", run.pk)
 
 
-async def _chunks(parsed: CompletionRequest, run: Run, lease: stream_leases.Lease) -> AsyncIterator[bytes]:
+async def _chunks(parsed: CompletionRequest, run: Run, lease: stream_leases.Lease) -> AsyncGenerator[bytes, None]:
     lease.keep_alive()
     try:
         async with aclosing(_run_chunks(parsed, run)) as chunks:
@@ -184,7 +184,7 @@ async def _chunks(parsed: CompletionRequest, run: Run, lease: stream_leases.Leas
         await lease.release()
 
 
-async def _run_chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[bytes]:
+async def _run_chunks(parsed: CompletionRequest, run: Run) -> AsyncGenerator[bytes, None]:
     def sse(body: dict) -> bytes:
         return f"data: {json.dumps(body)}\n\n".encode()
 
@@ -217,7 +217,8 @@ async def _run_chunks(parsed: CompletionRequest, run: Run) -> AsyncIterator[byte
     if refused is not None:
         yield sse(refused)
         return
-    for choice in (done.result or {}).get("choices", []):
+    result: dict[str, Any] = done.result or {}
+    for choice in result.get("choices", []):
         yield sse(chunk_body(parsed, done, choice["index"], None, choice["finish_reason"]))
     if parsed.include_usage:
         yield sse(usage_chunk(parsed, done))
@@ -273,9 +274,9 @@ async def _complete(request: HttpRequest, serializer_class: type):
             await lease.release()
         if done.status != "succeeded":
             return _failure(done)
-        refused = refusal(parsed, done)
-        if refused:
-            response = JsonResponse(refused, status=refusal_status(refused))
+        refused_body = refusal(parsed, done)
+        if refused_body:
+            response = JsonResponse(refused_body, status=refusal_status(refused_body))
         else:
             response = JsonResponse(completion_body(parsed, done))
     response["X-Symphony-Run-Id"] = str(run.pk)

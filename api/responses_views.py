@@ -13,7 +13,7 @@ import asyncio
 import functools
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from django.conf import settings
@@ -291,7 +291,7 @@ def _settled_body(turn: Turn) -> dict:
     return responses.body(turn, run)
 
 
-async def _events(turn: Turn, lease: stream_leases.Lease) -> AsyncIterator[bytes]:
+async def _events(turn: Turn, lease: stream_leases.Lease) -> AsyncGenerator[bytes, None]:
     lease.keep_alive()
     try:
         async with aclosing(_run_events(turn)) as events:
@@ -301,7 +301,7 @@ async def _events(turn: Turn, lease: stream_leases.Lease) -> AsyncIterator[bytes
         await lease.release()
 
 
-async def _run_events(turn: Turn) -> AsyncIterator[bytes]:
+async def _run_events(turn: Turn) -> AsyncGenerator[bytes, None]:
     assert turn.run is not None
     events = _Events(turn)
     for event in events.opening():

@@ -33,9 +33,10 @@ import asyncio
 import logging
 import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
+from typing import cast
 
 import redis.asyncio as aioredis
 import redis.exceptions
@@ -185,7 +186,7 @@ def _stop_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
-async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> AsyncIterator[StreamEntry]:
+async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> AsyncGenerator[StreamEntry, None]:
     """Entries of ``run:<id>`` after ``last_id`` until (and including) ``end``; a heartbeat
     entry every ``HEARTBEAT_EVERY`` seconds of silence lets callers keep connections alive."""
     # The loop's pooled client (api/redis_client.py): no connect and handshake per stream.
@@ -194,7 +195,8 @@ async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> Async
     down_since: float | None = None
     while True:
         try:
-            batch = await client.xread({contracts.run_stream_key(run_id): last_id}, block=BLOCK_MS, count=100)
+            reply = await client.xread({contracts.run_stream_key(run_id): last_id}, block=BLOCK_MS, count=100)
+            batch = cast(XReadReply, reply)
             down_since = None
         except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
             _stop_if_cancelled()
@@ -229,10 +231,16 @@ def _sse(entry: StreamEntry) -> bytes:
     return f"{head}event: {entry.type}\ndata: {entry.data}\n\n".encode()
 
 
-async def _stream(run_id: uuid.UUID, last_id: str) -> AsyncIterator[bytes]:
+async def _stream(run_id: uuid.UUID, last_id: str) -> AsyncGenerator[bytes, None]:
     async with aclosing(stream_entries(run_id, last_id)) as entries:
         async for entry in entries:
             yield _sse(entry)
+
+
+#: One stream entry as redis-py reads it (``decode_responses`` off): its id and its fields.
+StreamRecord = tuple[bytes, dict[bytes, bytes]]
+#: ``XREAD`` of one stream: ``[(key, [entry, ...])]``, or empty when the block timed out.
+XReadReply = list[tuple[bytes, list[StreamRecord]]]
 
 
 def _decode(entry_id: bytes, fields: dict) -> StreamEntry:
@@ -244,7 +252,8 @@ async def _end_of(client: aioredis.Redis, key: str) -> StreamEntry | None:
     newest = "+"
     seen = 0
     while seen < END_LOOKBACK:
-        batch = await client.xrevrange(key, max=newest, count=min(LOOKBACK_PAGE, END_LOOKBACK - seen))
+        page = await client.xrevrange(key, max=newest, count=min(LOOKBACK_PAGE, END_LOOKBACK - seen))
+        batch = cast(list[StreamRecord], page)
         for entry_id, fields in batch:
             entry = _decode(entry_id, fields)
             if entry.type == contracts.END:
@@ -263,7 +272,7 @@ async def entry_pages(
     until: str = "+",
     max_entries: int = REPLAY_MAX_ENTRIES,
     max_bytes: int = replay_memory.PAGE_BYTES,
-) -> AsyncIterator[list[StreamEntry]]:
+) -> AsyncGenerator[list[StreamEntry], None]:
     """The entries of ``key`` after ``after`` up to and including ``until``, a page per round
     trip of at most ``max_entries`` whose values stop at ``max_bytes`` (the entry that reaches
     it included): a replay holds one page in memory, never the whole stream."""
@@ -293,7 +302,7 @@ def _closing_events(run: Run) -> list[StreamEntry]:
     return [StreamEntry("", *contracts.encode(event)) for event in closing_events(run)]
 
 
-async def _replay(run_id: uuid.UUID, last_id: str, until: str) -> AsyncIterator[bytes]:
+async def _replay(run_id: uuid.UUID, last_id: str, until: str) -> AsyncGenerator[bytes, None]:
     """A finished run's entries after ``last_id`` up to ``until``, read in pages, then (without
     an ``end`` among them) its closing events from its row."""
     client = redis_client.shared_async(settings.REDIS_URL)
@@ -311,10 +320,10 @@ async def _replay(run_id: uuid.UUID, last_id: str, until: str) -> AsyncIterator[
 
 async def _leased(
     lease: stream_leases.Lease,
-    events: AsyncIterator[bytes],
+    events: AsyncGenerator[bytes, None],
     slot: replay_memory.Slot | None = None,
     stall_s: float | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """``events``, giving the tenant's stream slot (and a replay's memory ``slot``) back when
     they end or the client leaves, or, with ``stall_s``, when the client has not taken the last
     event for that long.

@@ -87,13 +87,13 @@ def content_security_policy(get_response: Callable):
 
     if iscoroutinefunction(get_response):
 
-        async def middleware(request: HttpRequest):
+        async def async_middleware(request: HttpRequest) -> HttpResponse:
             return add(request, await get_response(request))
 
-    else:
+        return async_middleware
 
-        def middleware(request: HttpRequest):
-            return add(request, get_response(request))
+    def middleware(request: HttpRequest) -> HttpResponse:
+        return add(request, get_response(request))
 
     return middleware
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import dj_database_url
@@ -274,7 +275,7 @@ PASSWORD_RESET_TIMEOUT = int(os.environ.get("SYMPHONY_PASSWORD_RESET_S") or 3600
 SYMPHONY_QUOTA_ALERT_PERCENTS = env_list("SYMPHONY_QUOTA_ALERT_PERCENTS", "80,100")
 
 # --- DRF ----------------------------------------------------------------------------------
-REST_FRAMEWORK = {
+REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework.exceptions import PermissionDenied
 
 from api.authentication import ApiKeyUser
-from api.models import Membership
+from api.models import Membership, Tenant
 from api.services import accounts
 from api.tenancy import active_tenant
 
@@ -14,16 +14,17 @@ def _me(request) -> dict:
     """Who is signed in, their tenants and the active one (``None`` once they belong to none,
     e.g. removed from their only tenant: the console then offers to create one)."""
     user = request.user
-    try:
-        tenant = active_tenant(request)
-    except PermissionDenied:
-        tenant = None
     if isinstance(user, ApiKeyUser):
+        key_tenant = user.key.tenant
         return {
             "user": None,
-            "tenants": [{"id": tenant.pk, "name": tenant.name, "slug": tenant.slug, "role": "api-key"}],
-            "active_tenant": tenant.pk,
+            "tenants": [{"id": key_tenant.pk, "name": key_tenant.name, "slug": key_tenant.slug, "role": "api-key"}],
+            "active_tenant": key_tenant.pk,
         }
+    try:
+        tenant: Tenant | None = active_tenant(request)
+    except PermissionDenied:
+        tenant = None
     members = Membership.objects.filter(user=user).select_related("tenant").order_by("id")
     return {
         "user": {
