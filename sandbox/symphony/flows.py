@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from symphony import calls, checks
 from symphony.calls import Call, Predicted, TokenRelay
@@ -52,9 +52,9 @@ class PredIds:
     dropped: list[int]
 
 
-@dataclass(frozen=True)
-class Choice:
-    """How ``pred_token`` and its kin choose a token (the ``then`` of a fused ``pred``)."""
+class Choice(NamedTuple):
+    """How ``pred_token`` and its kin choose a token (the ``then`` of a fused ``pred``); a
+    tuple, as it is made once per call on the decode path."""
 
     temperature: float = 0.0
     top_p: float = 1.0
