@@ -23,10 +23,10 @@ from typing import Any, TypeVar
 
 from symphony import calls, checks, flows
 from symphony.calls import JSON, Call, HttpResponse, Received, TopK, VocabInfo
-from symphony.connection import Connection, SessionInfo
+from symphony.connection import Connection
 from symphony.errors import ChannelClosed
 from symphony.flows import Batch, Choice, Flow, Request, Streamed
-from symphony.handles import GrammarHandle, GrammarStateHandle, Handle
+from symphony.handles import GrammarHandle, GrammarStateHandle, Handle, SessionBase
 
 T = TypeVar("T")
 
@@ -220,16 +220,8 @@ async def connect(path: str | None = None, token: str | None = None) -> AsyncSes
     return AsyncSession(conn)
 
 
-class AsyncSession:
+class AsyncSession(SessionBase):
     """All system calls of one run as coroutines."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-
-    @property
-    def info(self) -> SessionInfo:
-        assert self.conn.info is not None
-        return self.conn.info
 
     async def _run(self, call: Call[T]) -> T:
         return call.parse(await asyncio.wrap_future(self.conn.submit(call.op, call.args)))
@@ -256,9 +248,6 @@ class AsyncSession:
             call = request.call
             return call.parse(await asyncio.wrap_future(self.conn.submit(call.op, call.args, on_more=more)))
         return await self._run(request)
-
-    def close(self) -> None:
-        self.conn.close()
 
     async def pred(
         self, kv: AsyncKV | int, tokens: Iterable[int], positions: Sequence[int] | None = None

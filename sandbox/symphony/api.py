@@ -14,10 +14,9 @@ from typing import Any, TypeVar
 
 from symphony import calls, checks, flows
 from symphony.calls import JSON, Call, HttpResponse, Received, TopK, VocabInfo
-from symphony.connection import Connection, SessionInfo
 from symphony.errors import ChannelClosed
 from symphony.flows import Batch, Choice, Flow, Request, Streamed
-from symphony.handles import GrammarHandle, GrammarStateHandle, Handle
+from symphony.handles import GrammarHandle, GrammarStateHandle, Handle, SessionBase
 
 T = TypeVar("T")
 
@@ -261,16 +260,8 @@ class Child(Handle["Session"]):
         return self.session._run(calls.child_cancel(self.id))
 
 
-class Session:
+class Session(SessionBase):
     """All system calls of one run, over one thread-safe connection."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-
-    @property
-    def info(self) -> SessionInfo:
-        assert self.conn.info is not None
-        return self.conn.info
 
     def _run(self, call: Call[T], timeout: float | None = None) -> T:
         return call.parse(self.conn.call(call.op, call.args, timeout))
@@ -292,9 +283,6 @@ class Session:
             call = request.call
             return call.parse(self.conn.call(call.op, call.args, on_more=request.relay.more))
         return self._run(request)
-
-    def close(self) -> None:
-        self.conn.close()
 
     # --------------------------------------------------------------------------- pred
     def pred(self, kv: KV | int, tokens: Iterable[int], positions: Sequence[int] | None = None) -> list[Dist]:

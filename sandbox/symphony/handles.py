@@ -1,4 +1,4 @@
-"""What the handle types of both faces share: a worker-side id, its session, no I/O.
+"""What the session and handle types of both faces share: a connection, worker-side ids, no I/O.
 
 ``api.py`` (threaded) and ``aio.py`` (asyncio) subclass these with their own methods; the
 flows (``flows.py``) tell a compiled grammar from a grammar state by these bases.
@@ -9,8 +9,25 @@ from __future__ import annotations
 from typing import Any, Generic, TypeVar
 
 from symphony import calls
+from symphony.connection import Connection, SessionInfo
 
 S = TypeVar("S")
+
+
+class SessionBase:
+    """A run's session connection: what ``Session`` and ``AsyncSession`` hold alike."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    @property
+    def info(self) -> SessionInfo:
+        """What ``hello`` returned: the session, tenant, run and the served model's facts."""
+        assert self.conn.info is not None
+        return self.conn.info
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 class Handle(Generic[S]):
