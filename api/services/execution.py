@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +19,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from api.models import Run
 from api.services import failover, kvfiles
 from api.services.cancellation import CancelWatch
-from api.services.executor_liveness import ExecutorHeartbeat, executor_alive
+from api.services.executor_liveness import ExecutorHeartbeat, Rider, executor_alive
 from api.services.procs import ProcessBroker
 from api.services.quotas import SANDBOX_RESOURCES, plan_limits, session_limits
 from api.services.run_args import program_args
@@ -135,14 +135,21 @@ def _record_outcome(run_id: str, outcome: RunOutcome) -> str:
             attempt += 1
 
 
-def execute_run(run_id: str, target: str | None = None, attempt: int = 0, launch: Launch | None = None) -> str:
+def execute_run(
+    run_id: str,
+    target: str | None = None,
+    attempt: int = 0,
+    launch: Launch | None = None,
+    riders: Sequence[Rider] = (),
+) -> str:
     """``target``: the worker the task was sent to (None: any, for tasks sent before re-routing
     existed); ``attempt``: how many times the run was re-routed (api/services/failover.py);
-    ``launch``: how the program runs (default: the sandbox)."""
+    ``launch``: how the program runs (default: the sandbox); ``riders``: keys refreshed with the
+    run's executor heartbeat (its slot lease)."""
     run = start_run(run_id, settings.SYMPHONY_WORKER_NAME, target)
     if run is None:
         return _handle_redelivery(run_id)
-    with ExecutorHeartbeat(run_id):
+    with ExecutorHeartbeat(run_id, riders):
         try:
             return _execute(run, launch or launch_sandbox)
         except _NotStarted as lost:

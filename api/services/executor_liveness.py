@@ -7,12 +7,18 @@ run, the executor therefore refreshes ``symphony:executor:<run_id>`` (TTL ``TTL_
 ``PERIOD_S``. The reaper fails running runs whose key is gone; a redelivered task whose key is
 still fresh leaves the run alone (its first executor is still at work, e.g. a run longer than the
 visibility timeout), so a run never executes twice and never stays stuck.
+
+The same beat refreshes whatever else lives only as long as the run executes (its executor slot
+lease, api/services/executor_slots.py): one thread and one Redis round trip per run every
+``PERIOD_S``, not one thread per key.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
+from typing import Protocol
 
 import redis
 from django.conf import settings
@@ -35,17 +41,30 @@ def _redis() -> redis.Redis:
     return redis_client.shared(settings.REDIS_URL)
 
 
-class ExecutorHeartbeat:
-    """``with ExecutorHeartbeat(run_id):`` around the execution of one run."""
+class Rider(Protocol):
+    """A Redis key that lives as long as the run executes and is refreshed with its heartbeat."""
 
-    def __init__(self, run_id: str) -> None:
+    def refresh(self, pipe: redis.client.Pipeline) -> None:
+        """Queue the commands that refresh it on ``pipe`` (sent with the heartbeat's)."""
+
+
+class ExecutorHeartbeat:
+    """``with ExecutorHeartbeat(run_id, riders):`` around the execution of one run; ``riders``
+    are refreshed by the same thread in the same round trip."""
+
+    def __init__(self, run_id: str, riders: Sequence[Rider] = ()) -> None:
         self.run_id = str(run_id)
+        self.riders = tuple(riders)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name=f"executor-heartbeat-{run_id}", daemon=True)
 
     def _beat_once(self) -> None:
         try:
-            _redis().set(_key(self.run_id), "1", ex=TTL_S)
+            pipe = _redis().pipeline(transaction=False)
+            pipe.set(_key(self.run_id), "1", ex=TTL_S)
+            for rider in self.riders:
+                rider.refresh(pipe)
+            pipe.execute()
         except redis.RedisError as exc:  # a Redis hiccup must not fail the run itself
             log.warning("executor_heartbeat_failed run=%s error=%s", self.run_id, exc)
 

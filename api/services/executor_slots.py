@@ -29,7 +29,6 @@ run (docs/DEPLOY.md asks for at least two).
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass
 
 import redis
@@ -37,7 +36,7 @@ from django.conf import settings
 
 from api import redis_client
 from api.models import Run, Tenant
-from api.services.executor_liveness import PERIOD_S, TTL_S
+from api.services.executor_liveness import TTL_S
 from gpu_worker.resource_model import Pool, PoolName
 
 log = logging.getLogger(__name__)
@@ -157,28 +156,21 @@ def admit(run_id: str, worker: str) -> Admission:
 
 
 class SlotLease:
-    """``with lease:`` around the execution of an admitted run: refreshed every ``PERIOD_S``
-    and removed at the end (a lease of a killed executor expires after ``LEASE_TTL_S``)."""
+    """``with lease:`` around the execution of an admitted run: removed at the end. It is
+    refreshed (every ``PERIOD_S``) as a rider of the run's executor heartbeat
+    (api/services/executor_liveness.py), so a running run has one refreshing thread; a lease
+    whose executor died expires after ``LEASE_TTL_S``."""
 
     def __init__(self, node: str, member: str) -> None:
         self.key, self.member = lease_key(node), member
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._refresh, name=f"slot-lease-{member}", daemon=True)
 
-    def _refresh(self) -> None:
-        while not self._stop.wait(PERIOD_S):
-            try:
-                _redis().eval(_REFRESH, 1, self.key, self.member, LEASE_TTL_S)
-            except redis.RedisError as exc:
-                log.warning("executor_slot_refresh_failed lease=%s error=%s", self.member, exc)
+    def refresh(self, pipe: redis.client.Pipeline) -> None:
+        pipe.eval(_REFRESH, 1, self.key, self.member, LEASE_TTL_S)
 
     def __enter__(self) -> SlotLease:
-        self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=PERIOD_S + 5)
         try:
             _redis().zrem(self.key, self.member)
         except redis.RedisError:
@@ -221,4 +213,4 @@ def run_in_slot(run_id: str, target: str | None, attempt: int) -> str:
     if admission.lease is None:
         return execute_run(run_id, target=target, attempt=attempt)
     with admission.lease:
-        return execute_run(run_id, target=target, attempt=attempt)
+        return execute_run(run_id, target=target, attempt=attempt, riders=(admission.lease,))

@@ -102,3 +102,26 @@ def test_a_one_slot_executor_admits_every_run(node):
     admissions = [executor_slots.admit(_queued(tenant), WORKER) for _ in range(3)]
     assert all(a.admitted and a.lease is None for a in admissions)
     assert _leases(node) == 0
+
+
+def test_the_heartbeat_refreshes_the_slot_lease_in_its_one_thread(node, monkeypatch):
+    """A running run has one thread refreshing Redis: the executor heartbeat carries its slot
+    lease, and the lease outlives its TTL only because the heartbeat refreshes it."""
+    import threading
+
+    from api.services import executor_liveness
+
+    monkeypatch.setattr(executor_liveness, "PERIOD_S", 0.2)
+    monkeypatch.setattr(executor_slots, "LEASE_TTL_S", 1)
+    executor_slots.record_capacity(node, 2, "celery.concurrency.thread")
+    run_id = _queued(_tenant("h-one"))
+    admission = executor_slots.admit(run_id, WORKER)
+    assert admission.admitted and admission.lease is not None
+    before = set(threading.enumerate())
+    with admission.lease, executor_liveness.ExecutorHeartbeat(run_id, (admission.lease,)):
+        started = [t for t in threading.enumerate() if t not in before]
+        time.sleep(1.6)  # past the lease's TTL: only the heartbeat's refreshes keep it
+        assert _leases(node) == 1
+        assert executor_liveness.executor_alive(run_id)
+    assert [t.name for t in started] == [f"executor-heartbeat-{run_id}"]
+    assert _leases(node) == 0 and not executor_liveness.executor_alive(run_id)
