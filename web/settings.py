@@ -67,6 +67,7 @@ MIDDLEWARE = [
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "api.throttling.rate_limit_headers",  # RateLimit-* of the tenant's request rate
+    "api.db_admission.release_db_share",  # a request's place in its account's database share, given back
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -340,8 +341,9 @@ REST_FRAMEWORK.update(
             "rest_framework.parsers.FormParser",
             "rest_framework.parsers.MultiPartParser",
         ],
-        # Each tenant's plan.api_requests_per_minute, shared by its keys and members (api/throttling.py).
-        "DEFAULT_THROTTLE_CLASSES": ["api.throttling.TenantRateThrottle"],
+        # Each tenant's plan.api_requests_per_minute, shared by its keys and members (api/throttling.py);
+        # then a place in its account's share of the process's database connections (api/db_admission.py).
+        "DEFAULT_THROTTLE_CLASSES": ["api.throttling.TenantRateThrottle", "api.db_admission.AccountDbShareThrottle"],
         # Throttles key on REMOTE_ADDR, which api/client_address.py already resolved through the
         # trusted proxies; None would make DRF key on the raw X-Forwarded-For a client writes.
         "NUM_PROXIES": 0,

@@ -1,0 +1,163 @@
+"""One account's requests cannot take the web process's database connections from the others
+(the isolation issue's "queued requests fill the web's 16-connection database pool: another
+tenant's ``/quota`` went from 0.03 to 0.34 s, spikes of 4 s").
+
+A real uvicorn on the test database with a pool of ``POOL_SIZE`` connections. Two tenants of ONE
+account keep ``FLOOD_CLIENTS`` run creations in flight while the test holds the account's row
+lock (what concurrent creations of one account wait on, api/services/quotas.py): each admitted
+creation holds a pooled connection while it waits, using no CPU. Before the bound they took
+every connection and another account's ``/quota`` waited for one (``DATABASE_POOL_TIMEOUT_S``,
+then a 503). Now the account has at most the pool's ceiling of requests using the database at
+once (api/services/db_share.py): the next get 429 ``throttled`` with Retry-After in the API's
+envelope at once, and the other tenant's ``/quota`` stays within ``QUOTA_BOUND_S`` (its idle
+median is printed beside it). When the lock goes, the waiting creations succeed and the share
+is whole again.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import psycopg
+import pytest
+from django.db import connection
+
+from api.models import Membership, Plan, Program, Tenant
+from api.services import programs
+from api.services.keys import issue_key
+from api.tenancy import KEY_SCOPES
+from gpu_worker.resource_model import Pool, PoolName
+from tests.plugins.browser import child_env_for_test_db, start_uvicorn, stop
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.timeout(180)]
+
+POOL_SIZE = 4
+POOL = Pool(PoolName.DB_CONNECTIONS, POOL_SIZE)
+FLOOD_CLIENTS = 8
+HOLD_S = 6.0
+SAMPLES = 10
+#: The other account's ``/quota`` while the account's requests wait, at most (median): without
+#: the bound it waited out the pool's 3 s timeout here.
+QUOTA_BOUND_S = 0.5
+POOL_TIMEOUT_S = 3
+
+
+@pytest.fixture
+def web() -> Iterator[str]:
+    env = {
+        **child_env_for_test_db(),
+        "DATABASE_POOL_MAX_SIZE": str(POOL_SIZE),
+        "DATABASE_POOL_TIMEOUT_S": str(POOL_TIMEOUT_S),
+    }
+    proc, url = start_uvicorn(env)
+    yield url
+    stop(proc, timeout=10)
+
+
+def _quota(client: httpx.Client) -> tuple[float, int]:
+    started = time.perf_counter()
+    r = client.get("/api/v1/quota")
+    return time.perf_counter() - started, r.status_code
+
+
+def _held_lock(user_id: int, release: threading.Event, held: threading.Event) -> None:
+    """Hold the account's row lock from a connection of the test's own until ``release``."""
+    params = connection.get_connection_params()
+    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}) as conn:
+        with conn.transaction():
+            conn.execute("SELECT id FROM auth_user WHERE id = %s FOR UPDATE", [user_id])
+            held.set()
+            release.wait(HOLD_S + 30)
+
+
+def test_one_account_at_its_share_of_db_connections_leaves_another_tenants_quota_fast(
+    web, api_tenant_a, api_tenant_b
+) -> None:
+    user = api_tenant_a.user
+    Tenant.objects.filter(pk=api_tenant_a.tenant.pk).update(account=user)
+    second = Tenant.objects.create(name="Alpha Two", slug="alpha-two", account=user)
+    Membership.objects.create(user=user, tenant=second, role="owner")
+    second_secret = issue_key(second, "t", list(KEY_SCOPES), user).secret
+    owners = [(api_tenant_a.tenant, api_tenant_a.key_secret), (second, second_secret)]
+    # No request rate and room for every creation: what refuses them is the database share.
+    Plan.objects.update_or_create(name="flood", defaults={"api_requests_per_minute": None, "max_concurrent_runs": 100})
+    Tenant.objects.filter(pk__in=[api_tenant_a.tenant.pk, second.pk]).update(plan="flood")
+    program_of = {}
+    for tenant, _ in owners:
+        program = Program.objects.create(tenant=tenant, name="p")
+        programs.add_version(program, "p.py", b"def main(a):\n    return 1\n")
+        program_of[tenant.pk] = program.pk
+
+    other = httpx.Client(base_url=web, headers={"Authorization": f"Bearer {api_tenant_b.key_secret}"}, timeout=30)
+    _quota(other)  # warm
+    idle = [_quota(other)[0] for _ in range(SAMPLES)]
+
+    release, held = threading.Event(), threading.Event()
+    locker = threading.Thread(target=_held_lock, args=(user.pk, release, held))
+    locker.start()
+    assert held.wait(10)
+    stop_at = time.monotonic() + HOLD_S
+    codes: list[int] = []
+    refusals: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def flood(i: int) -> None:
+        tenant, secret = owners[i % 2]
+        with httpx.Client(base_url=web, headers={"Authorization": f"Bearer {secret}"}, timeout=60) as client:
+            while time.monotonic() < stop_at:
+                r = client.post("/api/v1/runs", json={"program": program_of[tenant.pk]})
+                with lock:
+                    codes.append(r.status_code)
+                    if r.status_code == 429 and len(refusals) < 3:
+                        refusals.append(r)
+
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(FLOOD_CLIENTS)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # the account's admitted creations wait on its lock, each on a connection
+    loaded = [_quota(other) for _ in range(SAMPLES)]
+    while time.monotonic() < stop_at:
+        time.sleep(0.1)
+    release.set()
+    locker.join(timeout=30)
+    for t in threads:
+        t.join(timeout=60)
+
+    times = [t for t, _ in loaded]
+    print(
+        f"\ndb share: pool {POOL_SIZE} (account ceiling {POOL.ceiling}); the account's creations: "
+        f"{codes.count(201)} x 201, {codes.count(429)} x 429, others {sorted(set(codes) - {201, 429})}; "
+        f"other /quota idle median {statistics.median(idle) * 1000:.0f} ms, while the account waits "
+        f"{statistics.median(times) * 1000:.0f} ms (max {max(times) * 1000:.0f} ms)"
+    )
+    assert [code for _, code in loaded] == [200] * SAMPLES, loaded
+    assert statistics.median(times) <= QUOTA_BOUND_S, (idle, times)
+    assert set(codes) <= {201, 429}, sorted(set(codes))
+    assert codes.count(201) >= POOL.ceiling and codes.count(429) > 0, codes
+    refused = refusals[0]
+    assert refused.headers["Retry-After"] == "1"
+    error = refused.json()["error"]
+    assert error["code"] == "throttled", error
+    assert f"of the web process's {POOL_SIZE} database connections" in error["message"], error
+    assert f"{POOL.ceiling} requests using the database at once" in error["message"], error
+
+    # The share is whole again: the account's ceiling of requests at once all get through.
+    results: list[int] = []
+    barrier = threading.Barrier(POOL.ceiling)
+
+    def one(i: int) -> None:
+        with httpx.Client(base_url=web, headers={"Authorization": f"Bearer {owners[i % 2][1]}"}, timeout=30) as c:
+            barrier.wait(timeout=10)
+            results.append(c.get("/api/v1/quota").status_code)
+
+    after = [threading.Thread(target=one, args=(i,)) for i in range(POOL.ceiling)]
+    for t in after:
+        t.start()
+    for t in after:
+        t.join(timeout=30)
+    assert results == [200] * POOL.ceiling, results
+    other.close()
