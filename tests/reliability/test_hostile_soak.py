@@ -36,7 +36,7 @@ from django.db import connection
 
 from api import redis_client
 from tests.conftest import container_names, wait_for
-from tests.plugins.api import _make_tenant
+from tests.plugins.api import ApiTenant, _make_tenant
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -213,13 +213,15 @@ def stack_concurrency() -> int:
 class Tenant:
     """One tenant's API key and its uploaded program, over HTTP."""
 
-    def __init__(self, base_url: str, slug: str, program: bytes) -> None:
+    def __init__(
+        self, base_url: str, slug: str, program: bytes, record: ApiTenant | None = None, name: str = "p"
+    ) -> None:
         self.base_url = base_url
-        self.record = _make_tenant(slug)
+        self.record = record or _make_tenant(slug)
         self.headers = {"Authorization": f"Bearer {self.record.key_secret}"}
         files = {"file": ("p.py", program)}
         r = requests.post(
-            f"{base_url}/api/v1/programs", headers=self.headers, data={"name": "p"}, files=files, timeout=30
+            f"{base_url}/api/v1/programs", headers=self.headers, data={"name": name}, files=files, timeout=30
         )
         assert r.status_code == 201, r.text
         self.program = r.json()["id"]

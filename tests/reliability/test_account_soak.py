@@ -1,0 +1,494 @@
+"""The combined hostile soak of the isolation issue: every attack at once from TWO tenants of ONE
+account, while a third tenant (another account) runs four canaries throughout.
+
+The attacker's account (one person owning both tenants) runs, all at the same time for
+``ATTACK_S``: in each tenant a LIP with every attack of tests/reliability/test_hostile_soak.py
+(big ``send_to_user`` messages, unread pipelined replies, idle session connections, pins, a
+grammar bomb, tiny ``pred`` floods) plus forking a KV file until the account's device-page
+ceiling, streaming toward the account's share of Redis (its plan lets each run stream more than
+half of it), one ~3,800-token prefill after another (two at a time across the account), and
+first-time grammar compiles; runs that only ``sleep`` to hold executor slots; replays of big
+finished streams that are never read; and the HTTP attacks of the older soak (event streams,
+run-creation races, a big upload, wrong keys under forged ``X-Forwarded-For``).
+
+The canary tenant meanwhile repeats, one after the other: a REST run, a ``/v1`` chat call, a
+``/v1`` call whose JSON schema was never compiled before, and a REST run that prefills 3,800
+tokens. Each kind's median under attack must stay within ``CANARY_BOUND`` of its idle median,
+and afterwards the stack is clean: no container, worker session, slot lease, executor
+heartbeat or stream lease left, the device pages given back, connections within their pools.
+
+Why 2x and not 1.5x: this machine has two cores, shared by the engine, gVisor, uvicorn, Celery,
+Redis, PostgreSQL and this test's own attack clients. No scheduler of ours can take CPU back from
+the attacker's *clients* (they run outside the stack) or from gVisor's start of the canary's
+sandbox, which is a cold start on every run here.
+
+Not yet within the bound, hence ``slow`` (``make test-all`` only, not ``make test``) until it is.
+Measured on the 2-core development host while other sessions loaded it (load average 14-19 idle,
+17-28 under attack; medians of 3-4 calls, four runs): REST run idle 1.2-2.5 s, under attack
+2.2-4.6x; ``/v1`` chat 0.18-0.6 s, 2.1-5.8x; first-time grammar 0.22-0.43 s, 3.8-16x;
+3,800-token prefill 2.2-3.6 s, 1.7-9.8x (single calls up to 33 s). Every other assertion held in those runs:
+the account stopped at its device-page ceiling (ENOSPC naming 120 of 160 pages, fair share 80),
+at its Redis share (EDQUOT at 234,881,024 bytes, an equal share of 448 MiB between two
+accounts), its replays and streams got 429s, and the stack was clean afterwards. Suspected
+gaps, not yet measured apart: CPU (the attacker's sandboxes may take a core each: two runs are
+the whole machine; grammar compile children and the test's own clients add to it), and the
+contended step chunking the canary's long prompt into forwards whose fixed cost dominates on a
+loaded CPU.
+
+Self-stopping and bounded: every loop checks the attack's deadline, every call has a timeout,
+all traffic goes to 127.0.0.1 and the worker's Unix sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+import redis
+import requests
+from django.conf import settings as django_settings
+from django.utils.dateparse import parse_datetime
+
+from tests.conftest import container_names, wait_for
+from tests.plugins.api import ApiTenant
+from tests.plugins.worker import RunningWorker, start_worker
+from tests.reliability.test_hostile_soak import HOSTILE, Tenant, _http_attacks
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.integration,
+    pytest.mark.docker,
+    pytest.mark.vllm,
+    pytest.mark.slow,  # the canaries are not yet within CANARY_BOUND: see the module docstring
+    pytest.mark.timeout(900),
+]
+
+ATTACK_S = 60.0
+#: A canary kind's median under attack may take this many times its idle median (see the
+#: module docstring for why not 1.5x on this machine).
+CANARY_BOUND = 2.0
+CELERY_CONCURRENCY = 4
+PROMPT_TOKENS = 3800
+NUM_PAGES = 161  # page 0 is the engine's: a pool of 160
+#: Threads of tiny ``pred`` calls in each attacking run (two runs: twice this in all).
+PRED_THREADS = 16
+REPLAY_STALL_S = 3.0
+#: Entries of the attacker's finished streams that its replays never read.
+REPLAY_ENTRIES = 64
+REPLAY_ENTRY_BYTES = 256 * 1024
+MIB = 1024 * 1024
+#: The leases and heartbeats a run holds in Redis only while it executes.
+TRANSIENT_KEYS = ("symphony:executor-slots:*", "symphony:executor:*", "symphony:streams:*")
+
+ACCOUNT_ATTACKS = b"""
+
+_older_attacks = main
+
+
+def main(args):
+    import random as _random
+
+    stop = time.monotonic() + args["seconds"]
+    refused = {}
+    done = {"prefills": 0, "grammars": 0, "most_forks": 0}
+    lock = threading.Lock()
+
+    def note(kind, exc):
+        with lock:
+            refused.setdefault(kind, f"{type(exc).__name__}: {exc}"[:400])
+
+    def forks():
+        # Each fork of a one-page file gets a 1,023-token prompt of its own: 8 new pages a call,
+        # so the account reaches its device-page ceiling within the attack.
+        rng = _random.Random(args["seed"] + 100)
+        while time.monotonic() < stop:
+            base = sy.kv_create()
+            held = [base]
+            try:
+                sy.pred(base, [5] * 16)[-1].release()
+                while time.monotonic() < stop:
+                    child = base.fork()
+                    held.append(child)
+                    sy.pred(child, [rng.randrange(100, 4000) for _ in range(1023)])[-1].release()
+            except SymphonyError as exc:
+                note("forks", exc)
+            with lock:
+                done["most_forks"] = max(done["most_forks"], len(held))
+            time.sleep(2.0)  # hold the account's ceiling a while, then take it again
+            for kv in held:
+                try:
+                    kv.close()
+                except SymphonyError:
+                    pass
+
+    def prefills():
+        rng = _random.Random(args["seed"])
+        while time.monotonic() < stop:
+            kv = sy.kv_create()
+            try:
+                sy.pred(kv, [rng.randrange(100, 4000) for _ in range(args["prompt_tokens"])])[-1].release()
+                with lock:
+                    done["prefills"] += 1
+            except SymphonyError as exc:
+                note("prefills", exc)
+                time.sleep(0.2)
+            finally:
+                kv.close()
+
+    def grammars():
+        # Nested bounded repetitions within the pre-compile budget (256 copies) that compile
+        # for longer than the compile time budget; a character class of their own each time,
+        # so every one is a first-time compile.
+        bounds = ((16, 16), (15, 17), (17, 15), (12, 20), (20, 12), (14, 18), (18, 14), (13, 19))
+        i = 0
+        while time.monotonic() < stop:
+            i += 1
+            chars = "a-%s0-%d" % ("mnopqrstuvwxyz"[(i + args["seed"] * 7) % 14], i % 10)
+            props = {
+                f"s{args['seed']}_{i}_{j}": {"type": "string", "pattern": "^([%s]{1,%d}){1,%d}$" % (chars, a, b)}
+                for j, (a, b) in enumerate(bounds)
+            }
+            try:
+                sy.grammar(json_schema={"type": "object", "properties": props, "required": list(props)})
+                with lock:
+                    done["grammars"] += 1
+            except SymphonyError as exc:
+                note("grammars", exc)
+
+    threads = [threading.Thread(target=fn, daemon=True) for fn in (forks, prefills, grammars)]
+    for t in threads:
+        t.start()
+    older = _older_attacks(args)
+    for t in threads:
+        t.join(max(0.1, stop - time.monotonic() + 10))
+    return {"refused": {**older["refused"], **refused}, "done": done}
+"""
+
+SLEEPER = b"""
+from symphony import send_to_user, sleep
+
+
+def main(args):
+    send_to_user("started")
+    sleep(args["seconds"])
+    return {"slept": args["seconds"]}
+"""
+
+CANARY = b"""
+import random
+
+import symphony as sy
+
+
+def main(args):
+    if "prompt_tokens" not in args:
+        kv = sy.kv_create()
+        out = sy.generate(kv, sy.tokenize("The canary sings a short song about the sea"), max_tokens=24)
+        return {"tokens": out}
+    rng = random.Random(args["seed"])
+    kv = sy.kv_create()
+    dist = sy.pred(kv, [rng.randrange(100, 4000) for _ in range(args["prompt_tokens"])])[-1]
+    token = dist.argmax()
+    dist.release()
+    return {"prompt": sy.kv_len(kv), "token": token}
+"""
+
+
+@pytest.fixture
+def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
+    """Room for the long prompts: a 4,096-token context, and a pool (128-token pages) whose
+    reserve (a quarter: 40 pages) holds the canary's 3,800-token prompt (30 pages) while the
+    attacker holds its ceiling (120: its two prompts and a few forks)."""
+    extra = ["--max-model-len", "4096"]
+    with start_worker(tiny_model_dir, name=f"asoak{uuid.uuid4().hex[:4]}", num_pages=NUM_PAGES, extra_args=extra) as w:
+        yield w
+
+
+@pytest.fixture
+def stack_env() -> dict[str, str]:
+    return {"SYMPHONY_SANDBOX_POOL_SIZE": "0", "SYMPHONY_REPLAY_STALL_S": str(REPLAY_STALL_S)}
+
+
+@pytest.fixture
+def stack_concurrency() -> int:
+    return CELERY_CONCURRENCY
+
+
+def _second_tenant(owner: ApiTenant, slug: str) -> ApiTenant:
+    """Another tenant of ``owner``'s person: the same account."""
+    from api.models import Membership
+    from api.models import Tenant as TenantRow
+    from api.services.keys import issue_key
+    from api.tenancy import KEY_SCOPES
+
+    owner.tenant.account = owner.user
+    owner.tenant.save(update_fields=["account"])
+    tenant = TenantRow.objects.create(name=slug.title(), slug=slug, account=owner.user)
+    Membership.objects.create(user=owner.user, tenant=tenant, role="owner")
+    return ApiTenant(tenant, owner.user, issue_key(tenant, "test", list(KEY_SCOPES), owner.user).secret)
+
+
+def _plan(tenants: list[ApiTenant], name: str, **limits: object) -> None:
+    from api.models import Plan
+
+    Plan.objects.update_or_create(name=name, defaults=limits)
+    for t in tenants:
+        t.tenant.plan = name
+        t.tenant.save(update_fields=["plan"])
+
+
+def _finished_stream(tenant: ApiTenant) -> str:
+    """A finished run of ``tenant`` whose stream is far bigger than a replay slot."""
+    from api.models import Program, Run
+    from api.services import programs
+
+    program = Program.objects.create(tenant=tenant.tenant, name=f"big-{uuid.uuid4().hex[:4]}")
+    version = programs.add_version(program, "p.py", b"def main(a):\n    return 1\n")
+    run = Run.objects.create(tenant=tenant.tenant, program_version=version, args={}, limits={}, status="succeeded")
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    chunk = '{"text": "' + "x" * (REPLAY_ENTRY_BYTES - 12) + '"}'
+    pipe = client.pipeline(transaction=False)
+    for _ in range(REPLAY_ENTRIES):
+        pipe.xadd(f"run:{run.pk}", {"type": "token", "data": chunk})
+    pipe.xadd(f"run:{run.pk}", {"type": "end", "data": '{"status": "succeeded"}'})
+    pipe.execute()
+    return str(run.pk)
+
+
+def _stalled_replays(base_url: str, owners: list[tuple[ApiTenant, str]], stop: float) -> list[int]:
+    """Replays read for 4 KB and then never again, re-opened as the server stops them, until
+    ``stop``; the status code of each."""
+    parts = urlsplit(base_url)
+    codes: list[int] = []
+    held: list[socket.socket] = []
+    try:
+        while time.monotonic() < stop:
+            for owner, run_id in owners:
+                for _ in range(4):
+                    sock = socket.socket()
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                    sock.settimeout(10)
+                    try:
+                        sock.connect((parts.hostname, parts.port))
+                        head = f"GET /api/v1/runs/{run_id}/events HTTP/1.1\r\nHost: {parts.netloc}\r\n"
+                        sock.sendall(f"{head}Authorization: Bearer {owner.key_secret}\r\n\r\n".encode())
+                        first = sock.recv(4096)
+                        codes.append(int(first.split(b" ", 2)[1]) if first.startswith(b"HTTP/1.1 ") else 0)
+                    except OSError:
+                        codes.append(0)
+                    held.append(sock)
+            time.sleep(REPLAY_STALL_S)
+            while len(held) > 32:
+                held.pop(0).close()
+    finally:
+        for sock in held:
+            sock.close()
+    return codes
+
+
+class Canaries:
+    """The canary tenant's four kinds of call, each timed from the client's side."""
+
+    def __init__(self, base_url: str, tenant: Tenant) -> None:
+        self.base_url, self.tenant = base_url, tenant
+        self.rng = random.Random(11)
+
+    def _run(self, args: dict) -> tuple[float, dict]:
+        """Queued to finished, by the server's clock (the client's polling adds no noise)."""
+        r = self.tenant.start(args, deadline_s=120)
+        assert r.status_code == 201, r.text
+        run = self.tenant.wait(r.json()["id"], timeout=120)
+        assert run["status"] == "succeeded", run
+        elapsed = (parse_datetime(run["finished_at"]) - parse_datetime(run["created_at"])).total_seconds()
+        return elapsed, run
+
+    def rest(self) -> float:
+        elapsed, run = self._run({})
+        assert len(run["result"]["tokens"]) == 24, run["result"]
+        return elapsed
+
+    def prefill(self) -> float:
+        elapsed, run = self._run({"prompt_tokens": PROMPT_TOKENS, "seed": self.rng.randrange(1 << 30)})
+        assert run["result"]["prompt"] == PROMPT_TOKENS, run["result"]
+        return elapsed
+
+    def _chat(self, extra: dict) -> float:
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hi."}], **extra}
+        started = time.perf_counter()
+        r = requests.post(f"{self.base_url}/v1/chat/completions", headers=self.tenant.headers, json=body, timeout=120)
+        elapsed = time.perf_counter() - started
+        assert r.status_code == 200, r.text[:500]
+        assert r.json()["choices"][0]["message"]["role"] == "assistant", r.text[:500]
+        return elapsed
+
+    def chat(self) -> float:
+        return self._chat({"temperature": 0})
+
+    def grammar(self) -> float:
+        """A JSON schema never compiled before: property names no one used."""
+        fresh = f"k{uuid.uuid4().hex[:10]}"
+        schema = {"type": "object", "properties": {fresh: {"type": "integer"}}, "required": [fresh]}
+        return self._chat({"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
+
+    def kinds(self) -> dict[str, Callable[[], float]]:
+        return {"rest": self.rest, "chat": self.chat, "grammar": self.grammar, "prefill": self.prefill}
+
+    def round(self, into: dict[str, list[float]]) -> None:
+        for kind, call in self.kinds().items():
+            into.setdefault(kind, []).append(call())
+
+
+def _transient_keys() -> list[bytes]:
+    client = redis.Redis.from_url(django_settings.REDIS_URL)
+    return [k for pattern in TRANSIENT_KEYS for k in client.scan_iter(match=pattern)]
+
+
+def _load() -> str:
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def test_two_tenants_of_one_account_attacking_at_once_leave_a_third_tenants_canaries_within_bound(
+    stack, stack_worker, api_tenant_a, api_tenant_b, docker_client
+) -> None:
+    from api.models import Run
+    from gpu_worker.resource_model import Pool, PoolName
+    from sandbox.spec import LABEL_RUN
+
+    base_url = stack
+    first, second = api_tenant_a, _second_tenant(api_tenant_a, "alpha-two")
+    account = first.tenant.account_key
+    assert second.tenant.account_key == account != api_tenant_b.tenant.account_key
+    # The attacker's plan lets each run stream 200 MiB and take every device page it can, so the
+    # account-wide shares (not the per-run limits) are what stop it.
+    _plan(
+        [first, second],
+        "soak-attacker",
+        max_concurrent_runs=5,
+        max_tokens_per_run=5_000_000,
+        max_run_seconds=300,
+        max_device_pages_per_run=None,
+        stream_bytes_per_run=200 * MIB,
+        api_requests_per_minute=600,
+    )
+    _plan([api_tenant_b], "soak-canary", max_concurrent_runs=2, max_tokens_per_run=20_000, max_run_seconds=120)
+    attack_program = HOSTILE + ACCOUNT_ATTACKS
+    hostile = [
+        Tenant(base_url, "", attack_program, record=first),
+        Tenant(base_url, "", attack_program, record=second),
+    ]
+    sleepers = [Tenant(base_url, "", SLEEPER, first, "sleeper"), Tenant(base_url, "", SLEEPER, second, "sleeper")]
+    canary = Canaries(base_url, Tenant(base_url, "", CANARY, record=api_tenant_b))
+    replayed = [(first, _finished_stream(first)), (second, _finished_stream(second))]
+    health = stack_worker.admin.health()
+    pool = Pool(PoolName.DEVICE_KV_PAGES, health["pages_total"])
+
+    # Idle: one warm-up round (first sandbox, first prefill of each shape), then medians.
+    canary.round({})
+    idle: dict[str, list[float]] = {}
+    for _ in range(4):
+        canary.round(idle)
+    idle_load = _load()
+
+    # The attack: both tenants' LIPs first (they take two of the account's three slots), then
+    # the sleepers (one more slot, one queued behind the account's bound), then HTTP.
+    attacks = []
+    for i, tenant in enumerate(hostile):
+        args = {"seconds": ATTACK_S, "pred_threads": PRED_THREADS, "seed": i + 1, "prompt_tokens": PROMPT_TOKENS}
+        r = tenant.start(args, deadline_s=ATTACK_S + 90)
+        assert r.status_code == 201, r.text
+        attacks.append(r.json()["id"])
+    stop = time.monotonic() + ATTACK_S
+    sleeper_ids = []
+    for tenant in sleepers:
+        r = tenant.start({"seconds": ATTACK_S / 2}, deadline_s=ATTACK_S + 90)
+        assert r.status_code == 201, r.text
+        sleeper_ids.append(r.json()["id"])
+    box: dict = {}
+    side = [
+        threading.Thread(target=lambda: box.update(http=_http_attacks(base_url, sleepers[0], sleeper_ids[0], stop))),
+        threading.Thread(target=lambda: box.update(replays=_stalled_replays(base_url, replayed, stop))),
+    ]
+    for t in side:
+        t.start()
+    ledger = redis.Redis.from_url(django_settings.REDIS_URL)
+    most_stream_bytes = 0
+    time.sleep(3)  # the attacks are under way
+    under: dict[str, list[float]] = {}
+    while time.monotonic() < stop - 4:
+        canary.round(under)
+        held = ledger.hget("symphony:stream-bytes:accounts", account)
+        most_stream_bytes = max(most_stream_bytes, int(held or 0))
+    attack_load = _load()
+    for t in side:
+        t.join(timeout=120)
+    results = [tenant.wait(run_id, timeout=240) for tenant, run_id in zip(hostile, attacks, strict=True)]
+
+    ratios = {kind: statistics.median(under[kind]) / statistics.median(idle[kind]) for kind in idle}
+    print(
+        f"\naccount soak (load idle {idle_load}, under attack {attack_load}):"
+        + "".join(
+            f"\n  {kind}: idle {[round(t, 2) for t in idle[kind]]} under attack "
+            f"{[round(t, 2) for t in under.get(kind, [])]} -> {ratios[kind]:.2f}x (bound {CANARY_BOUND}x)"
+            for kind in idle
+        )
+        + f"\n  attacker runs: {[r['status'] for r in results]}; "
+        f"{json.dumps([(r.get('result') or {}).get('done') for r in results])}"
+        f"\n  refused: {json.dumps([(r.get('result') or {}).get('refused') for r in results])[:3000]}"
+        f"\n  account's stream bytes at most {most_stream_bytes >> 20} MiB; "
+        f"http: { {k: sorted(set(v)) for k, v in box.get('http', {}).items()} }; "
+        f"replays: {sorted(set(box.get('replays', [])))}"
+    )
+    assert all(under.get(kind) for kind in idle), under
+    slow = {kind: round(ratio, 2) for kind, ratio in ratios.items() if ratio > CANARY_BOUND}
+
+    # The attacks happened, and met the account-wide bounds, not the per-run ones.
+    refused: dict[str, str] = {}
+    for result in results:
+        refused.update((result.get("result") or {}).get("refused") or {})
+    done = [(result.get("result") or {}).get("done") or {} for result in results]
+    assert sum(d.get("prefills", 0) for d in done) >= 2, done
+    at_ceiling = [refused.get(kind, "") for kind in ("forks", "prefills")]
+    assert any("this account holds" in why for why in at_ceiling), refused
+    assert max(d.get("most_forks", 0) for d in done) <= pool.ceiling, (done, pool)
+    assert "send_to_user" in refused, refused
+    assert 0 < most_stream_bytes, most_stream_bytes
+    assert 429 in box["http"]["streams"], box["http"]
+    assert all(c in (200, 429) for c in box["replays"]) and 200 in box["replays"], box["replays"]
+
+    # Clean afterwards.
+    assert requests.get(f"{base_url}/api/v1/health", timeout=10).json()["status"] == "ok"
+    runs = Run.objects.filter(tenant__in=[first.tenant, second.tenant, api_tenant_b.tenant])
+    wait_for(
+        lambda: not runs.exclude(status__in=Run.TERMINAL).exists(),
+        timeout=ATTACK_S + 120,
+        interval=1,
+        message="every run of the soak to end",
+    )
+    run_ids = [str(pk) for pk in runs.values_list("pk", flat=True)]
+    wait_for(
+        lambda: not [n for rid in run_ids for n in container_names(docker_client, label=f"{LABEL_RUN}={rid}")],
+        timeout=60,
+        interval=0.5,
+        message="every run's sandbox container removed",
+    )
+    wait_for(lambda: not _transient_keys(), timeout=30, interval=0.5, message="slot leases and heartbeats gone")
+    assert stack_worker.admin.health()["sessions"] == 0
+    assert not list(Path(stack_worker.sessions_dir).glob("*.sock"))
+    for owner in (first, second, api_tenant_b):
+        for f in stack_worker.admin.kv_list(owner.tenant.slug):
+            stack_worker.admin.kv_delete(owner.tenant.slug, f["name"])
+    assert stack_worker.admin.health()["pages_free"] == health["pages_free"]
+    ledger.delete(*[f"run:{rid}" for rid in run_ids])
+    stack_worker.assert_alive()
+    # Last, so a run that misses a bound has still checked everything above.
+    assert not slow, f"canaries past {CANARY_BOUND}x their idle median: {slow}"
