@@ -23,13 +23,15 @@ the attacker's *clients* (they run outside the stack) or from gVisor's start of 
 sandbox, which is a cold start on every run here.
 
 Not yet within the bound, hence ``slow`` (``make test-all`` only, not ``make test``) until it is.
-Measured on the 2-core development host while other sessions loaded it (load average 14-19 idle,
-17-28 under attack; medians of 3-4 calls, four runs): REST run idle 1.2-2.5 s, under attack
-2.2-4.6x; ``/v1`` chat 0.18-0.6 s, 2.1-5.8x; first-time grammar 0.22-0.43 s, 3.8-16x;
-3,800-token prefill 2.2-3.6 s, 1.7-9.8x (single calls up to 33 s). Every other assertion held in those runs:
-the account stopped at its device-page ceiling (ENOSPC naming 120 of 160 pages, fair share 80),
-at its Redis share (EDQUOT at 234,881,024 bytes, an equal share of 448 MiB between two
-accounts), its replays and streams got 429s, and the stack was clean afterwards. Suspected
+Measured on the 2-core development host while other sessions loaded it (load average 14-23 idle,
+17-36 under attack; medians of 2-4 calls, five runs): REST run idle 1.2-2.5 s, under attack
+2.2-4.6x; ``/v1`` chat 0.14-0.6 s, 2.1-7.1x; first-time grammar 0.16-0.43 s, 3.8-16x;
+3,800-token prefill 2.2-3.6 s, 1.7-9.8x (single calls up to 34 s). Not the executor slots: the
+canary's runs waited 0.16-1.55 s from queued to started under attack (0.07-0.16 s idle).
+Every other assertion held in those runs: the account stopped at its device-page ceiling
+(ENOSPC naming 120 of 160 pages, fair share 80), at its Redis share (EDQUOT at 234,881,024
+bytes, an equal share of 448 MiB between two accounts), its replays and streams got 429s, and
+the stack was clean afterwards. Suspected
 gaps, not yet measured apart: CPU (the attacker's sandboxes may take a core each: two runs are
 the whole machine; grammar compile children and the test's own clients add to it), and the
 contended step chunking the canary's long prompt into forwards whose fixed cost dominates on a
@@ -301,6 +303,8 @@ class Canaries:
     def __init__(self, base_url: str, tenant: Tenant) -> None:
         self.base_url, self.tenant = base_url, tenant
         self.rng = random.Random(11)
+        #: Queued -> started of each of its runs, for the report.
+        self.queued: list[float] = []
 
     def _run(self, args: dict) -> tuple[float, dict]:
         """Queued to finished, by the server's clock (the client's polling adds no noise)."""
@@ -308,7 +312,9 @@ class Canaries:
         assert r.status_code == 201, r.text
         run = self.tenant.wait(r.json()["id"], timeout=120)
         assert run["status"] == "succeeded", run
-        elapsed = (parse_datetime(run["finished_at"]) - parse_datetime(run["created_at"])).total_seconds()
+        created = parse_datetime(run["created_at"])
+        elapsed = (parse_datetime(run["finished_at"]) - created).total_seconds()
+        self.queued.append(round((parse_datetime(run["started_at"]) - created).total_seconds(), 2))
         return elapsed, run
 
     def rest(self) -> float:
@@ -398,6 +404,7 @@ def test_two_tenants_of_one_account_attacking_at_once_leave_a_third_tenants_cana
     for _ in range(4):
         canary.round(idle)
     idle_load = _load()
+    idle_queued, canary.queued = canary.queued, []
 
     # The attack: both tenants' LIPs first (they take two of the account's three slots), then
     # the sleepers (one more slot, one queued behind the account's bound), then HTTP.
@@ -447,6 +454,7 @@ def test_two_tenants_of_one_account_attacking_at_once_leave_a_third_tenants_cana
         f"\n  account's stream bytes at most {most_stream_bytes >> 20} MiB; "
         f"http: { {k: sorted(set(v)) for k, v in box.get('http', {}).items()} }; "
         f"replays: {sorted(set(box.get('replays', [])))}"
+        f"\n  canary runs queued -> started (s): idle {idle_queued}, under attack {canary.queued}"
     )
     assert all(under.get(kind) for kind in idle), under
     slow = {kind: round(ratio, 2) for kind, ratio in ratios.items() if ratio > CANARY_BOUND}
