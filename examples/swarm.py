@@ -7,7 +7,10 @@ context is never computed again) and prefills only its own turn. The team talks 
 run tree's channels: the coordinator queues one task per round on ``tasks`` (whichever agent is
 free takes it: the hand-off), the agent answers on ``answers`` and broadcasts on ``handoff``
 that it took the round, which every agent hears through its subscription. When the rounds are
-done the coordinator closes ``tasks``; agents see ``ChannelClosed`` and return.
+done the coordinator closes ``tasks``; agents see ``ChannelClosed`` and return. No wait names
+a number of seconds: each is bounded by the run's deadline (the plan's default, or
+``limits.deadline_s``), and a coordinator whose agents all ended gets ``SendersGone`` from
+``recv`` at once instead of waiting for it.
 
 The plan bounds the team: agents are runs of the tenant (its concurrent runs, children per run),
 so the coordinator starts as many as it may and says so when that is fewer than asked.
@@ -57,11 +60,13 @@ def main(args):
     log = []
     for r in range(rounds):
         tasks.send({"round": r, "ask": f"Round {r + 1}: what should the team do next?"})
-        reply = answers.recv(timeout=120)
+        # No timeout: the run's deadline (the plan's, or limits.deadline_s) bounds the wait, and
+        # SendersGone ends it at once, naming their errors, if every agent ended first.
+        reply = answers.recv()
         log.append({"round": r, "agent": reply["role"], "answer": reply["answer"]})
         sy.send_to_user(f"[{reply['role']}] {reply['answer']}\n")
     tasks.close()  # agents waiting on it get ChannelClosed and return
-    return {"rounds": log, "agents": [c.wait(timeout=120) for c in children]}
+    return {"rounds": log, "agents": [c.wait() for c in children]}
 
 
 def agent(args):
@@ -73,7 +78,7 @@ def agent(args):
     served = []
     while True:
         try:
-            task = sy.channel("tasks").recv(timeout=120)
+            task = sy.channel("tasks").recv()  # until a task comes, the queue closes or the deadline
         except sy.ChannelClosed:
             break
         kv = context.fork()

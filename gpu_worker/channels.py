@@ -134,6 +134,8 @@ class Tree:
     tree_id: str
     sessions: set[str] = field(default_factory=set)
     channels: dict[str, Channel] = field(default_factory=dict)
+    #: Resolved (and dropped) whenever a session of the tree leaves (:meth:`ChannelBroker.member_left`).
+    leave_waiters: list[asyncio.Future[None]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,10 @@ class ChannelBroker:
         if tree is None:
             return
         tree.sessions.discard(session_id)
+        waiters, tree.leave_waiters = tree.leave_waiters, []
+        for left in waiters:
+            if not left.done():
+                left.set_result(None)
         if tree.sessions:
             return
         ended = ProtocolError(ErrorCode.CHANNEL_CLOSED, "the run tree ended")
@@ -196,6 +202,23 @@ class ChannelBroker:
                 self._drop_sub(sub, ended)
         tree.channels.clear()
         del self._trees[(tree.tenant, tree.tree_id)]
+
+    def others_in_tree(self, m: Any) -> int:
+        """How many sessions of ``m``'s tree on this worker are not ``m`` (the runs that could
+        still send to it); 0 when ``m`` has left."""
+        tree = self._member_tree.get(m.session_id)
+        return 0 if tree is None else len(tree.sessions - {m.session_id})
+
+    def member_left(self, m: Any) -> asyncio.Future[None]:
+        """A future resolved when the next session of ``m``'s tree leaves (at once when ``m``
+        has left already)."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        tree = self._member_tree.get(m.session_id)
+        if tree is None:
+            fut.set_result(None)
+        else:
+            tree.leave_waiters.append(fut)
+        return fut
 
     # --------------------------------------------------------------------- queue form
     def send(self, m: Any, name: str, data: Any, size: int | None = None) -> Message:
@@ -216,11 +239,15 @@ class ChannelBroker:
         self.sent += 1
         return msg
 
-    async def recv(self, m: Any, name: str, timeout: float | None) -> Message:
+    async def recv(
+        self, m: Any, name: str, timeout: float | None, abandon: asyncio.Future[ProtocolError] | None = None
+    ) -> Message:
         """The oldest message of ``name``, waiting up to ``timeout`` seconds (None: no bound
-        here; the caller bounds it by the run's deadline)."""
+        here; the caller bounds it by the run's deadline). ``abandon``: when it resolves before a
+        message comes, the read stops waiting and raises the error it resolved with (nothing is
+        lost: a message handed to this read first is returned)."""
         ch = self._channel(m, name)
-        return await self._read(m, ch, ch.queue, f"channel {name!r}", timeout)
+        return await self._read(m, ch, ch.queue, f"channel {name!r}", timeout, abandon)
 
     # ----------------------------------------------------------------- broadcast form
     def subscribe(self, m: Any, name: str) -> int:
@@ -258,9 +285,11 @@ class ChannelBroker:
         self.published += 1
         return len(subs)
 
-    async def next(self, m: Any, sub_id: int, timeout: float | None) -> Message:
+    async def next(
+        self, m: Any, sub_id: int, timeout: float | None, abandon: asyncio.Future[ProtocolError] | None = None
+    ) -> Message:
         sub = self._sub(m, sub_id)
-        return await self._read(m, sub.channel, sub.queue, f"subscription to {sub.channel.name!r}", timeout)
+        return await self._read(m, sub.channel, sub.queue, f"subscription to {sub.channel.name!r}", timeout, abandon)
 
     def unsubscribe(self, m: Any, sub_id: int) -> None:
         self._drop_sub(self._sub(m, sub_id), ProtocolError(ErrorCode.CHANNEL_CLOSED, "unsubscribed"))
@@ -322,7 +351,15 @@ class ChannelBroker:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"no subscription {sub_id} in this run")
         return sub
 
-    async def _read(self, m: Any, ch: Channel, q: _Queue, what: str, timeout: float | None) -> Message:
+    async def _read(
+        self,
+        m: Any,
+        ch: Channel,
+        q: _Queue,
+        what: str,
+        timeout: float | None,
+        abandon: asyncio.Future[ProtocolError] | None,
+    ) -> Message:
         if q.messages:
             msg = q.messages.popleft()
             self._refund(m.tenant, msg.size)
@@ -334,10 +371,16 @@ class ChannelBroker:
         mine = self._waiting.setdefault(m.session_id, set())
         mine.add(fut)
         try:
-            return await asyncio.wait_for(fut, timeout)
-        except TimeoutError:
-            raise ProtocolError(ErrorCode.CHANNEL_TIMEOUT, f"no message on {what} within {timeout:g} s") from None
+            waits: set[asyncio.Future[Any]] = {fut} if abandon is None else {fut, abandon}
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if fut.done():
+                return fut.result()
+            if abandon is not None and abandon.done():
+                raise abandon.result()
+            raise ProtocolError(ErrorCode.CHANNEL_TIMEOUT, f"no message on {what} within {timeout:g} s")
         finally:
+            if not fut.done():
+                fut.cancel()
             if fut in q.waiters:
                 q.waiters.remove(fut)
             mine.discard(fut)

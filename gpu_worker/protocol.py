@@ -137,6 +137,10 @@ class ErrorReason:
     #: ENOSPC of the worker's shared device KV pool (the account's bound, or the pool full):
     #: load, not the request, so a retry later may succeed (gpu_worker/kvfs/accounts.py).
     KV_POOL_FULL = "kv_pool_full"
+    #: ECHANCLOSED of a channel read that waited while every run that could send on the channel
+    #: ended: the reader's children (and theirs), and every other run of its tree
+    #: (gpu_worker/ops/channel_senders.py).
+    SENDERS_GONE = "senders_gone"
 
 
 # --- framing ------------------------------------------------------------------------------

@@ -174,6 +174,9 @@ class WorkerSession:
     tasks: set[asyncio.Task] = field(default_factory=set)
     #: Child runs this session's LIP spawned: the only ids its ``child_wait`` / ``child_cancel`` take.
     children: set[str] = field(default_factory=set)
+    #: Spawns of this session's LIP sent to the control plane and not answered yet: a child on its
+    #: way counts as a run that may still send on the tree's channels.
+    spawning: int = 0
 
     @property
     def account(self) -> str:

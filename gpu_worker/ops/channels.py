@@ -7,12 +7,14 @@ session leaves the batch barrier, and its KV may swap out while it waits), bound
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from gpu_worker import contracts, stream_ledger
 from gpu_worker import protocol as p
 from gpu_worker.channels import Message, encoded_size
+from gpu_worker.ops import channel_senders
 from gpu_worker.ops.context import OpContext
 from gpu_worker.ops.registry import lip_op
 from gpu_worker.protocol import ErrorCode, ProtocolError
@@ -58,15 +60,25 @@ def _wait_bound(s: WorkerSession, timeout: float | None) -> tuple[float | None, 
 
 
 async def _read(
-    ctx: OpContext, s: WorkerSession, timeout: float | None, read: Callable[[float | None], Awaitable[Message]]
+    ctx: OpContext,
+    s: WorkerSession,
+    timeout: float | None,
+    what: str,
+    read: Callable[[float | None, asyncio.Future[ProtocolError] | None], Awaitable[Message]],
 ) -> p.ChannelMessage:
+    """A read bounded by ``timeout`` and the deadline, which stops waiting with ECHANCLOSED
+    (``senders_gone``) when no run is left that could send (``channel_senders``)."""
     bound, by_deadline = _wait_bound(s, timeout)
+    gone = channel_senders.watch(ctx, s, what)
     try:
-        msg: Message = await ctx.blocked_on_io(s, read(bound))
+        msg: Message = await ctx.blocked_on_io(s, read(bound, gone))
     except ProtocolError as exc:
         if by_deadline and exc.code == ErrorCode.CHANNEL_TIMEOUT:
             raise s.deadline_error() from None
         raise
+    finally:
+        if gone is not None:
+            gone.cancel()
     return p.ChannelMessage(data=msg.data, sender=msg.sender)
 
 
@@ -77,7 +89,9 @@ async def channel_send(ctx: OpContext, s: WorkerSession, args: p.ChannelSend) ->
 
 @lip_op(p.ChannelRecv)
 async def channel_recv(ctx: OpContext, s: WorkerSession, args: p.ChannelRecv) -> p.ChannelMessage:
-    return await _read(ctx, s, args.timeout, lambda t: ctx.channels.recv(s, args.name, t))
+    return await _read(
+        ctx, s, args.timeout, f"channel {args.name!r}", lambda t, gone: ctx.channels.recv(s, args.name, t, gone)
+    )
 
 
 @lip_op(p.ChannelPublish)
@@ -94,7 +108,9 @@ async def channel_subscribe(ctx: OpContext, s: WorkerSession, args: p.ChannelSub
 
 @lip_op(p.ChannelNext)
 async def channel_next(ctx: OpContext, s: WorkerSession, args: p.ChannelNext) -> p.ChannelMessage:
-    return await _read(ctx, s, args.timeout, lambda t: ctx.channels.next(s, args.sub, t))
+    return await _read(
+        ctx, s, args.timeout, f"subscription {args.sub}", lambda t, gone: ctx.channels.next(s, args.sub, t, gone)
+    )
 
 
 @lip_op(p.ChannelUnsubscribe)

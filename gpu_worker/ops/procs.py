@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from gpu_worker import contracts
@@ -101,8 +102,12 @@ async def spawn(ctx: OpContext, s: WorkerSession, args: p.Spawn) -> p.Spawned:
     request = contracts.ProcRequest(
         id=uuid.uuid4().hex, op="spawn", parent=s.run_id, entry=args.entry, args=args.args, limits=args.limits
     )
-    reply = await ctx.blocked_on_io(s, _relay(ctx, s, request))
-    s.children.add(reply.child)
+    s.spawning += 1
+    try:
+        reply = await ctx.blocked_on_io(s, _relay(ctx, s, request))
+        s.children.add(reply.child)
+    finally:
+        s.spawning -= 1
     log.info("event=spawn session=%s tenant=%s run=%s child=%s", s.session_id, s.tenant, s.run_id, reply.child)
     return p.Spawned(child=reply.child)
 
@@ -164,6 +169,36 @@ async def _await_end(client: Any, child: str, wait: float) -> tuple[str, Any, st
                 start = entry_id
                 if contracts.entry_strings(fields)[0] == contracts.END:
                     return await _final(client, key, fields)
+
+
+async def await_all_ended(client: Any, children: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """``{child: (status, error)}`` once every one of ``children`` has its ``end`` event,
+    however long that takes (the caller bounds it: a channel read that stops waiting cancels
+    it). Redis errors propagate."""
+    ended: dict[str, tuple[str, str]] = {}
+    starts: dict[str, str] = {}
+    for child in children:
+        key = contracts.run_stream_key(child)
+        last = await client.xrevrange(key, count=1)
+        if last and contracts.entry_strings(last[0][1])[0] == contracts.END:
+            status, _result, error = await _final(client, key, last[0][1])
+            ended[child] = (status, error)
+        else:
+            starts[key] = last[0][0] if last else "0-0"
+    by_key = {contracts.run_stream_key(c): c for c in children}
+    while starts:
+        got = await client.xread(starts, count=200, block=int(WAIT_BLOCK_S * 1000))
+        for stream, entries in got or []:
+            key = stream.decode() if isinstance(stream, bytes) else str(stream)
+            for entry_id, fields in entries:
+                if key not in starts:
+                    break
+                starts[key] = entry_id
+                if contracts.entry_strings(fields)[0] == contracts.END:
+                    status, _result, error = await _final(client, key, fields)
+                    ended[by_key[key]] = (status, error)
+                    del starts[key]
+    return ended
 
 
 async def _final(client: Any, key: str, end_fields: Any) -> tuple[str, Any, str]:

@@ -116,6 +116,15 @@ class ChannelClosed(SymphonyError):
     reason = "channel_closed"
 
 
+class SendersGone(ChannelClosed):
+    """A ``recv`` (or a subscription's) that waited on an empty channel while every run that
+    could send on it ended: every child this run spawned has ended (failed, cancelled, timed
+    out or finished) and no other run of the tree is left (``senders_gone``). The message names
+    each child's outcome; ``Child.wait()`` gives one child's result or :class:`ChildFailed`."""
+
+    reason = protocol.ErrorReason.SENDERS_GONE
+
+
 class ChannelTimeout(SymphonyError, TimeoutError):
     """``recv(timeout=...)`` passed with no message (``channel_timeout``). The run's own deadline
     passing while it waits raises :class:`DeadlineExceeded` instead."""
@@ -168,7 +177,10 @@ _BY_CODE: dict[str, type[SymphonyError]] = {
 
 
 #: Cases of a code a program handles apart (``err.reason``), each a subclass of the code's class.
-_BY_REASON: dict[tuple[str, str], type[SymphonyError]] = {(KVPoolFull.code, KVPoolFull.reason): KVPoolFull}
+_BY_REASON: dict[tuple[str, str], type[SymphonyError]] = {
+    (KVPoolFull.code, KVPoolFull.reason): KVPoolFull,
+    (SendersGone.code, SendersGone.reason): SendersGone,
+}
 
 
 def from_wire(code: str, message: str, op: str | None = None, reason: str | None = None) -> SymphonyError:

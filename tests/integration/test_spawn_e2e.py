@@ -83,6 +83,34 @@ def main(args):
         answers = sorted((sy.channel("answers").recv(timeout=100) for _ in range(4)), key=lambda a: a["task"])
         done = [k.wait(timeout=100) for k in kids]
         return {"answers": answers, "done": done, "children": [k.id for k in kids]}
+    if mode == "orphaned":
+        # Three children fail at once; the parent waits for their messages with no timeout.
+        import time
+
+        sub = sy.channel("progress").subscribe()
+        kids = [sy.spawn("self:report_then_boom", {})] + [sy.spawn("self:boom", {"why": f"child {i}"}) for i in (1, 2)]
+        start = time.monotonic()
+        first = sy.channel("results").recv()
+        try:
+            sy.channel("results").recv()
+            second = "a message"
+        except sy.SendersGone as exc:
+            second = {"error": str(exc), "reason": exc.reason, "closed": isinstance(exc, sy.ChannelClosed)}
+        waited = time.monotonic() - start
+        try:
+            sub.recv()
+            on_sub = "a message"
+        except sy.ChannelClosed as exc:
+            on_sub = type(exc).__name__
+        statuses = []
+        for kid in kids:
+            try:
+                kid.wait()
+                statuses.append("succeeded")
+            except sy.ChildFailed as exc:
+                statuses.append(exc.status)
+        return {"first": first, "second": second, "waited": waited, "sub": on_sub, "statuses": statuses,
+                "children": [k.id for k in kids]}
     if mode == "async":
         import asyncio
 
@@ -129,6 +157,11 @@ async def together(args):
 
 def boom(args):
     raise RuntimeError(args["why"])
+
+
+def report_then_boom(args):
+    sy.channel("results").send({"partial": "kept"})
+    raise RuntimeError("after reporting")
 
 
 def sleeper(args):
@@ -335,6 +368,30 @@ def test_the_swarm_example_shares_one_context_and_hands_off_rounds(stack, api_te
         usage = client.get_run(agent["id"])["usage"]
         assert usage["cached_tokens"] >= agent["context_tokens"] - 1, usage
         assert usage["prefill_tokens"] < 30 * max(1, len(agent["served"])) < agent["context_tokens"], usage
+
+
+def test_a_parent_waiting_on_a_channel_learns_its_children_ended(team, stack_worker, docker_client):
+    """Every child fails within seconds while the parent waits in ``recv`` with no timeout: the
+    message one child sent before failing is returned, then the next ``recv`` (and a
+    subscription's) raises ``SendersGone`` naming the children's outcomes, long before the
+    deadline."""
+    client, program = team
+    run = client.create_run(program, args={"mode": "orphaned"}, limits={"deadline_s": 140})
+    final = _finished(client, run["id"])
+    assert final["status"] == "succeeded", final["error"]
+    out = final["result"]
+    assert out["first"] == {"partial": "kept"}
+    second = out["second"]
+    assert isinstance(second, dict), out
+    assert (second["reason"], second["closed"]) == ("senders_gone", True)
+    assert second["error"].startswith("ECHANCLOSED (channel_recv): no message can come on channel 'results'")
+    for child in out["children"]:
+        assert f"{child} failed" in second["error"], second["error"]
+    assert "RuntimeError: child 1" in second["error"] and "RuntimeError: after reporting" in second["error"]
+    assert out["waited"] < 30, out  # children start and fail in seconds; the deadline is 140 s
+    assert out["sub"] == "SendersGone"
+    assert out["statuses"] == ["failed", "failed", "failed"]
+    _nothing_left(stack_worker, docker_client, [run["id"], *out["children"]])
 
 
 def test_cancel_reaches_a_child_and_cancelling_the_parent_ends_the_rest(team, stack_worker, docker_client):
