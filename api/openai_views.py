@@ -41,7 +41,7 @@ from api.services.openai_compat import (
     usage_chunk,
 )
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded, plan_limits
-from api.throttling import TenantThrottled, check_tenant_rate
+from api.throttling import TenantThrottled, check_tenant_rate, note_token_allowance
 from gpu_worker import contracts
 from web.body_limit import too_large_body
 
@@ -85,6 +85,7 @@ def _key_and_plan(request: HttpRequest) -> tuple[ApiKey, PlanLimits]:
     except TenantThrottled as throttled:
         body = error_body(str(throttled), "rate_limit_error", "rate_limit_exceeded")
         raise _Refused(429, body, {"Retry-After": str(throttled.retry_after)}) from None
+    note_token_allowance(key.tenant, request, plan)
     return key, plan
 
 

@@ -18,7 +18,9 @@ last request. Past the rate a request gets 429 ``throttled`` with ``Retry-After`
 Every counted response (429s included) carries the IETF draft's ``RateLimit-Limit``,
 ``RateLimit-Remaining`` (requests that still fit now) and ``RateLimit-Reset`` (seconds until the
 oldest counted request leaves the window, so one more fits) headers, so clients can pace
-themselves before they are refused (:func:`rate_limit_headers`).
+themselves before they are refused (:func:`rate_limit_headers`), and OpenAI's names for them
+(``x-ratelimit-*-requests``). The OpenAI endpoints add OpenAI's ``x-ratelimit-*-tokens`` for the
+token budget the service enforces, the plan's monthly allowance (:class:`TokenAllowance`).
 
 A cache that cannot be reached lets requests through: an outage of the counter must not become
 an outage of the API (the per-address guards in api/authentication.py fail the same way).
@@ -31,17 +33,19 @@ import math
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from asgiref.sync import iscoroutinefunction
 from django.core.cache import cache
 from django.http import HttpRequest
+from django.utils import timezone
 from django.utils.decorators import sync_and_async_middleware
 from rest_framework import exceptions
 from rest_framework.throttling import BaseThrottle
 
 from api.models import Tenant
 from api.services import shared_counters
-from api.services.quotas import PlanLimits, plan_limits
+from api.services.quotas import PlanLimits, next_period_start, plan_limits, tokens_this_month
 
 log = logging.getLogger(__name__)
 
@@ -91,9 +95,47 @@ class RateState:
         }
 
 
+@dataclass(frozen=True)
+class TokenAllowance:
+    """Where a tenant stands against its plan's monthly token allowance (``tokens_per_month``),
+    the token budget the service enforces: a run is refused once it is used up, and each run's
+    ``max_tokens`` is capped by what is left (api/services/quotas.py). The OpenAI endpoints say
+    it in OpenAI's token headers; the window is the calendar month (UTC), not a minute."""
+
+    limit: int
+    remaining: int
+    reset_s: int
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-ratelimit-limit-tokens": str(self.limit),
+            "x-ratelimit-remaining-tokens": str(self.remaining),
+            "x-ratelimit-reset-tokens": openai_duration(self.reset_s),
+        }
+
+
+def note_token_allowance(tenant: Tenant, request: HttpRequest, plan: PlanLimits) -> TokenAllowance | None:
+    """Leave the tenant's :class:`TokenAllowance` on ``request`` for the token headers (as it
+    stands when the request starts); ``None`` when its plan has no monthly allowance."""
+    if plan.tokens_per_month is None:
+        return None
+    now = timezone.now()
+    reset = datetime.combine(next_period_start(now.date()), datetime.min.time(), tzinfo=now.tzinfo)
+    used = tokens_this_month(tenant)
+    allowance = TokenAllowance(
+        plan.tokens_per_month, max(0, plan.tokens_per_month - used), max(1, math.ceil((reset - now).total_seconds()))
+    )
+    request.symphony_tokens = allowance  # type: ignore[attr-defined]
+    return allowance
+
+
 def openai_duration(seconds: int) -> str:
-    """``seconds`` as OpenAI's rate-limit headers write a duration: ``"7s"``, ``"1m0s"``."""
-    minutes, rest = divmod(max(0, int(seconds)), 60)
+    """``seconds`` as OpenAI's rate-limit headers write a duration (Go's form): ``"7s"``,
+    ``"1m0s"``, ``"26h3m0s"``."""
+    hours, rest = divmod(max(0, int(seconds)), 3600)
+    minutes, rest = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{rest}s"
     return f"{minutes}m{rest}s" if minutes else f"{rest}s"
 
 
@@ -169,13 +211,14 @@ class TenantRateThrottle(BaseThrottle):
 
 @sync_and_async_middleware
 def rate_limit_headers(get_response):
-    """Add the RateLimit-* headers to every response whose request was counted."""
+    """Add the RateLimit-* headers to every response whose request was counted, and OpenAI's
+    token headers where the request noted its tenant's token allowance (the OpenAI endpoints)."""
 
     def add_headers(request: HttpRequest, response):
-        state = getattr(request, "symphony_rate", None)
-        if state is not None:
-            for name, value in state.headers().items():
-                response.headers.setdefault(name, value)
+        for state in (getattr(request, "symphony_rate", None), getattr(request, "symphony_tokens", None)):
+            if state is not None:
+                for name, value in state.headers().items():
+                    response.headers.setdefault(name, value)
         return response
 
     if iscoroutinefunction(get_response):

@@ -29,7 +29,15 @@ def _fresh_counters():
 def test_openai_durations() -> None:
     from api.throttling import openai_duration
 
-    assert [openai_duration(s) for s in (0, 7, 59, 60, 61, 3600)] == ["0s", "7s", "59s", "1m0s", "1m1s", "60m0s"]
+    assert [openai_duration(s) for s in (0, 7, 59, 60, 61, 3600, 93784)] == [
+        "0s",
+        "7s",
+        "59s",
+        "1m0s",
+        "1m1s",
+        "1h0m0s",
+        "26h3m4s",
+    ]
 
 
 def _on_plan(api_tenant, per_minute: int | None, name: str = "tiny") -> None:
