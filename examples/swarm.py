@@ -1,7 +1,10 @@
 """A SWARM-style team: a coordinator spawns agents that share one context and hand off work.
 
-The coordinator prefills the team's context once into the named KV file ``team-<name>`` and
-pins it (memory pressure never evicts it, unless the plan's pinned share is used up); each agent
+The coordinator prefills the team's context once into the run-scoped KV file
+``run/team-<name>`` and pins it (memory pressure never evicts it, unless the plan's pinned share
+is used up). A ``run/`` file belongs to this run tree: every run of the tree opens it by that
+name, and the worker removes it when the tree ends, however it ends (finished, failed, cancelled,
+past its deadline), so no ``finally: kv_remove`` is needed and none could be skipped. Each agent
 is a child run (``spawn``) that opens that file read-only (a private copy-on-write fork: the
 context is never computed again) and prefills only its own turn. The team talks through the
 run tree's channels: the coordinator queues one task per round on ``tasks`` (whichever agent is
@@ -28,18 +31,16 @@ ROLES = ("researcher", "critic", "writer", "planner", "tester", "editor")
 
 
 def shared_context(team, text):
-    """The team's pinned context file (built here once; agents open it read-only)."""
-    name = f"team-{team}"
-    try:
-        kv = sy.kv_create(name)
-    except sy.KVExists:  # an earlier run of this team built it: reuse it as it is
-        return name
+    """The team's pinned context file (built here once; agents open it read-only; removed
+    with the run tree)."""
+    name = f"run/team-{team}"
+    kv = sy.kv_create(name)
     sy.release(sy.pred(kv, sy.tokenize(f"Team briefing: {text}\n")))
     try:
         sy.kv_pin(name)
     except sy.QuotaExceeded:  # no pinned share left: keep it unpinned (it may spill, never wrong)
         pass
-    kv.close()  # a named file outlives its handle
+    kv.close()  # a named file outlives its handle (a run/ one until the tree ends)
     return name
 
 

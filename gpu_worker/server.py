@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gpu_worker import ops, protocol
+from gpu_worker import ops, protocol, run_files
 from gpu_worker.config import WorkerConfig
 from gpu_worker.connections import READ_BUFFER_BYTES, ConnectionGuard, close_with, raise_open_file_limit
 from gpu_worker.contracts import KvEvent
@@ -40,6 +40,8 @@ log = logging.getLogger(__name__)
 REAP_GRACE_S = 300.0
 #: Seconds between Redis heartbeats (their keys expire after contracts.HEARTBEAT_TTL_S).
 HEARTBEAT_EVERY_S = 2.0
+#: Seconds between sweeps for run-scoped KV files of ended trees (``run_files.sweep``).
+RUN_FILE_SWEEP_EVERY_S = 60.0
 
 
 class Worker:
@@ -179,12 +181,16 @@ class Worker:
         interval = self.config.kv_event_interval_s
         last: dict[str, tuple[dict[str, int], float]] = {}
         next_heartbeat = 0.0
+        next_sweep = 0.0  # at once: files of trees that ended while this worker was down
         while True:
             await asyncio.sleep(interval)
             now = time.monotonic()
             if now >= next_heartbeat:
                 self.events.heartbeat(self.config.name, {**self.health(), "at": time.time()})
                 next_heartbeat = now + HEARTBEAT_EVERY_S
+            if now >= next_sweep:
+                next_sweep = now + RUN_FILE_SWEEP_EVERY_S
+                await self._sweep_run_files()
             live = []
             for s in list(self.sessions.values()):
                 if s.ended:
@@ -209,6 +215,15 @@ class Worker:
                     last[s.session_id] = (snap, now)
             for sid in [k for k in last if k not in self.sessions]:
                 del last[sid]
+
+    async def _sweep_run_files(self) -> None:
+        """Remove run-scoped KV files of trees that ended without this worker seeing their last
+        session end (a lost worker's, found at restart or in a shared store)."""
+        live = {(s.tenant, s.tree) for s in self.sessions.values() if not s.ended}
+        try:
+            await run_files.sweep(self.kv, self.kvfs, self.context.redis(), live)
+        except Exception as exc:  # Redis or the store unreachable: the next sweep tries again
+            log.warning("event=run_file_sweep_failed error=%r", exc)
 
     # ---------------------------------------------------------------------- sessions
     async def create_session(self, tenant: str, run_id: str, limits: object, tree: str | None = None) -> WorkerSession:
@@ -259,6 +274,7 @@ class Worker:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"no such session {session_id}")
         del self.sessions[session_id]
         s.ended = True
+        last_of_tree = self.context.channels.others_in_tree(s) == 0
         self.context.channels.leave(session_id)  # the tree's last session frees its channels
         if s.server is not None:
             s.server.close()
@@ -276,6 +292,11 @@ class Worker:
             await self.kv(self.kvfs.close_session, s.owner)
         except KVFSError as exc:
             log.error("event=close_session_failed session=%s error=%s", session_id, exc)
+        if last_of_tree:  # the tree ended here: its run-scoped files go with it
+            try:
+                await self.kv(run_files.remove_tree, self.kvfs, s.tenant, s.tree)
+            except Exception as exc:  # the sweep on the tick tries again
+                log.error("event=run_files_remove_failed tree=%s error=%r", s.tree, exc)
         s.usage.sample_pages(0)
         s.dists.clear()
         s.biases.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import date
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -9,6 +10,7 @@ from django.db.models import Count, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 
 from api.models import Plan, Tenant, UsageRecord
+from gpu_worker import run_files
 
 SUMMED = UsageRecord.METERED
 #: Runs among usage rows, including runs deleted since (their rows keep ``from_run``).
@@ -180,11 +182,38 @@ def meter_kv_storage(now: float | None = None) -> int:
         return 0
     hours = KV_METER_PERIOD_S / 3600
     # A closed tenant's files are being deleted (api/services/tenant_closure.py): not billed.
-    files = KVFile.objects.filter(tenant__closed_at__isnull=True)
+    files = KVFile.objects.filter(tenant__closed_at__isnull=True).exclude(
+        pk__in=_run_files_past_their_tree(KVFile.objects.filter(name__startswith=run_files.STORED_PREFIX))
+    )
     stored = files.values("tenant_id").annotate(total=DbSum("bytes")).filter(total__gt=0)
     for row in stored:
         UsageRecord.objects.create(tenant_id=row["tenant_id"], kv_gib_hours=row["total"] / (1 << 30) * hours)
     return len(stored)
+
+
+def _run_files_past_their_tree(rows) -> list[int]:
+    """Mirror rows of run-scoped KV files (gpu_worker/run_files.py) whose tree's root run is no
+    longer queued or running: the worker removes them when the tree ends, and until its mirror
+    says so they are never billed as stored (a lost worker's could stay listed for a while)."""
+    from api.models import Run
+
+    by_tree: dict[str, list[int]] = {}
+    for pk, name in rows.values_list("pk", "name"):
+        tree = run_files.tree_of(name)
+        if tree is not None:
+            by_tree.setdefault(tree, []).append(pk)
+    valid = [tree for tree in by_tree if _is_uuid(tree)]
+    live_runs = Run.objects.filter(pk__in=valid, status__in=("queued", "running"))
+    live = {str(pk) for pk in live_runs.values_list("pk", flat=True)}
+    return [pk for tree, pks in by_tree.items() if tree not in live for pk in pks]
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 #: A run's cost is shown to the micro-dollar: most runs cost far less than the invoice's cent.

@@ -1,9 +1,11 @@
 """KV file ops: each runs KVFS off the loop, scoped to the session (``Owner(tenant, session)``)
-or, for named files, to its tenant."""
+or, for named files, to its tenant; a name ``run/<name>`` is the run tree's own file
+(``gpu_worker/run_files.py``)."""
 
 from __future__ import annotations
 
 from gpu_worker import protocol as p
+from gpu_worker import run_files
 from gpu_worker.ops.context import OpContext
 from gpu_worker.ops.registry import lip_op
 from gpu_worker.sessions import WorkerSession
@@ -11,12 +13,13 @@ from gpu_worker.sessions import WorkerSession
 
 @lip_op(p.KvCreate)
 async def kv_create(ctx: OpContext, s: WorkerSession, args: p.KvCreate) -> p.KvRef:
-    return p.KvRef(kv=await ctx.kv(ctx.kvfs.create, s.owner, args.name, args.cache, args.durable))
+    name = None if args.name is None else run_files.stored_name(s.tree, args.name)
+    return p.KvRef(kv=await ctx.kv(ctx.kvfs.create, s.owner, name, args.cache, args.durable))
 
 
 @lip_op(p.KvOpen)
 async def kv_open(ctx: OpContext, s: WorkerSession, args: p.KvOpen) -> p.KvRef:
-    handle = await ctx.kv(ctx.kvfs.open, s.owner, args.name, args.mode)
+    handle = await ctx.kv(ctx.kvfs.open, s.owner, run_files.stored_name(s.tree, args.name), args.mode)
     s.usage.cached_tokens += await ctx.kv(ctx.kvfs.length, s.owner, handle)
     return p.KvRef(kv=handle)
 
@@ -33,7 +36,7 @@ async def kv_close(ctx: OpContext, s: WorkerSession, args: p.KvClose) -> None:
 
 @lip_op(p.KvRemove)
 async def kv_remove(ctx: OpContext, s: WorkerSession, args: p.KvRemove) -> None:
-    await ctx.kv(ctx.kvfs.remove, s.tenant, args.name)
+    await ctx.kv(ctx.kvfs.remove, s.tenant, run_files.stored_name(s.tree, args.name))
 
 
 @lip_op(p.KvLen)
@@ -63,4 +66,4 @@ async def kv_merge(ctx: OpContext, s: WorkerSession, args: p.KvMerge) -> p.KvRef
 
 @lip_op(p.KvPin)
 async def kv_pin(ctx: OpContext, s: WorkerSession, args: p.KvPin) -> None:
-    await ctx.kv(ctx.kvfs.pin, s.tenant, args.name, args.pinned)
+    await ctx.kv(ctx.kvfs.pin, s.tenant, run_files.stored_name(s.tree, args.name), args.pinned)

@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 import zipfile
 from collections.abc import Iterator
 from datetime import date
@@ -83,6 +84,20 @@ def main(args):
         answers = sorted((sy.channel("answers").recv(timeout=100) for _ in range(4)), key=lambda a: a["task"])
         done = [k.wait(timeout=100) for k in kids]
         return {"answers": answers, "done": done, "children": [k.id for k in kids]}
+    if mode == "scoped":
+        # A context shared by the tree in a run-scoped file; the run is cancelled while it sleeps.
+        kv = sy.kv_create("run/ctx")
+        sy.pred(kv, sy.tokenize(CONTEXT))
+        kv.close()
+        seen = sy.spawn("self:scoped_reader", {}).wait()
+        try:
+            sy.kv_open(f"runtree-{sy.session().info.run_id}--ctx")
+            reserved = "opened"
+        except sy.InvalidArgument as exc:
+            reserved = str(exc)
+        sy.send_to_user({"seen": seen, "reserved": reserved})
+        sy.sleep(120)
+        return "not cancelled"
     if mode == "orphaned":
         # Three children fail at once; the parent waits for their messages with no timeout.
         import time
@@ -157,6 +172,11 @@ async def together(args):
 
 def boom(args):
     raise RuntimeError(args["why"])
+
+
+def scoped_reader(args):
+    kv = sy.kv_open("run/ctx", "r")
+    return len(kv)
 
 
 def report_then_boom(args):
@@ -392,6 +412,48 @@ def test_a_parent_waiting_on_a_channel_learns_its_children_ended(team, stack_wor
     assert out["sub"] == "SendersGone"
     assert out["statuses"] == ["failed", "failed", "failed"]
     _nothing_left(stack_worker, docker_client, [run["id"], *out["children"]])
+
+
+def test_a_run_scoped_file_is_the_trees_and_a_cancelled_parent_leaves_none(
+    team, api_tenant_a, stack_worker, docker_client, settings
+):
+    """``run/ctx``: created by the parent, opened by its child, refused under its stored name;
+    the parent is cancelled while it holds it, and nothing of it is left: not on the worker, not
+    in the store, not in the control plane's mirror, not on the storage meter."""
+    from api.models import KVFile, UsageRecord
+    from api.services import kvfiles
+    from api.services.billing import meter_kv_storage
+
+    settings.SYMPHONY_WORKER_ADMIN_SOCKET = stack_worker.admin_socket  # the mirror's source
+    client, program = team
+    tenant = api_tenant_a.tenant
+    run = client.create_run(program, args={"mode": "scoped"}, limits={"deadline_s": 140})
+    seen: dict = {}
+    for event in client.events(run["id"]):
+        if event.type == "message":
+            seen = event.data["data"]
+            break
+    assert seen["seen"] > 5, seen  # the child read the parent's context
+    assert seen["reserved"].startswith("EINVAL (kv_open)") and "reserved for run-scoped" in seen["reserved"]
+    stored = f"runtree-{run['id']}--ctx"
+    assert [f["name"] for f in stack_worker.admin.kv_list(tenant.slug)] == [stored]
+    kvfiles.sync(tenant)
+    assert list(KVFile.objects.filter(tenant=tenant).values_list("name", flat=True)) == [stored]
+
+    client.cancel_run(run["id"])
+    assert _finished(client, run["id"], timeout=60)["status"] == "cancelled"
+    wait_for(lambda: stack_worker.admin.kv_list(tenant.slug) == [], timeout=60, message="the tree's file removed")
+    assert not [p for p in Path(stack_worker.kv_store).rglob("*") if "runtree-" in p.name]
+    kvfiles.sync(tenant)
+    assert not KVFile.objects.filter(tenant=tenant).exists()
+
+    # A lost worker's mirror row of an ended tree is never billed as stored KV; a tenant's file is.
+    KVFile.objects.create(tenant=tenant, worker="lost", name=f"runtree-{run['id']}--ghost", bytes=1 << 30)
+    KVFile.objects.create(tenant=tenant, worker="lost", name="kept", bytes=1 << 30)
+    assert meter_kv_storage(now=(uuid.uuid4().int % 10**9) * 300.0) == 1
+    (billed,) = UsageRecord.objects.filter(tenant=tenant, kv_gib_hours__gt=0)
+    assert billed.kv_gib_hours == pytest.approx(300 / 3600)  # one GiB for one period, not two
+    _nothing_left(stack_worker, docker_client, [run["id"]])
 
 
 def test_cancel_reaches_a_child_and_cancelling_the_parent_ends_the_rest(team, stack_worker, docker_client):

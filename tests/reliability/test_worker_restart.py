@@ -54,3 +54,50 @@ def test_named_kv_file_reloads_after_crash_with_identical_logits(tiny_model_dir:
         other.close()
         second.end_session(info.session_id)
         second.end_session(other_info.session_id)
+
+
+def test_a_lost_workers_run_scoped_files_go_at_restart_once_their_tree_ended(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Run-scoped files (``run/<name>``) of a worker killed mid-tree are in its store; the
+    restarted worker removes those whose tree's root has its ``end`` event (or no stream), and
+    keeps a tree still running elsewhere and the tenant's own files."""
+    import uuid
+
+    import redis
+
+    import symphony
+    from gpu_worker import contracts
+    from tests.conftest import redis_db_url, wait_for
+
+    ended, running = str(uuid.uuid4()), str(uuid.uuid4())
+    store = tmp_path / "kvstore"
+    with start_worker(tiny_model_dir, name="before-loss", kv_store=store) as first:
+        for tree in (ended, running):
+            info = first.create_session("acme", tree=tree)
+            sdk = symphony.connect(info.socket_path, info.token)
+            ctx = sdk.kv_create("run/ctx")
+            sdk.pred(ctx, PROMPT[:20])[-1].release()
+            ctx.close()
+            if tree == ended:
+                doc = sdk.kv_create("doc")
+                doc.close()
+            sdk.close()
+        names = sorted(f["name"] for f in first.admin.kv_list("acme"))
+        assert names == sorted(["doc", f"runtree-{ended}--ctx", f"runtree-{running}--ctx"])
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=10)
+        first._sessions.clear()
+    assert (store / "acme" / f"runtree-{ended}--ctx.safetensors").is_file()
+
+    client = redis.Redis.from_url(redis_db_url(0))
+    client.xadd(contracts.run_stream_key(ended), contracts.entry(contracts.EndEvent("cancelled")))
+    client.xadd(contracts.run_stream_key(running), contracts.entry(contracts.StatusEvent("running")))
+    try:
+        with start_worker(tiny_model_dir, name="after-loss", kv_store=store) as second:
+            left = lambda: sorted(f["name"] for f in second.admin.kv_list("acme"))  # noqa: E731
+            wait_for(lambda: f"runtree-{ended}--ctx" not in left(), timeout=60, message="the ended tree's file")
+            assert left() == ["doc", f"runtree-{running}--ctx"]
+            assert not (store / "acme" / f"runtree-{ended}--ctx.safetensors").exists()
+    finally:
+        client.delete(contracts.run_stream_key(ended), contracts.run_stream_key(running))
