@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 
 @dataclass
 class Usage:
-    """Counters of one session. ``page_seconds`` integrates device pages held over wall time."""
+    """Counters of one session. ``page_seconds`` integrates device pages held over wall time
+    (its share of pages other sessions hold too: ``KVFS.live_usage``)."""
 
     prefill_tokens: int = 0
     decode_tokens: int = 0
@@ -26,7 +27,7 @@ class Usage:
     cached_tokens: int = 0
     #: Forward passes that carried at least one of the run's ``pred`` calls.
     forwards: int = 0
-    _pages: int = field(default=0, repr=False)
+    _pages: float = field(default=0.0, repr=False)
     _since: float = field(default_factory=time.monotonic, repr=False)
 
     def add_tokens(self, n: int, prefill: bool | None = None) -> None:
@@ -41,7 +42,7 @@ class Usage:
     def total_tokens(self) -> int:
         return self.prefill_tokens + self.decode_tokens
 
-    def sample_pages(self, pages_now: int, now: float | None = None) -> None:
+    def sample_pages(self, pages_now: float, now: float | None = None) -> None:
         """Integrate the page count held since the last sample, then remember ``pages_now``."""
         now = time.monotonic() if now is None else now
         self.page_seconds += self._pages * max(0.0, now - self._since)

@@ -609,7 +609,7 @@ class KVFS:
         return self.metering.session_usage(owner)
 
     @_locked
-    def live_usage(self, owners: Sequence[Owner]) -> list[tuple[dict[str, int], int]]:
+    def live_usage(self, owners: Sequence[Owner]) -> list[tuple[dict[str, int], float]]:
         """Per session: the fields of its live ``kv`` event and the distinct device pages it
         holds (what page-seconds are metered on); gpu_worker/kvfs/metering.py."""
         return self.metering.live_usage(owners)

@@ -64,24 +64,28 @@ class Metering:
         """Distinct device pages held by the session's open files now."""
         return len(self.catalogue.held(owner)[0])
 
-    def live_usage(self, owners: Sequence[Owner]) -> list[tuple[dict[str, int], int]]:
-        """Per session: the fields of its live ``kv`` event and the distinct device pages it
-        holds (what page-seconds are metered on). The event tells a run only about itself and
+    def live_usage(self, owners: Sequence[Owner]) -> list[tuple[dict[str, int], float]]:
+        """Per session: the fields of its live ``kv`` event and its proportional share of the
+        distinct device pages it holds, what page-seconds are metered on: a page that ``n`` of
+        ``owners`` hold counts ``1/n`` to each (as proportional set size does), so runs sharing a
+        context pay for it once between them, in equal parts, whoever opened it first (the tick
+        passes every live session). The event tells a run only about itself and
         its own tenant: the pages it holds, its tenant's device and host pages, its tokens.
         Worker-wide totals would show every other tenant's prompt sizes as they come and go;
         staff read those from /api/v1/admin/workers and /metrics. One call for every live
         session, so the worker's tick takes the lock once, not twice per session."""
         host = self.host_pages_per_tenant()
+        held = [self.catalogue.held(owner) for owner in owners]
+        holders = Counter(page for pages, _tokens in held for page in pages)
         out = []
-        for owner in owners:
-            pages, tokens = self.catalogue.held(owner)
+        for owner, (pages, tokens) in zip(owners, held, strict=True):
             event = {
                 "run_pages": len(pages),
                 "tenant_device_pages": self.alloc.tenant_pages(owner.tenant),
                 "tenant_host_pages": host.get(owner.tenant, 0),
                 "tokens": tokens,
             }
-            out.append((event, len(pages)))
+            out.append((event, sum(1 / holders[page] for page in pages)))
         return out
 
     def host_pages_per_tenant(self) -> Counter[str]:

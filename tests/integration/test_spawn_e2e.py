@@ -84,6 +84,23 @@ def main(args):
         answers = sorted((sy.channel("answers").recv(timeout=100) for _ in range(4)), key=lambda a: a["task"])
         done = [k.wait(timeout=100) for k in kids]
         return {"answers": answers, "done": done, "children": [k.id for k in kids]}
+    if mode == "shares":
+        # Three identical children hold one shared context at once; then one holds it alone.
+        kv = sy.kv_create("run/shared")
+        sy.release(sy.pred(kv, sy.tokenize(CONTEXT * 8)))
+        kv.close()
+        ready, go = sy.channel("ready"), sy.channel("go")
+        kids = [sy.spawn("self:holder", {}) for _ in range(3)]
+        for _ in kids:
+            ready.recv()
+        for _ in kids:
+            go.send(1)
+        held = [k.wait() for k in kids]
+        solo = sy.spawn("self:holder", {})
+        ready.recv()
+        go.send(1)
+        held.append(solo.wait())
+        return {"children": [k.id for k in kids], "solo": solo.id, "held": held}
     if mode == "scoped":
         # A context shared by the tree in a run-scoped file; the run is cancelled while it sleeps.
         kv = sy.kv_create("run/ctx")
@@ -172,6 +189,19 @@ async def together(args):
 
 def boom(args):
     raise RuntimeError(args["why"])
+
+
+def holder(args):
+    import time
+
+    sy.channel("ready").send(1)
+    sy.channel("go").recv()
+    kv = sy.kv_open("run/shared", "r")
+    time.sleep(4)  # holding the context, making no call (no wait that could swap it out)
+    n = len(kv)
+    kv.close()
+    time.sleep(1.2)  # the worker's tick sees it released before the session ends
+    return n
 
 
 def scoped_reader(args):
@@ -454,6 +484,36 @@ def test_a_run_scoped_file_is_the_trees_and_a_cancelled_parent_leaves_none(
     (billed,) = UsageRecord.objects.filter(tenant=tenant, kv_gib_hours__gt=0)
     assert billed.kv_gib_hours == pytest.approx(300 / 3600)  # one GiB for one period, not two
     _nothing_left(stack_worker, docker_client, [run["id"]])
+
+
+def test_identical_children_holding_one_context_are_billed_equal_shares_of_it(team, api_tenant_a):
+    """Page-seconds of a page several runs hold are split among them (proportional set size):
+    three identical children holding the parent's context at once are billed alike, a third
+    each of what one child holding it alone for as long is billed, in usage and the invoice."""
+    from api.models import Plan, UsageRecord
+    from api.services.billing import invoice
+
+    Plan.objects.update_or_create(name="trees", defaults={"max_children_per_run": 4})
+    client, program = team
+    run = client.create_run(program, args={"mode": "shares"}, limits={"deadline_s": 140})
+    final = _finished(client, run["id"])
+    assert final["status"] == "succeeded", final["error"]
+    out = final["result"]
+    assert len(set(out["held"])) == 1 and out["held"][0] > 50, out
+    ids = [*out["children"], out["solo"]]
+    wait_for(lambda: UsageRecord.objects.filter(run_id__in=ids).count() == 4, timeout=60, message="usage")
+    page_seconds = {r["id"]: r["usage"]["page_seconds"] for r in (client.get_run(i) for i in ids)}
+    together, solo = [page_seconds[i] for i in out["children"]], page_seconds[out["solo"]]
+    assert solo > 0, page_seconds
+    assert max(together) < 1.5 * min(together), page_seconds  # billed alike, whoever opened first
+    assert all(0.2 * solo < each < 0.55 * solo for each in together), page_seconds  # a third each
+    assert 0.7 * solo < sum(together) < 1.3 * solo, page_seconds  # the context paid for once
+    records = UsageRecord.objects.filter(tenant=api_tenant_a.tenant, run__isnull=False)
+    lines = {
+        line["item"]: float(line["quantity"])
+        for line in invoice(api_tenant_a.tenant, date.today().strftime("%Y-%m"))["lines"]
+    }
+    assert lines["page_seconds"] == pytest.approx(sum(r.page_seconds for r in records), abs=1e-3)
 
 
 def test_cancel_reaches_a_child_and_cancelling_the_parent_ends_the_rest(team, stack_worker, docker_client):
