@@ -14,6 +14,7 @@ from celery import Task, current_app
 RUN_LIP = "api.run_lip"
 PURGE_TENANT = "api.purge_tenant"
 PURGE_TENANT_KV = "api.purge_tenant_kv"
+KV_ADMIN = "api.kv_admin"
 SEND_PASSWORD_RESET_MAIL = "api.send_password_reset_mail"  # noqa: S105 - a task name, not a secret
 SEND_PASSWORD_CHANGED_MAIL = "api.send_password_changed_mail"  # noqa: S105 - a task name, not a secret
 SEND_INVITATION_MAIL = "api.send_invitation_mail"
@@ -27,6 +28,7 @@ NAMES = (
     RUN_LIP,
     PURGE_TENANT,
     PURGE_TENANT_KV,
+    KV_ADMIN,
     SEND_PASSWORD_RESET_MAIL,
     SEND_PASSWORD_CHANGED_MAIL,
     SEND_INVITATION_MAIL,

@@ -261,6 +261,11 @@ class RunLimitsSerializer(serializers.Serializer):
     output_limit_bytes = serializers.IntegerField(
         required=False, min_value=1, max_value=SANDBOX_RESOURCES["output_limit_bytes"][1]
     )
+    #: The KV files the run will open: it is routed to the worker holding them (a hint for
+    #: routing, api/services/routing.py; the run may open others, and these need not exist).
+    kv_files = serializers.ListField(
+        child=serializers.CharField(max_length=255, validators=[reject_nul]), required=False, max_length=64
+    )
 
     def to_internal_value(self, data: object) -> dict:
         if isinstance(data, dict):

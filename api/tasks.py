@@ -6,7 +6,7 @@ import threading
 import time
 
 from celery import shared_task
-from celery.signals import celeryd_after_setup, worker_ready
+from celery.signals import celeryd_after_setup, worker_ready, worker_shutdown
 
 from api import dispatch
 
@@ -54,6 +54,46 @@ def record_executor_slots(sender: str, instance, **_kwargs) -> None:
     executor_slots.record_capacity(sender, instance.concurrency, module)
 
 
+@worker_ready.connect
+def announce_executor(sender, **_kwargs) -> None:
+    """This executor heartbeats for the gpu_workers whose ``worker.<name>`` queue it consumes:
+    routing sends runs only to a worker with a live executor (api/services/executor_presence.py)."""
+    from api.services import executor_presence
+
+    controller = getattr(sender, "controller", None)
+    slots = 1 if controller is None else (1 if "solo" in str(controller.pool_cls) else controller.concurrency)
+    queues = list(sender.app.amqp.queues.consume_from or sender.app.amqp.queues)
+    if executor_presence.start_presence(queues, sender.hostname, slots) is not None:
+        threading.Thread(target=_reroute_forever, name="stranded-run-reaper", daemon=True).start()
+
+
+def _reroute_forever() -> None:
+    """Every live executor re-routes runs stranded on a worker that cannot take them (one at a
+    time, by an advisory lock): the reaping goes on as long as any executor lives, whichever
+    executor (or beat's queue consumer) died."""
+    from django.db import connection
+
+    from api.services import executor_presence
+    from api.services.runs import reroute_stranded
+
+    while True:
+        time.sleep(executor_presence.REAP_PERIOD_S)
+        try:
+            reroute_stranded()
+        except Exception as exc:  # the database or Redis is away: the next round tries again
+            log.warning("stranded_run_reroute_failed error=%s", exc)
+        finally:
+            connection.close()
+
+
+@worker_shutdown.connect
+def withdraw_executor(**_kwargs) -> None:
+    """A clean stop (a drained worker's executor) leaves routing at once."""
+    from api.services import executor_presence
+
+    executor_presence.stop_presence()
+
+
 @shared_task(name="api.ping")
 def ping(payload: str = "pong") -> dict[str, str]:
     """Round-trip probe used by health checks and tests to prove a worker consumes the broker."""
@@ -80,6 +120,16 @@ def reap_orphaned_runs() -> dict[str, int]:
     from api.services.runs import reap_orphaned_runs as reap
 
     return reap()
+
+
+@shared_task(name=dispatch.KV_ADMIN)
+def kv_admin(op: str, args: dict) -> dict:
+    """On a worker host (queue ``worker.<name>``): a KV admin operation on this host's
+    gpu_worker, for a control plane on another host (api/services/kvfiles.py); ``args`` is the
+    op's wire map (``gpu_worker.protocol.ADMIN_OPS``)."""
+    from api.services.kvfiles import run_locally
+
+    return run_locally(op, args)
 
 
 @shared_task(name="api.meter_kv_storage")

@@ -313,6 +313,31 @@ def encode_heartbeat(health: Mapping[str, Any]) -> str:
     return json.dumps(health, default=str)
 
 
+# ------------------------------------------------------------------- usage checkpoints
+#: While a session runs, its worker keeps its usage so far under ``symphony:usage:<run_id>``
+#: (JSON, the ``SessionEnded.usage`` fields), rewritten when it changes: a run whose worker or
+#: executor dies before the session's end is billed for what it used up to then.
+USAGE_CHECKPOINT_PREFIX = "symphony:usage:"
+USAGE_CHECKPOINT_TTL_S = 2 * 3600  # rewritten every 5 s while the session lives
+
+
+def usage_checkpoint_key(run_id: str) -> str:
+    return USAGE_CHECKPOINT_PREFIX + str(run_id)
+
+
+def decode_usage_checkpoint(raw: str | bytes | None) -> dict[str, Any]:
+    """A checkpoint as read back: its numeric fields (empty when none was written)."""
+    if not raw:
+        return {}
+    try:
+        info = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(info, dict):
+        return {}
+    return {k: v for k, v in info.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
 def decode_heartbeat(raw: str | bytes) -> WorkerHeartbeat:
     """A heartbeat as read back; a field the worker left out reads as 0 / not ok."""
     info = json.loads(raw)

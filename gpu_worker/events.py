@@ -20,6 +20,7 @@ send stays fire-and-forget.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -66,6 +67,7 @@ class _Event:
 class _Heartbeat:
     key: str
     value: str
+    ttl_s: int = HEARTBEAT_TTL_S
 
 
 class EventPublisher:
@@ -139,6 +141,16 @@ class EventPublisher:
         except queue.Full:
             self.dropped += 1
 
+    def usage_checkpoint(self, run_id: str, usage: dict[str, Any]) -> None:
+        """Keep ``usage`` as the run's usage so far (contracts: usage checkpoints), so a run
+        whose executor or worker dies is still billed for it."""
+        try:
+            value = json.dumps(usage, default=str)
+            key = contracts.usage_checkpoint_key(run_id)
+            self._queue.put_nowait(_Heartbeat(key, value, contracts.USAGE_CHECKPOINT_TTL_S))
+        except queue.Full:
+            self.dropped += 1
+
     def _connect(self) -> Any:
         import redis
 
@@ -164,7 +176,7 @@ class EventPublisher:
             events = [item for item in batch if isinstance(item, _Event)]
             for item in batch:
                 if isinstance(item, _Heartbeat):
-                    self._heartbeat(item.key, item.value)
+                    self._heartbeat(item.key, item.value, item.ttl_s)
             if events:
                 self._publish_batch(events)
             if stop:
@@ -272,10 +284,10 @@ class EventPublisher:
             if event.outcome is not None:
                 event.outcome.set_result(None)
 
-    def _heartbeat(self, key: str, data: str) -> None:
+    def _heartbeat(self, key: str, data: str, ttl_s: int = HEARTBEAT_TTL_S) -> None:
         """One SET with a TTL, never retried: the next heartbeat follows in seconds."""
         try:
-            self._connect().set(key, data, ex=HEARTBEAT_TTL_S)
+            self._connect().set(key, data, ex=ttl_s)
         except Exception as exc:
             self._client = None
             log.warning("event=redis_error error=%r key=%s", exc, key)

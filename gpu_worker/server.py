@@ -180,6 +180,7 @@ class Worker:
         """Live ``kv`` events, page-second metering and reaping of abandoned sessions."""
         interval = self.config.kv_event_interval_s
         last: dict[str, tuple[dict[str, int], float]] = {}
+        checkpoints: dict[str, tuple[dict[str, float | int], float]] = {}
         next_heartbeat = 0.0
         next_sweep = 0.0  # at once: files of trees that ended while this worker was down
         while True:
@@ -209,12 +210,15 @@ class Worker:
                 if s.ended:  # ended while the usage was read
                     continue
                 s.usage.sample_pages(pages, now)
+                self._checkpoint_usage(s, now, checkpoints)
                 prev = last.get(s.session_id)
                 if s.conns and (prev is None or prev[0] != snap or now - prev[1] > 5.0):
                     self.events.publish(s.run_id, s.account, KvEvent(**snap))
                     last[s.session_id] = (snap, now)
             for sid in [k for k in last if k not in self.sessions]:
                 del last[sid]
+            for sid in [k for k in checkpoints if k not in self.sessions]:
+                del checkpoints[sid]
 
     async def _sweep_run_files(self) -> None:
         """Remove run-scoped KV files of trees that ended without this worker seeing their last
@@ -311,6 +315,22 @@ class Worker:
             " ".join(f"{k}={v}" for k, v in usage.items()),
         )
         return protocol.SessionEnded(usage=usage, result=s.result, error=s.error)
+
+    def _checkpoint_usage(
+        self, s: WorkerSession, now: float, checkpoints: dict[str, tuple[dict[str, float | int], float]]
+    ) -> None:
+        """The session's usage so far, kept in Redis (contracts: usage checkpoints) when its
+        tokens or calls changed, or every 5 s for its page-seconds: billed if the run's
+        executor or this worker dies before the session's end."""
+        if not s.run_id:
+            return
+        usage = s.usage.to_dict()
+        counted = {k: v for k, v in usage.items() if k != "page_seconds"}
+        prev = checkpoints.get(s.session_id)
+        if prev is not None and prev[0] == counted and now - prev[1] <= 5.0:
+            return
+        self.events.usage_checkpoint(s.run_id, usage)
+        checkpoints[s.session_id] = (counted, now)
 
     async def _publish_final_kv(self, s: WorkerSession) -> None:
         """The KV the run held at its end, as one last ``kv`` event: the tick samples twice a

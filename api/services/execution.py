@@ -23,7 +23,7 @@ from api.services.executor_liveness import ExecutorHeartbeat, Rider, executor_al
 from api.services.procs import ProcessBroker
 from api.services.quotas import SANDBOX_RESOURCES, plan_limits, session_limits
 from api.services.run_args import program_args
-from api.services.runs import RunOutcome, finish_run, start_run
+from api.services.runs import RunOutcome, checkpointed_usage, finish_run, start_run
 from gpu_worker.protocol import RunLimits
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,9 @@ def _end_session(watch: CancelWatch) -> tuple[dict, str]:
         name = settings.SYMPHONY_WORKER_NAME
         if failover.is_unreachable(exc):
             failover.worker_lost(name, exc)
-        return {}, f"gpu_worker {name!r} became unreachable during the run ({type(exc).__name__}: {exc})"
+        # Billed for what the session used up to the worker's last checkpoint of it.
+        usage = checkpointed_usage(watch.run_id)
+        return usage, f"gpu_worker {name!r} became unreachable during the run ({type(exc).__name__}: {exc})"
 
 
 def _outcome(result, usage: dict, worker_error: str) -> RunOutcome:
@@ -230,7 +232,7 @@ def _execute(run: Run, launch: Launch = launch_sandbox) -> str:
         outcome = RunOutcome(status="failed", error=f"{type(exc).__name__}: {exc}")
     status = _record_outcome(str(run.pk), outcome)
     try:
-        kvfiles.sync(run.tenant)
+        kvfiles.sync_worker(run.tenant, settings.SYMPHONY_WORKER_NAME)  # this executor's worker
     except kvfiles.WorkerUnavailable:
         log.warning("kv_sync_skipped run=%s tenant=%s", run.pk, tenant)
     return status

@@ -1,8 +1,21 @@
-"""KV file mirror and operations. The gpu_worker owns KV files; the control plane mirrors its
-``kv_list`` per tenant so the console can list them, and forwards delete/pin/evict to the worker
-over the admin socket (evictions by staff are audited). How many files a tenant has is bounded by
-its plan (``max_kv_files``, enforced by the worker), and the mirror is refreshed with a few bulk
-statements whatever that count: one ``update_or_create`` per file took 17 s for 5,000 files."""
+"""KV file mirror and operations. The gpu_workers own KV files; the control plane mirrors each
+worker's ``kv_list`` per tenant (one row per worker and name) so the console can list them, and
+forwards delete/pin/evict to the worker that holds the file (evictions by staff are audited).
+How many files a tenant has is bounded by its plan (``max_kv_files``, enforced by the worker),
+and the mirror is refreshed with a few bulk statements whatever that count: one
+``update_or_create`` per file took 17 s for 5,000 files.
+
+With several workers, an operation on a file goes to the worker its row names: over this
+process's admin socket when that is this host's worker (``SYMPHONY_WORKER_NAME``), else as the
+``api.kv_admin`` task on ``worker.<name>``, executed by that worker's own executor against its
+own admin socket, and waited for (``KV_ADMIN_TIMEOUT_S``; the task expires unexecuted after
+it, so an operation reported as failed does not happen later). A worker with no live executor
+is refused at once (:class:`WorkerUnavailable`, a 503): nothing reports success for an operation
+that did not happen. A file several workers hold (read from the shared store) is deleted from
+each of them; a row of a worker that is gone (no heartbeat: removed, or dead past its lease) is
+deleted through any live worker, whose delete removes the store's object, and a worker's
+"no such file" counts as gone.
+"""
 
 from __future__ import annotations
 
@@ -24,25 +37,84 @@ class WorkerUnavailable(Exception):
     """The gpu_worker admin socket could not be reached or refused the request."""
 
 
+class FileGone(WorkerUnavailable):
+    """The worker answered that it has no such file."""
+
+
+#: Seconds a KV operation on another worker is waited for (and after which its task expires).
+KV_ADMIN_TIMEOUT_S = 15.0
+#: The admin operations the ``api.kv_admin`` task runs.
+KV_ADMIN_OPS = frozenset(
+    op.OP for op in (protocol.KvList, protocol.KvDelete, protocol.AdminKvPin, protocol.KvEvict, protocol.KvDeleteTenant)
+)
+
+
 def _client():
     from gpu_worker.admin_client import AdminClient
 
     return AdminClient(settings.SYMPHONY_WORKER_ADMIN_SOCKET, timeout=10)
 
 
-def _call(args: protocol.Args) -> Any:
-    """Run one admin op, given as its typed arguments (``gpu_worker.protocol.ADMIN_OPS``)."""
-    op = args.OP
+def run_locally(op: str, wire: dict[str, Any]) -> dict[str, Any]:
+    """The admin op ``op`` (its arguments as sent on the wire) on this host's worker, as a
+    JSON-able answer: ``{"result": ...}`` or ``{"error": code, "message": ...}``. What the
+    ``api.kv_admin`` task runs."""
+    if op not in KV_ADMIN_OPS:
+        return {"error": "EINVAL", "message": f"not a KV admin operation: {op!r}"}
     try:
-        return _client().run(args)
+        args = protocol.ADMIN_OPS[op].decode(wire)
+        return {"result": _client().run(args)}
     except protocol.ProtocolError as exc:
-        if exc.code == protocol.ErrorCode.QUOTA:  # the tenant's plan share: its request, not the worker
-            raise QuotaExceeded(exc.message) from exc
-        log.warning("worker_call_failed op=%s error=%s", op, exc)
-        raise WorkerUnavailable(f"gpu_worker {op} failed: {exc}") from exc
+        return {"error": exc.code, "message": exc.message}
     except Exception as exc:
-        log.warning("worker_call_failed op=%s error=%s", op, exc)
-        raise WorkerUnavailable(f"gpu_worker {op} failed: {type(exc).__name__}: {exc}") from exc
+        return {"error": "EUNREACHABLE", "message": f"{type(exc).__name__}: {exc}"}
+
+
+def _on_worker(worker: str, args: protocol.Args) -> dict[str, Any]:
+    """``args`` run by ``worker``'s own executor (the ``api.kv_admin`` task on its queue)."""
+    import redis
+    from celery.exceptions import TimeoutError as CeleryTimeout
+
+    from api.services import routing
+
+    try:
+        if not routing.has_executor(worker):
+            return {"error": "EUNREACHABLE", "message": f"no live executor serves gpu_worker {worker!r}"}
+    except redis.RedisError as exc:
+        return {"error": "EUNREACHABLE", "message": f"worker liveness unreadable: {exc}"}
+    from api import dispatch
+
+    pending = dispatch.task(dispatch.KV_ADMIN).apply_async(
+        args=[args.OP, args.to_wire()], queue=f"worker.{worker}", expires=KV_ADMIN_TIMEOUT_S
+    )
+    try:
+        return pending.get(timeout=KV_ADMIN_TIMEOUT_S, disable_sync_subtasks=False)
+    except CeleryTimeout:
+        pending.revoke()
+        return {"error": "EUNREACHABLE", "message": f"gpu_worker {worker!r} did not answer in {KV_ADMIN_TIMEOUT_S:g}s"}
+    except Exception as exc:  # the task failed or its result could not be read
+        return {"error": "EUNREACHABLE", "message": f"{type(exc).__name__}: {exc}"}
+
+
+def _call(args: protocol.Args, worker: str | None = None) -> Any:
+    """One admin op, given as its typed arguments (``gpu_worker.protocol.ADMIN_OPS``), on
+    ``worker`` (default: this host's); raises :class:`QuotaExceeded` for the tenant's plan
+    share, :class:`FileGone` for no such file, else :class:`WorkerUnavailable`."""
+    op = args.OP
+    target = worker or settings.SYMPHONY_WORKER_NAME
+    if target == settings.SYMPHONY_WORKER_NAME:
+        answer = run_locally(op, args.to_wire())
+    else:
+        answer = _on_worker(target, args)
+    if "error" not in answer:
+        return answer["result"]
+    code, message = answer["error"], answer.get("message", "")
+    if code == protocol.ErrorCode.QUOTA:  # the tenant's plan share: its request, not the worker
+        raise QuotaExceeded(message)
+    log.warning("worker_call_failed op=%s worker=%s code=%s error=%s", op, target, code, message)
+    if code == protocol.ErrorCode.NOT_FOUND:
+        raise FileGone(f"gpu_worker {target!r} has no such file: {message}")
+    raise WorkerUnavailable(f"gpu_worker {target!r} {op} failed: {message}")
 
 
 #: The mirrored fields of a ``kv_list`` row.
@@ -59,14 +131,42 @@ def _mirrored(entry: dict) -> tuple:
     )
 
 
+def holders() -> list[str]:
+    """The workers whose files are listed: this host's and every worker an executor serves."""
+    import redis
+
+    from api.services import routing
+
+    names = {settings.SYMPHONY_WORKER_NAME}
+    try:
+        names |= {c.worker.name for c in routing.candidates()}
+    except redis.RedisError:
+        pass
+    return sorted(names)
+
+
+def sync(tenant: Tenant) -> list[str]:
+    """Refresh the tenant's mirror from every worker that can be asked (:func:`holders`);
+    rows of workers that are gone for good stay until deleted. Returns the workers that could
+    not be asked; :class:`WorkerUnavailable` when none could."""
+    failed = []
+    asked = holders()
+    for worker in asked:
+        try:
+            sync_worker(tenant, worker)
+        except WorkerUnavailable:
+            failed.append(worker)
+    if failed and len(failed) == len(asked):
+        raise WorkerUnavailable(f"no gpu_worker could list the files ({', '.join(failed)})")
+    return failed
+
+
 @transaction.atomic
-def sync(tenant: Tenant) -> None:
-    """Replace the tenant's mirror rows for this worker with the worker's current kv_list: new
-    and changed rows in one upsert, vanished ones in one delete, ``synced_at`` in one update."""
-    worker = settings.SYMPHONY_WORKER_NAME
-    entries = {
-        e["name"]: _mirrored(e) for e in _call(protocol.KvList(tenant=tenant.slug)) if e.get("tenant") == tenant.slug
-    }
+def sync_worker(tenant: Tenant, worker: str) -> None:
+    """Replace the tenant's mirror rows for ``worker`` with its current kv_list: new and changed
+    rows in one upsert, vanished ones in one delete, ``synced_at`` in one update."""
+    listed = _call(protocol.KvList(tenant=tenant.slug), worker=worker)
+    entries = {e["name"]: _mirrored(e) for e in listed if e.get("tenant") == tenant.slug}
     rows = KVFile.objects.filter(tenant=tenant, worker=worker)
     have = {row[0]: (row[1], tuple(row[2:])) for row in rows.values_list("name", "pk", *MIRRORED)}
     changed = [
@@ -88,8 +188,26 @@ def sync(tenant: Tenant) -> None:
 
 
 def delete(kv: KVFile) -> None:
-    _call(protocol.KvDelete(tenant=kv.tenant.slug, name=kv.name))
-    kv.delete()
+    """Delete the file from every worker holding it (the shared store's object with it), then
+    its rows. A row of a worker that is gone is deleted through this host's worker; a worker
+    without the file counts as done; any other failure raises before a row is removed, so a
+    file a worker still holds is never reported deleted."""
+    import redis
+
+    from api.services import routing
+
+    rows = list(KVFile.objects.filter(tenant=kv.tenant, name=kv.name))
+    try:
+        live = {w.name for w in routing.live_workers()}
+    except redis.RedisError:
+        live = set()
+    targets = {row.worker if row.worker in live else settings.SYMPHONY_WORKER_NAME for row in rows}
+    for worker in sorted(targets):
+        try:
+            _call(protocol.KvDelete(tenant=kv.tenant.slug, name=kv.name), worker=worker)
+        except FileGone:
+            pass
+    KVFile.objects.filter(pk__in=[row.pk for row in rows]).delete()
 
 
 def delete_all(tenant: Tenant) -> int:
@@ -106,7 +224,8 @@ def pin(kv: KVFile, pinned: bool) -> KVFile:
     (sent along: the worker may not have run anything of this tenant yet); past it
     :class:`QuotaExceeded`."""
     _call(
-        protocol.AdminKvPin(tenant=kv.tenant.slug, name=kv.name, pinned=pinned, quota=kv_quota(plan_limits(kv.tenant)))
+        protocol.AdminKvPin(tenant=kv.tenant.slug, name=kv.name, pinned=pinned, quota=kv_quota(plan_limits(kv.tenant))),
+        worker=kv.worker,
     )
     kv.pinned = pinned
     kv.save(update_fields=["pinned", "synced_at"])
@@ -115,7 +234,7 @@ def pin(kv: KVFile, pinned: bool) -> KVFile:
 
 def staff_evict(kv: KVFile, actor) -> None:
     """Evict a file from device/host memory on behalf of an operator; leaves an AuditLog row."""
-    _call(protocol.KvEvict(tenant=kv.tenant.slug, name=kv.name))
+    _call(protocol.KvEvict(tenant=kv.tenant.slug, name=kv.name), worker=kv.worker)
     residency_before = kv.residency
     kv.residency = "disk"  # what kv_evict does; the next sync confirms it
     kv.save(update_fields=["residency", "synced_at"])

@@ -1,10 +1,19 @@
-"""Which worker runs a run: live workers from their Redis heartbeats, preferring the one that
-already holds the tenant's KV files (KV affinity), then the one with the most free pages.
+"""Which worker runs a run: among the workers that can take it, the one holding the files the run
+said it will open, else the one with the most free executor slots, then the most free pages.
 
+A worker can take a run when its gpu_worker heartbeats and a Celery executor consumes its queue.
 Each gpu_worker writes ``symphony:worker:<name>`` every couple of seconds with a short TTL
-(``gpu_worker/contracts.py``, the heartbeat contract), and one Celery queue ``worker.<name>`` is
-consumed next to it. A worker whose key expired is dead for routing; its running runs are
-failed by :func:`api.services.runs.reap_orphaned_runs`.
+(``gpu_worker/contracts.py``, the heartbeat contract); each executor consuming ``worker.<name>``
+writes ``symphony:executor-up:<name>:<node>`` (api/services/executor_presence.py). A worker
+whose heartbeat expired is dead for routing, its running runs are failed by
+:func:`api.services.runs.reap_orphaned_runs`; a worker without an executor gets no new runs and
+its queued ones are re-routed by the same reaper.
+
+Files: a run names the KV files it will open in its ``kv_files`` limit, and a Responses turn's
+run opens its chain's file (``args.conversation.name``). Only those count: a tenant's other
+files do not pull its every run to one worker. Free slots are the worker's executor slots less
+its runs queued or running (counted in the database, so runs routed a moment ago count too);
+routing decisions are serialised by an advisory lock so simultaneous runs spread.
 
 An executor that finds its worker's admin socket refused does not wait for the heartbeat to
 expire: :func:`mark_unavailable` deletes the heartbeat and sets ``symphony:worker-down:<name>``
@@ -15,25 +24,31 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import redis
 from django.conf import settings
+from django.db.models import Count
 
 from api import redis_client
-from api.models import KVFile, Tenant
+from api.models import KVFile, Run, Tenant
+from api.services import executor_presence
 from gpu_worker import contracts
 
 log = logging.getLogger(__name__)
 
-#: Affinity weight of a tenant's KV file by where it lives on a worker: a device-resident file
-#: saves a reload, a host-resident one a disk read; disk files can be read by any worker
+#: Affinity weight of a file a run will open by where it lives on a worker: a device-resident
+#: file saves a reload, a host-resident one a disk read; disk files can be read by any worker
 #: sharing the store, so they count little.
 RESIDENCY_WEIGHT = {"device": 4, "host": 2, "disk": 1}
 #: ``<prefix><name>`` marks a worker an executor found unreachable; it outlives any heartbeat
 #: the worker wrote before it died, so a stale heartbeat cannot route runs back to it.
 UNAVAILABLE_PREFIX = "symphony:worker-down:"
 UNAVAILABLE_TTL_S = contracts.HEARTBEAT_TTL_S
+#: ``<prefix><name>`` marks a worker being drained (api/services/worker_fleet.py): it gets no
+#: new runs. No expiry: it lasts until the worker is removed or undrained.
+DRAINING_PREFIX = "symphony:worker-draining:"
 
 
 @dataclass(frozen=True)
@@ -71,12 +86,71 @@ def live_workers() -> list[WorkerInfo]:
     return workers
 
 
-def kv_affinity(tenant: Tenant) -> Counter:
-    """Score per worker name from the tenant's mirrored KV files."""
+def files_of(run: Run) -> list[str]:
+    """The KV files ``run`` said it will open: its ``kv_files`` limit, and the chain file of a
+    Responses turn (``args.conversation.name``)."""
+    names = [str(n) for n in (run.limits or {}).get("kv_files") or [] if isinstance(n, str)]
+    conversation = (run.args or {}).get("conversation")
+    if isinstance(conversation, dict) and isinstance(conversation.get("name"), str):
+        names.append(conversation["name"])
+    return names
+
+
+def kv_affinity(tenant: Tenant, files: Iterable[str]) -> Counter:
+    """Score per worker name from where the named files of ``tenant`` live (none: no score)."""
     score: Counter = Counter()
-    for worker, residency, pinned in KVFile.objects.filter(tenant=tenant).values_list("worker", "residency", "pinned"):
+    names = list(files)
+    if not names:
+        return score
+    rows = KVFile.objects.filter(tenant=tenant, name__in=names).values_list("worker", "residency", "pinned")
+    for worker, residency, pinned in rows:
         score[worker] += RESIDENCY_WEIGHT.get(residency, 0) + (2 if pinned else 0)
     return score
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A worker that can take a run now, with its load."""
+
+    worker: WorkerInfo
+    slots: int
+    assigned: int
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - self.assigned
+
+
+def candidates(exclude: Iterable[str] = ()) -> list[Candidate]:
+    """Healthy heartbeating workers with a live executor, not being drained
+    (api/services/worker_fleet.py), and how loaded each one is; empty when Redis cannot be read."""
+    skip = set(exclude)
+    live = [w for w in live_workers() if w.ok and w.name not in skip]
+    if not live:
+        return []
+    try:
+        slots = executor_presence.executor_slots_by_worker()
+    except redis.RedisError as exc:
+        log.warning("executor_presence_unreadable error=%s", exc)
+        return []
+    try:
+        drained = draining()
+    except redis.RedisError:
+        return []
+    live = [w for w in live if slots.get(w.name, 0) > 0 and w.name not in drained]
+    assigned = dict(
+        Run.objects.filter(status__in=("queued", "running"), worker__in=[w.name for w in live])
+        .values_list("worker")
+        .annotate(n=Count("id"))
+        .values_list("worker", "n")
+    )
+    return [Candidate(w, slots[w.name], int(assigned.get(w.name, 0))) for w in live]
+
+
+def draining() -> set[str]:
+    """Names of the workers being drained. Raises RedisError."""
+    keys = redis_client.shared(settings.REDIS_URL).scan_iter(match=DRAINING_PREFIX + "*", count=100)
+    return {(k.decode() if isinstance(k, bytes) else k)[len(DRAINING_PREFIX) :] for k in keys}
 
 
 def mark_unavailable(name: str, reason: str) -> bool:
@@ -97,15 +171,29 @@ def mark_unavailable(name: str, reason: str) -> bool:
     return True
 
 
-def choose_worker(tenant: Tenant, exclude: frozenset[str] | set[str] = frozenset()) -> str:
+def choose_worker(tenant: Tenant, exclude: Iterable[str] = (), files: Iterable[str] = ()) -> str:
     """The worker name for a new run of ``tenant``; the configured local worker when no worker
-    has announced itself (the run then waits in that worker's queue until it starts).
-    ``exclude``: workers a re-routed run already found unreachable."""
+    can take it (the run then waits in that worker's queue until one can). ``exclude``: workers
+    a re-routed run already found unreachable; ``files``: the KV files the run will open."""
     if settings.SYMPHONY_ROUTING == "static":
         return settings.SYMPHONY_WORKER_NAME
-    live = [w for w in live_workers() if w.ok and w.name not in exclude]
-    if not live:
+    able = candidates(exclude)
+    if not able:
         return settings.SYMPHONY_WORKER_NAME
-    affinity = kv_affinity(tenant)
-    best = max(live, key=lambda w: (affinity[w.name], w.pages_free, -w.sessions, w.name))
-    return best.name
+    affinity = kv_affinity(tenant, files)
+    best = max(
+        able,
+        key=lambda c: (
+            affinity[c.worker.name],
+            c.free_slots,
+            c.worker.pages_free,
+            -c.worker.sessions,
+            c.worker.name,
+        ),
+    )
+    return best.worker.name
+
+
+def has_executor(worker: str) -> bool:
+    """Whether a live executor consumes ``worker``'s queue. Raises RedisError."""
+    return executor_presence.executor_slots_by_worker().get(worker, 0) > 0

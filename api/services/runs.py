@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 
 import redis
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
@@ -233,6 +233,12 @@ def create_run(
     return run, True
 
 
+#: The advisory lock key that serialises routing decisions (any constant unique to routing).
+ROUTING_LOCK = 0x5359_4D52_4F55_5445
+#: The advisory lock key held by the one process re-routing stranded runs at a time.
+REROUTE_LOCK = ROUTING_LOCK + 1
+
+
 def _enqueue(
     run: Run,
     worker: str | None = None,
@@ -241,12 +247,19 @@ def _enqueue(
     exclude: frozenset[str] = frozenset(),
     countdown: float = 0,
 ) -> str:
-    """Send the run to a worker's queue (chosen by heartbeat and KV affinity unless given);
+    """Send the run to a worker's queue (chosen by api/services/routing.py unless given);
     returns the worker. The task names its target, so a task left in another worker's queue
     after the run was re-routed (api/services/failover.py) is dropped by its executor.
     ``attempt`` counts re-routes of a run no worker has started yet."""
-    worker = worker or routing.choose_worker(run.tenant, exclude=exclude)
-    Run.objects.filter(pk=run.pk, status="queued").update(worker=worker)
+    if worker is None:
+        with transaction.atomic():
+            # One routing decision at a time: each one counts the runs the one before it sent.
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ROUTING_LOCK])
+            worker = routing.choose_worker(run.tenant, exclude=exclude, files=routing.files_of(run))
+            Run.objects.filter(pk=run.pk, status="queued").update(worker=worker)
+    else:
+        Run.objects.filter(pk=run.pk, status="queued").update(worker=worker)
     dispatch.task(dispatch.RUN_LIP).apply_async(
         args=[str(run.pk)], kwargs={"worker": worker, "attempt": attempt}, queue=f"worker.{worker}", countdown=countdown
     )
@@ -273,6 +286,18 @@ def return_to_queue(run_id: str, worker: str) -> Run | None:
     return run
 
 
+def checkpointed_usage(run_id: str) -> dict:
+    """The usage the run's worker last checkpointed for its session (gpu_worker/contracts.py,
+    usage checkpoints): what a run that lost its executor or worker mid-session is billed.
+    Empty when none was written or Redis cannot be read."""
+    try:
+        raw = _redis().get(contracts.usage_checkpoint_key(run_id))
+    except redis.RedisError as exc:
+        log.warning("usage_checkpoint_unread run=%s error=%s", run_id, exc)
+        return {}
+    return contracts.decode_usage_checkpoint(raw)
+
+
 #: A run whose worker has not heartbeated is reaped only after this long (worker restarts and
 #: Redis hiccups shorter than this leave runs alone).
 ORPHAN_GRACE_S = 60
@@ -294,22 +319,44 @@ def reap_orphaned_runs() -> dict[str, int]:
     failed = rerouted = 0
     for run in Run.objects.filter(status="running", started_at__lt=cutoff).exclude(worker__in=live):
         error = f"worker {run.worker!r} stopped heartbeating while the run was executing; the run was lost"
-        finish_run(str(run.pk), RunOutcome(status="failed", error=error))
+        finish_run(str(run.pk), RunOutcome(status="failed", error=error, usage=checkpointed_usage(str(run.pk))))
         failed += 1
     executor_cutoff = timezone.now() - timezone.timedelta(seconds=EXECUTOR_GRACE_S)
     for run in Run.objects.filter(status="running", started_at__lt=executor_cutoff, worker__in=live):
         if not executor_alive(str(run.pk)):
             error = "the Celery executor running this run died before it finished; the run was lost"
-            finish_run(str(run.pk), RunOutcome(status="failed", error=error))
+            finish_run(str(run.pk), RunOutcome(status="failed", error=error, usage=checkpointed_usage(str(run.pk))))
             failed += 1
-    if live:
-        stale = Run.objects.filter(status="queued", created_at__lt=cutoff).exclude(worker__in=live).exclude(worker="")
-        for run in stale.select_related("tenant"):
-            _enqueue(run)
-            rerouted += 1
+    rerouted = reroute_stranded()
     if failed or rerouted:
         log.warning("runs_reaped failed=%d rerouted=%d live_workers=%s", failed, rerouted, sorted(live))
     return {"failed": failed, "rerouted": rerouted}
+
+
+def reroute_stranded() -> int:
+    """Re-route the queued runs of workers that cannot take runs now (no heartbeat, or no live
+    executor consuming their queue) to ones that can; returns how many moved. Nothing moves
+    while no worker can take a run (they wait where they are) or Redis cannot be read. Runs
+    within ``REROUTE_BOUND_S`` of their worker's executor dying (api/services/executor_presence.py)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [REROUTE_LOCK])
+        if not cursor.fetchone()[0]:
+            return 0  # another executor is at it now
+        try:
+            able = {c.worker.name for c in routing.candidates()}
+            if not able:
+                return 0
+            moved = 0
+            stranded = Run.objects.filter(status="queued").exclude(worker__in=able).exclude(worker="")
+            for run in stranded.select_related("tenant"):
+                target = _enqueue(run, exclude=frozenset({run.worker}))
+                log.warning(
+                    "run_rerouted run=%s from=%s to=%s reason=worker_cannot_take_runs", run.pk, run.worker, target
+                )
+                moved += 1
+            return moved
+        finally:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [REROUTE_LOCK])
 
 
 def start_run(run_id: str, worker: str, target: str | None = None) -> Run | None:

@@ -14,15 +14,16 @@ from django.utils import timezone
 
 from api.models import KVFile, Program, Run
 from api.services import programs, routing
-from api.services.runs import create_run, reap_orphaned_runs, start_run
+from api.services.runs import create_run, enqueue, reap_orphaned_runs, start_run
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def heartbeats(worker_heartbeats):
-    def beat(name: str, pages_free: int, ok: bool = True) -> None:
-        worker_heartbeats({"name": name, "ok": ok, "pages_free": pages_free, "pages_total": 100, "sessions": 0})
+    def beat(name: str, pages_free: int, ok: bool = True, executor_slots: int = 4) -> None:
+        info = {"name": name, "ok": ok, "pages_free": pages_free, "pages_total": 100, "sessions": 0}
+        worker_heartbeats(info, executor_slots=executor_slots)
 
     return beat
 
@@ -43,13 +44,60 @@ def test_without_heartbeats_or_with_static_routing_runs_go_to_the_configured_wor
     assert routing.choose_worker(api_tenant_a.tenant) == "local"
 
 
-def test_kv_affinity_beats_free_pages_and_unhealthy_workers_are_skipped(heartbeats, api_tenant_a, api_tenant_b):
+def test_the_files_a_run_declares_beat_free_pages_and_unhealthy_workers_are_skipped(heartbeats, api_tenant_a):
     heartbeats("w1", pages_free=10)
     heartbeats("w2", pages_free=90)
     heartbeats("sick", pages_free=100, ok=False)
     KVFile.objects.create(tenant=api_tenant_a.tenant, worker="w1", name="doc", residency="device", pinned=True)
+    assert routing.choose_worker(api_tenant_a.tenant, files=["doc"]) == "w1"
+    # A run that says nothing of the file is not pulled to it: the tenant's files are not a magnet.
+    assert routing.choose_worker(api_tenant_a.tenant) == "w2"
+    assert routing.choose_worker(api_tenant_a.tenant, files=["other"]) == "w2"
+
+
+def test_files_of_a_run_are_its_declared_names_and_its_conversation(api_tenant_a, program):
+    run, _ = create_run(api_tenant_a.tenant, program, None, {"conversation": {"name": "resp-1"}}, {"kv_files": ["a"]})
+    assert routing.files_of(run) == ["a", "resp-1"]
+
+
+def test_a_worker_without_a_live_executor_gets_no_runs(heartbeats, api_tenant_a):
+    heartbeats("w1", pages_free=10)
+    heartbeats("w2", pages_free=90, executor_slots=0)
     assert routing.choose_worker(api_tenant_a.tenant) == "w1"
-    assert routing.choose_worker(api_tenant_b.tenant) == "w2"
+
+
+def test_free_executor_slots_spread_runs_before_free_pages(heartbeats, api_tenant_a, program, settings):
+    from api.models import Plan
+
+    Plan.objects.update_or_create(name="pro", defaults={"max_concurrent_runs": 10})
+    api_tenant_a.tenant.plan = "pro"
+    api_tenant_a.tenant.save()
+    heartbeats("w1", pages_free=10)
+    heartbeats("w2", pages_free=90)
+    placed = []
+    for _ in range(6):
+        run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+        placed.append(enqueue(run))
+    assert sorted(placed) == ["w1"] * 3 + ["w2"] * 3, placed
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    broker.delete("worker.w1", "worker.w2")
+
+
+def test_queued_runs_of_a_worker_whose_executor_died_move(heartbeats, api_tenant_a, program, settings):
+    from api.services import executor_presence
+    from api.services.runs import reroute_stranded
+
+    heartbeats("w1", pages_free=10)
+    heartbeats("w2", pages_free=90)
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    assert enqueue(run) == "w2"
+    assert reroute_stranded() == 0  # its executor is alive: it stays
+    executor_presence.withdraw(["w2"], "test@w2")  # as its key expires TTL_S after a SIGKILL
+    assert reroute_stranded() == 1
+    run.refresh_from_db()
+    assert (run.status, run.worker) == ("queued", "w1")
+    assert reroute_stranded() == 0
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("worker.w1", "worker.w2")
 
 
 def test_created_runs_record_their_target_worker(
@@ -132,3 +180,22 @@ def test_staff_see_worker_health_from_heartbeats(heartbeats, api_tenant_a, admin
     workers = admin_client.get("/api/v1/admin/workers").json()
     assert [(w["name"], w["pages_free"]) for w in workers] == [("w1", 50), ("w2", 5)]
     assert api_tenant_a.session_client().get("/api/v1/admin/workers").status_code == 403
+
+
+def test_a_drained_worker_gets_no_runs_and_its_queue_moves(heartbeats, api_tenant_a, program, settings):
+    from api.services import worker_fleet
+
+    heartbeats("w1", pages_free=10)
+    heartbeats("w2", pages_free=90)
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    assert enqueue(run) == "w2"
+    state = worker_fleet.drain("w2")
+    assert (state.draining, state.queued, state.idle) == (True, 0, True)
+    run.refresh_from_db()
+    assert run.worker == "w1"
+    assert routing.choose_worker(api_tenant_a.tenant) == "w1"
+    with pytest.raises(worker_fleet.FleetError, match="still up"):
+        worker_fleet.remove("w2")
+    assert not worker_fleet.undrain("w2").draining
+    assert routing.choose_worker(api_tenant_a.tenant) == "w2"
+    redis.Redis.from_url(settings.CELERY_BROKER_URL).delete("worker.w1", "worker.w2")

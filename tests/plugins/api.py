@@ -75,9 +75,14 @@ def worker_heartbeats(settings) -> Iterator:
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.flushdb()
 
-    def beat(info: dict) -> None:
+    def beat(info: dict, executor_slots: int = 4) -> None:
+        """``executor_slots``: the slots of the executor announced for it (0: none consumes its queue)."""
+        from api.services import executor_presence
+
         key = contracts.heartbeat_key(info["name"])
         client.set(key, contracts.encode_heartbeat(info), ex=contracts.HEARTBEAT_TTL_S)
+        if executor_slots:
+            executor_presence.announce([info["name"]], f"test@{info['name']}", executor_slots)
 
     yield beat
     client.flushdb()

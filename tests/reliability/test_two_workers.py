@@ -57,9 +57,14 @@ def main(args):
 """
 
 
+#: The Celery executor of each worker of the fixture, by worker name (its ``Popen``).
+EXECUTORS: dict[str, object] = {}
+
+
 @pytest.fixture
 def two_workers(tiny_model_dir: Path, tmp_path: Path, sandbox_image: str, settings) -> Iterator[tuple]:
-    """Workers ``pair-a`` and ``pair-b`` on one store, each with the executor consuming its queue."""
+    """Workers ``pair-a`` and ``pair-b`` on one store, each with the executor consuming its queue
+    (three slots each; ``EXECUTORS[name]`` is its process)."""
     redis_url = redis_db_url(REDIS_DB)
     redis.Redis.from_url(redis_url).flushdb()
     db = settings.DATABASES["default"]
@@ -83,8 +88,9 @@ def two_workers(tiny_model_dir: Path, tmp_path: Path, sandbox_image: str, settin
                 "SYMPHONY_WORKER_ADMIN_SOCKET": w.admin_socket,
                 "SYMPHONY_SESSIONS_DIR": w.sessions_dir,
             }
-            stack.enter_context(celery_worker(f"worker.{w.name}", env))
+            EXECUTORS[w.name] = stack.enter_context(celery_worker(f"worker.{w.name}", env, concurrency=3))
         yield workers[0], workers[1]
+    EXECUTORS.clear()
     redis.Redis.from_url(redis_url).flushdb()
 
 
@@ -92,6 +98,13 @@ def _live(names: set[str]) -> bool:
     from api.services.routing import live_workers
 
     return {w.name for w in live_workers()} >= names
+
+
+def _routable(names: set[str]) -> bool:
+    """Each of ``names`` heartbeats and has a live executor."""
+    from api.services.routing import candidates
+
+    return {c.worker.name for c in candidates()} >= names
 
 
 def test_a_killed_worker_loses_no_queued_run_and_no_file(two_workers, api_tenant_a, settings, tmp_path):
@@ -149,3 +162,293 @@ def test_a_killed_worker_loses_no_queued_run_and_no_file(two_workers, api_tenant
     for run_id in [str(wrote.pk), str(before.pk), *moved]:
         assert UsageRecord.objects.filter(run_id=run_id).count() == 1
     print(f"failover: queued runs moved {rerouted_s:.1f}s and finished {done_s:.1f}s after the SIGKILL")
+
+
+QUICK = b"""
+import time
+
+
+def main(args):
+    time.sleep(args.get("sleep", 0))
+    return {"ok": True}
+"""
+
+
+def _quick_program(tenant):
+    from api.models import Program
+    from api.services import programs
+
+    prog = Program.objects.create(tenant=tenant, name="quick")
+    programs.add_version(prog, "quick.py", QUICK)
+    return prog
+
+
+def _finished(run_id: str, timeout: float = 180):
+    from api.models import Run
+
+    wait_for(lambda: Run.objects.get(pk=run_id).status in Run.TERMINAL, timeout=timeout, message=f"run {run_id} to end")
+    return Run.objects.get(pk=run_id)
+
+
+def test_a_dead_executor_strands_no_queued_run(two_workers, api_tenant_a, settings):
+    """Only ``pair-b``'s Celery executor is SIGKILLed; its gpu_worker heartbeats on. New runs go
+    to ``pair-a`` once the executor's presence expired, and the runs queued on ``pair-b`` (as a
+    stale routing decision left them) are re-routed by ``pair-a``'s executor within
+    ``REROUTE_BOUND_S`` and succeed there."""
+    from api.models import Plan
+    from api.services.executor_presence import REROUTE_BOUND_S
+    from api.services.routing import choose_worker
+    from api.services.runs import create_run
+
+    a, b = two_workers
+    tenant = api_tenant_a.tenant
+    Plan.objects.update_or_create(name="pro", defaults={"max_concurrent_runs": 8})
+    tenant.plan = "pro"
+    tenant.save()
+    prog = _quick_program(tenant)
+    wait_for(lambda: _routable({a.name, b.name}), timeout=60, message="both workers and executors to announce")
+
+    executor = EXECUTORS[b.name]
+    executor.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
+    executor.wait(timeout=10)  # type: ignore[attr-defined]
+    killed_at = time.monotonic()
+    assert _live({b.name}), "pair-b's gpu_worker must stay up: only its executor died"
+    settings.SYMPHONY_ROUTING, settings.SYMPHONY_WORKER_NAME = "static", b.name
+    stranded = [str(create_run(tenant, prog, None, {}, {"deadline_s": 60})[0].pk) for _ in range(2)]
+    settings.SYMPHONY_ROUTING = "heartbeat"
+    wait_for(lambda: not _routable({b.name}), timeout=REROUTE_BOUND_S, message="pair-b to leave routing")
+    assert choose_worker(tenant) == a.name
+    fresh = str(create_run(tenant, prog, None, {}, {"deadline_s": 60})[0].pk)
+
+    from api.models import Run
+
+    wait_for(
+        lambda: all(Run.objects.get(pk=r).worker == a.name for r in stranded),
+        timeout=REROUTE_BOUND_S + 10,
+        message="the runs queued on the executor-less worker to move",
+    )
+    moved_s = time.monotonic() - killed_at
+    for run_id in [*stranded, fresh]:
+        run = _finished(run_id)
+        assert (run.status, run.worker) == ("succeeded", a.name), (run.status, run.error, run.stderr)
+    assert moved_s <= REROUTE_BOUND_S + 5, f"queued runs took {moved_s:.1f}s to move (bound {REROUTE_BOUND_S}s)"
+    print(f"executor death: queued runs moved {moved_s:.1f}s after the SIGKILL (bound {REROUTE_BOUND_S}s)")
+
+
+def test_simultaneous_runs_spread_over_both_workers(two_workers, api_tenant_a):
+    """Six runs created at once by one tenant (which holds a pinned file on ``pair-b``, as the
+    tenant-wide affinity pulled every run to it) go three and three: by free executor slots."""
+    from api.models import KVFile, Plan
+    from api.services.runs import create_run
+    from tests.conftest import at_once
+
+    a, b = two_workers
+    tenant = api_tenant_a.tenant
+    Plan.objects.update_or_create(name="pro", defaults={"max_concurrent_runs": 8})
+    tenant.plan = "pro"
+    tenant.save()
+    prog = _quick_program(tenant)
+    KVFile.objects.create(tenant=tenant, worker=b.name, name="ctx", residency="device", pinned=True)
+    wait_for(lambda: _routable({a.name, b.name}), timeout=60, message="both workers and executors to announce")
+
+    def submit() -> str:
+        return str(create_run(tenant, prog, None, {"sleep": 1}, {"deadline_s": 60})[0].pk)
+
+    run_ids = at_once([submit] * 6)
+    runs = [_finished(r) for r in run_ids]
+    assert all(r.status == "succeeded" for r in runs), [(r.status, r.error) for r in runs]
+    placed = sorted(r.worker for r in runs)
+    assert placed == [a.name] * 3 + [b.name] * 3, placed
+    # A run that names the file goes where the file is.
+    reader = str(create_run(tenant, prog, None, {}, {"kv_files": ["ctx"]})[0].pk)
+    assert _finished(reader).worker == b.name
+
+
+NAMED_WRITER = b"""
+from symphony import kv_create, kv_pin, pred
+
+
+def main(args):
+    kv = kv_create(args["name"])
+    pred(kv, args["prompt"])[-1].release()
+    kv.close()
+    kv_pin(args["name"])
+    return {"name": args["name"]}
+"""
+
+
+def test_kv_admin_acts_on_the_worker_holding_the_file(two_workers, api_tenant_a, admin_client, settings):
+    """The web process sits with ``pair-a`` (its admin socket); the files live on ``pair-b``.
+    Listing shows each file once, unpin and staff evict change ``pair-b``'s own catalogue,
+    delete removes the file for good, and with ``pair-b``'s executor dead an operation is a
+    503 that changed nothing, never a reported success."""
+    from api.models import Program
+    from api.services import programs
+    from api.services.runs import create_run
+
+    a, b = two_workers
+    tenant = api_tenant_a.tenant
+    tenant.plan = "pro"
+    tenant.save()
+    settings.SYMPHONY_WORKER_NAME, settings.SYMPHONY_WORKER_ADMIN_SOCKET = a.name, a.admin_socket
+    wait_for(lambda: _routable({a.name, b.name}), timeout=60, message="both workers and executors to announce")
+    prog = Program.objects.create(tenant=tenant, name="named-writer")
+    programs.add_version(prog, "w.py", NAMED_WRITER)
+    settings.SYMPHONY_ROUTING = "static"
+    settings.SYMPHONY_WORKER_NAME = b.name
+    for name in ("ctx", "keep"):
+        run = _finished(str(create_run(tenant, prog, None, {"name": name, "prompt": PROMPT[:32]}, {})[0].pk))
+        assert (run.status, run.worker) == ("succeeded", b.name), (run.error, run.stderr)
+    settings.SYMPHONY_ROUTING, settings.SYMPHONY_WORKER_NAME = "heartbeat", a.name
+
+    def on_b() -> dict[str, dict]:
+        return {f["name"]: f for f in b.admin.kv_list(tenant.slug)}
+
+    client = api_tenant_a.key_client()
+    listed = client.get("/api/v1/kv-files").json()["results"]
+    assert [(f["name"], f["worker"], f["pinned"]) for f in listed] == [("ctx", b.name, True), ("keep", b.name, True)]
+    ctx, keep = listed
+
+    reply = client.post(f"/api/v1/kv-files/{ctx['id']}/pin", {"pinned": False}, format="json")
+    assert reply.status_code == 200, reply.content
+    assert on_b()["ctx"]["pinned"] is False
+
+    reply = admin_client.post(f"/api/v1/admin/kv-files/{ctx['id']}/evict")
+    assert reply.status_code == 200, reply.content
+    assert on_b()["ctx"]["residency"] == "disk"
+
+    assert client.delete(f"/api/v1/kv-files/{ctx['id']}").status_code == 204
+    assert "ctx" not in on_b()
+    assert "ctx" not in {f["name"] for f in a.admin.kv_list(tenant.slug)}
+    assert [f["name"] for f in client.get("/api/v1/kv-files").json()["results"]] == ["keep"]  # no row came back
+
+    executor = EXECUTORS[b.name]
+    executor.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
+    executor.wait(timeout=10)  # type: ignore[attr-defined]
+    from api.services.executor_presence import TTL_S
+
+    wait_for(lambda: not _routable({b.name}), timeout=TTL_S + 5, message="pair-b's executor to leave")
+    reply = client.post(f"/api/v1/kv-files/{keep['id']}/pin", {"pinned": False}, format="json")
+    assert reply.status_code == 503, reply.content
+    assert on_b()["keep"]["pinned"] is True  # nothing happened, and nothing said it did
+
+
+LONG_RUN = b"""
+import time
+
+from symphony import kv_create, pred
+
+
+def main(args):
+    kv = kv_create("bill")
+    for i in range(400):
+        pred(kv, [40 + i % 900, 41, 42, 43])[-1].release()
+        time.sleep(0.1)
+    return {"done": True}
+"""
+
+
+def test_a_run_whose_executor_died_is_billed_for_what_its_session_used(two_workers, api_tenant_a, settings):
+    """``pair-b``'s executor is SIGKILLed mid-run; the reaper (beat's task, called here as beat
+    would) fails the run and bills the usage ``pair-b`` checkpointed for its session."""
+    from api.models import Program, Run, UsageRecord
+    from api.services import programs
+    from api.services.runs import create_run, reap_orphaned_runs
+    from gpu_worker import contracts
+
+    a, b = two_workers
+    tenant = api_tenant_a.tenant
+    wait_for(lambda: _routable({a.name, b.name}), timeout=60, message="both workers and executors to announce")
+    prog = Program.objects.create(tenant=tenant, name="long")
+    programs.add_version(prog, "long.py", LONG_RUN)
+    settings.SYMPHONY_ROUTING, settings.SYMPHONY_WORKER_NAME = "static", b.name
+    run_id = str(create_run(tenant, prog, None, {}, {"deadline_s": 120})[0].pk)
+    settings.SYMPHONY_ROUTING = "heartbeat"
+    store = redis.Redis.from_url(settings.REDIS_URL)
+
+    def used() -> dict:
+        return contracts.decode_usage_checkpoint(store.get(contracts.usage_checkpoint_key(run_id)))
+
+    wait_for(lambda: used().get("pred_calls", 0) >= 5, timeout=120, message="the run to checkpoint some usage")
+    executor = EXECUTORS[b.name]
+    executor.send_signal(signal.SIGKILL)  # type: ignore[attr-defined]
+    executor.wait(timeout=10)  # type: ignore[attr-defined]
+    time.sleep(3)  # the session's last checkpoint (its sandbox may run on for a moment)
+
+    def reaped() -> bool:
+        reap_orphaned_runs()
+        return Run.objects.get(pk=run_id).status in Run.TERMINAL
+
+    wait_for(reaped, timeout=90, interval=2, message="the reaper to fail the run")
+    run = Run.objects.get(pk=run_id)
+    assert run.status == "failed" and "Celery executor" in run.error, run.error
+    record = UsageRecord.objects.get(run_id=run_id)
+    last = used()
+    assert record.pred_calls >= 5 and record.prefill_tokens > 0, (record.pred_calls, record.prefill_tokens)
+    assert record.pred_calls <= last["pred_calls"]
+    print(f"billed after executor death: pred_calls={record.pred_calls} prefill_tokens={record.prefill_tokens}")
+
+
+def test_drain_then_remove_a_worker(two_workers, api_tenant_a, settings, tmp_path):
+    """The documented procedure (docs/DEPLOY.md, "Drain and remove a worker") on ``pair-b``:
+    drained, it takes no new run, its queued run moves, its running run finishes there; its
+    executor and gpu_worker are stopped with SIGTERM (the worker flushes its named file); once
+    removed, its KV rows are gone, the file it wrote opens on ``pair-a`` from the store, and
+    deleting that file is not stuck on a 503."""
+    from django.core.management import call_command
+
+    from api.models import KVFile, Program, Run
+    from api.services import programs
+    from api.services.routing import choose_worker
+    from api.services.runs import create_run
+
+    a, b = two_workers
+    tenant = api_tenant_a.tenant
+    tenant.plan = "pro"
+    tenant.save()
+    settings.SYMPHONY_WORKER_NAME, settings.SYMPHONY_WORKER_ADMIN_SOCKET = a.name, a.admin_socket
+    wait_for(lambda: _routable({a.name, b.name}), timeout=60, message="both workers and executors to announce")
+    writer = Program.objects.create(tenant=tenant, name="named-writer")
+    programs.add_version(writer, "w.py", NAMED_WRITER)
+    reader = Program.objects.create(tenant=tenant, name="reader")
+    programs.add_version(reader, "r.py", READER)
+    quick = _quick_program(tenant)
+
+    settings.SYMPHONY_ROUTING, settings.SYMPHONY_WORKER_NAME = "static", b.name
+    wrote = _finished(str(create_run(tenant, writer, None, {"name": "ctx", "prompt": PROMPT}, {})[0].pk))
+    assert (wrote.status, wrote.worker) == ("succeeded", b.name), (wrote.error, wrote.stderr)
+    long_run = str(create_run(tenant, quick, None, {"sleep": 8}, {"deadline_s": 60})[0].pk)
+    wait_for(lambda: Run.objects.get(pk=long_run).status == "running", timeout=60, message="the long run to start")
+    settings.SYMPHONY_ROUTING, settings.SYMPHONY_WORKER_NAME = "heartbeat", a.name
+
+    out = tmp_path / "drain.txt"
+    with open(out, "w") as stream:
+        call_command("workers", "drain", b.name, stdout=stream)
+    assert choose_worker(tenant) == a.name
+    fresh = str(create_run(tenant, quick, None, {}, {})[0].pk)
+    with open(out, "w") as stream:
+        call_command("workers", "drain", b.name, "--wait", "60", stdout=stream)
+    assert "idle=True" in out.read_text(), out.read_text()
+    finished_there = Run.objects.get(pk=long_run)
+    assert (finished_there.status, finished_there.worker) == ("succeeded", b.name), finished_there.error
+    assert _finished(fresh).worker == a.name
+
+    executor = EXECUTORS[b.name]
+    executor.terminate()  # type: ignore[attr-defined]
+    executor.wait(timeout=30)  # type: ignore[attr-defined]
+    b.proc.terminate()
+    b.proc.wait(timeout=60)
+    wait_for(lambda: not _live({b.name}), timeout=20, message="pair-b's heartbeat to go")
+    assert KVFile.objects.filter(tenant=tenant, worker=b.name, name="ctx").exists()
+
+    with open(out, "w") as stream:
+        call_command("workers", "remove", b.name, stdout=stream)
+    assert not KVFile.objects.filter(worker=b.name).exists()
+
+    read = _finished(str(create_run(tenant, reader, None, {}, {"kv_files": ["ctx"]})[0].pk))
+    assert (read.status, read.worker) == ("succeeded", a.name), (read.error, read.stderr)
+    client = api_tenant_a.key_client()
+    listed = client.get("/api/v1/kv-files").json()["results"]
+    (ctx,) = [f for f in listed if f["name"] == "ctx"]
+    assert client.delete(f"/api/v1/kv-files/{ctx['id']}").status_code == 204
+    assert "ctx" not in {f["name"] for f in client.get("/api/v1/kv-files").json()["results"]}
