@@ -539,9 +539,12 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * @description The tenant's KV files, paginated (``?limit=`` at most 500). The first page refreshes the
-         *     mirror from the worker, so the pages after it are of the same listing; when the worker cannot
-         *     be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
+         * @description The tenant's KV files, paginated (``?limit=`` at most 500), one entry per name: a file
+         *     several workers hold (all read it from the shared store) is listed once, as the worker that
+         *     pins it or holds it closest to the device sees it, and its operations go to that worker
+         *     (api/services/kvfiles.py). The first page refreshes the mirror from every worker, so the
+         *     pages after it are of the same listing; when a worker cannot be reached the last mirror is
+         *     returned with ``X-Symphony-Stale: 1``.
          */
         get: operations["v1_kv_files_list"];
         put?: never;
@@ -560,17 +563,23 @@ export interface paths {
             cookie?: never;
         };
         /**
-         * @description The tenant's KV files, paginated (``?limit=`` at most 500). The first page refreshes the
-         *     mirror from the worker, so the pages after it are of the same listing; when the worker cannot
-         *     be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
+         * @description The tenant's KV files, paginated (``?limit=`` at most 500), one entry per name: a file
+         *     several workers hold (all read it from the shared store) is listed once, as the worker that
+         *     pins it or holds it closest to the device sees it, and its operations go to that worker
+         *     (api/services/kvfiles.py). The first page refreshes the mirror from every worker, so the
+         *     pages after it are of the same listing; when a worker cannot be reached the last mirror is
+         *     returned with ``X-Symphony-Stale: 1``.
          */
         get: operations["v1_kv_files_retrieve"];
         put?: never;
         post?: never;
         /**
-         * @description The tenant's KV files, paginated (``?limit=`` at most 500). The first page refreshes the
-         *     mirror from the worker, so the pages after it are of the same listing; when the worker cannot
-         *     be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
+         * @description The tenant's KV files, paginated (``?limit=`` at most 500), one entry per name: a file
+         *     several workers hold (all read it from the shared store) is listed once, as the worker that
+         *     pins it or holds it closest to the device sees it, and its operations go to that worker
+         *     (api/services/kvfiles.py). The first page refreshes the mirror from every worker, so the
+         *     pages after it are of the same listing; when a worker cannot be reached the last mirror is
+         *     returned with ``X-Symphony-Stale: 1``.
          */
         delete: operations["v1_kv_files_destroy"];
         options?: never;
@@ -588,9 +597,12 @@ export interface paths {
         get?: never;
         put?: never;
         /**
-         * @description The tenant's KV files, paginated (``?limit=`` at most 500). The first page refreshes the
-         *     mirror from the worker, so the pages after it are of the same listing; when the worker cannot
-         *     be reached the last mirror is returned with ``X-Symphony-Stale: 1``.
+         * @description The tenant's KV files, paginated (``?limit=`` at most 500), one entry per name: a file
+         *     several workers hold (all read it from the shared store) is listed once, as the worker that
+         *     pins it or holds it closest to the device sees it, and its operations go to that worker
+         *     (api/services/kvfiles.py). The first page refreshes the mirror from every worker, so the
+         *     pages after it are of the same listing; when a worker cannot be reached the last mirror is
+         *     returned with ``X-Symphony-Stale: 1``.
          */
         post: operations["v1_kv_files_pin_create"];
         delete?: never;
@@ -1352,6 +1364,7 @@ export interface components {
             memory_mb?: number;
             pids?: number;
             output_limit_bytes?: number;
+            kv_files?: string[];
         };
         RunLogs: {
             /** Format: uuid */
