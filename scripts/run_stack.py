@@ -10,7 +10,9 @@ pretends to be up.
 the first is ``$SYMPHONY_WORKER_NAME`` (``local``) as with one, the others ``<name>-2`` ...
 ``<name>-N``, each with its own admin socket and sessions dir under ``var/run/<name>/`` and its
 own Celery executor consuming only ``worker.<name>``; all share the KV store and are chosen
-between by heartbeat and KV affinity (``SYMPHONY_ROUTING`` must stay ``heartbeat``).
+between by api/services/routing.py (``SYMPHONY_ROUTING`` must stay ``heartbeat``): a worker gets
+runs once its gpu_worker heartbeats and its executor has announced itself, so the two may start
+in any order. Adding, draining and removing a worker of a running stack: docs/DEPLOY.md.
 """
 
 from __future__ import annotations
