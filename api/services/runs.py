@@ -338,6 +338,8 @@ def reroute_stranded() -> int:
     executor consuming their queue) to ones that can; returns how many moved. Nothing moves
     while no worker can take a run (they wait where they are) or Redis cannot be read. Runs
     within ``REROUTE_BOUND_S`` of their worker's executor dying (api/services/executor_presence.py)."""
+    if settings.SYMPHONY_ROUTING == "static":
+        return 0  # every run goes to the one configured worker: nowhere else to move it
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [REROUTE_LOCK])
         if not cursor.fetchone()[0]:

@@ -59,3 +59,16 @@ def test_a_bad_worker_count_is_a_clear_error(run_stack, monkeypatch, bad):
     monkeypatch.setenv("SYMPHONY_WORKERS", bad)
     with pytest.raises(SystemExit, match="SYMPHONY_WORKERS must be a number of local workers from 1 to 16"):
         run_stack.services()
+
+
+def test_each_executor_announces_itself_for_its_own_worker_only(run_stack, monkeypatch):
+    """Routing needs each worker's executor (api/services/executor_presence.py): the executor of
+    ``local`` also consumes the shared queue, but announces itself for ``local`` alone."""
+    from api.services.executor_presence import workers_of_queues
+
+    monkeypatch.setenv("SYMPHONY_WORKERS", "2")
+    monkeypatch.setenv("SYMPHONY_WORKER_NAME", "local")
+    services = _by_name(run_stack)
+    for executor, worker in (("celery", "local"), ("celery-local-2", "local-2")):
+        argv = services[executor].argv
+        assert workers_of_queues(argv[argv.index("-Q") + 1].split(",")) == [worker]
