@@ -43,6 +43,9 @@ class FileGone(WorkerUnavailable):
 
 #: Seconds a KV operation on another worker is waited for (and after which its task expires).
 KV_ADMIN_TIMEOUT_S = 15.0
+#: The same for a listing: a worker whose executor slots are all busy is served from its last
+#: mirror (``X-Symphony-Stale``) rather than hold the request up.
+KV_LIST_TIMEOUT_S = 3.0
 #: The admin operations the ``api.kv_admin`` task runs.
 KV_ADMIN_OPS = frozenset(
     op.OP for op in (protocol.KvList, protocol.KvDelete, protocol.AdminKvPin, protocol.KvEvict, protocol.KvDeleteTenant)
@@ -70,7 +73,7 @@ def run_locally(op: str, wire: dict[str, Any]) -> dict[str, Any]:
         return {"error": "EUNREACHABLE", "message": f"{type(exc).__name__}: {exc}"}
 
 
-def _on_worker(worker: str, args: protocol.Args) -> dict[str, Any]:
+def _on_worker(worker: str, args: protocol.Args, timeout: float) -> dict[str, Any]:
     """``args`` run by ``worker``'s own executor (the ``api.kv_admin`` task on its queue)."""
     import redis
     from celery.exceptions import TimeoutError as CeleryTimeout
@@ -85,13 +88,13 @@ def _on_worker(worker: str, args: protocol.Args) -> dict[str, Any]:
     from api import dispatch
 
     pending = dispatch.task(dispatch.KV_ADMIN).apply_async(
-        args=[args.OP, args.to_wire()], queue=f"worker.{worker}", expires=KV_ADMIN_TIMEOUT_S
+        args=[args.OP, args.to_wire()], queue=f"worker.{worker}", expires=timeout
     )
     try:
-        return pending.get(timeout=KV_ADMIN_TIMEOUT_S, disable_sync_subtasks=False)
+        return pending.get(timeout=timeout, disable_sync_subtasks=False)
     except CeleryTimeout:
         pending.revoke()
-        return {"error": "EUNREACHABLE", "message": f"gpu_worker {worker!r} did not answer in {KV_ADMIN_TIMEOUT_S:g}s"}
+        return {"error": "EUNREACHABLE", "message": f"gpu_worker {worker!r} did not answer in {timeout:g}s"}
     except Exception as exc:  # the task failed or its result could not be read
         return {"error": "EUNREACHABLE", "message": f"{type(exc).__name__}: {exc}"}
 
@@ -105,7 +108,8 @@ def _call(args: protocol.Args, worker: str | None = None) -> Any:
     if target == settings.SYMPHONY_WORKER_NAME:
         answer = run_locally(op, args.to_wire())
     else:
-        answer = _on_worker(target, args)
+        timeout = KV_LIST_TIMEOUT_S if op == protocol.KvList.OP else KV_ADMIN_TIMEOUT_S
+        answer = _on_worker(target, args, timeout)
     if "error" not in answer:
         return answer["result"]
     code, message = answer["error"], answer.get("message", "")

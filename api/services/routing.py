@@ -46,9 +46,9 @@ RESIDENCY_WEIGHT = {"device": 4, "host": 2, "disk": 1}
 #: the worker wrote before it died, so a stale heartbeat cannot route runs back to it.
 UNAVAILABLE_PREFIX = "symphony:worker-down:"
 UNAVAILABLE_TTL_S = contracts.HEARTBEAT_TTL_S
-#: ``<prefix><name>`` marks a worker being drained (api/services/worker_fleet.py): it gets no
-#: new runs. No expiry: it lasts until the worker is removed or undrained.
-DRAINING_PREFIX = "symphony:worker-draining:"
+#: The set of the names of the workers being drained (api/services/worker_fleet.py): they get
+#: no new runs. No expiry: a name stays until the worker is removed or undrained.
+DRAINING_KEY = "symphony:workers-draining"
 
 
 @dataclass(frozen=True)
@@ -149,8 +149,8 @@ def candidates(exclude: Iterable[str] = ()) -> list[Candidate]:
 
 def draining() -> set[str]:
     """Names of the workers being drained. Raises RedisError."""
-    keys = redis_client.shared(settings.REDIS_URL).scan_iter(match=DRAINING_PREFIX + "*", count=100)
-    return {(k.decode() if isinstance(k, bytes) else k)[len(DRAINING_PREFIX) :] for k in keys}
+    members = redis_client.shared(settings.REDIS_URL).smembers(DRAINING_KEY)
+    return {m.decode() if isinstance(m, bytes) else str(m) for m in members}
 
 
 def mark_unavailable(name: str, reason: str) -> bool:

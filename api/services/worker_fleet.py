@@ -1,6 +1,6 @@
 """Operator procedures on the workers of a running stack: drain one, then remove it.
 
-Draining ``<name>`` sets ``symphony:worker-draining:<name>`` (no expiry: it lasts until the
+Draining ``<name>`` adds it to ``symphony:workers-draining`` (no expiry: it stays until the
 worker is removed or undrained). Routing gives a draining worker no new runs
 (api/services/routing.py), the stranded-run reaper moves the runs still queued on it to the
 others, and its running runs finish where they are. :func:`drain_state` says when it is idle;
@@ -26,7 +26,6 @@ from api.services import executor_presence, routing
 from api.services.runs import reroute_stranded
 from gpu_worker import contracts
 
-DRAINING_PREFIX = routing.DRAINING_PREFIX
 draining = routing.draining
 
 
@@ -67,13 +66,13 @@ def drain_state(worker: str) -> DrainState:
 
 def drain(worker: str) -> DrainState:
     """No new runs for ``worker`` from now; its queued runs move to other workers now."""
-    _redis().set(DRAINING_PREFIX + worker, "1")
+    _redis().sadd(routing.DRAINING_KEY, worker)
     reroute_stranded()
     return drain_state(worker)
 
 
 def undrain(worker: str) -> DrainState:
-    _redis().delete(DRAINING_PREFIX + worker)
+    _redis().srem(routing.DRAINING_KEY, worker)
     return drain_state(worker)
 
 
@@ -94,7 +93,8 @@ def remove(worker: str) -> Removal:
         raise FleetError(f"worker {worker!r} still has {state.running} running and {state.queued} queued runs")
     rows, _ = KVFile.objects.filter(worker=worker).delete()
     client = _redis()
-    stale = [contracts.heartbeat_key(worker), routing.UNAVAILABLE_PREFIX + worker, DRAINING_PREFIX + worker]
+    stale = [contracts.heartbeat_key(worker), routing.UNAVAILABLE_PREFIX + worker]
     stale += list(client.scan_iter(match=f"{executor_presence.PREFIX}{worker}:*", count=100))
     client.delete(*stale)
+    client.srem(routing.DRAINING_KEY, worker)
     return Removal(worker, rows)
