@@ -192,23 +192,22 @@ def sync_worker(tenant: Tenant, worker: str) -> None:
 
 
 def delete(kv: KVFile) -> None:
-    """Delete the file from every worker holding it (the shared store's object with it), then
-    its rows. A row of a worker that is gone is deleted through this host's worker; a worker
-    without the file counts as done; any other failure raises before a row is removed, so a
-    file a worker still holds is never reported deleted."""
-    import redis
+    delete_named(kv.tenant, kv.name)
 
+
+def delete_named(tenant: Tenant, name: str) -> None:
+    """Delete the tenant's file ``name`` from every worker holding it (the shared store's object
+    with it), then its rows. A row of a worker that is gone, or a file no row names, is deleted
+    through this host's worker; a worker without the file counts as done; any other failure
+    raises before a row is removed, so a file a worker still holds is never reported deleted."""
     from api.services import routing
 
-    rows = list(KVFile.objects.filter(tenant=kv.tenant, name=kv.name))
-    try:
-        live = {w.name for w in routing.live_workers()}
-    except redis.RedisError:
-        live = set()
+    rows = list(KVFile.objects.filter(tenant=tenant, name=name))
+    live = {w.name for w in routing.live_workers()}
     targets = {row.worker if row.worker in live else settings.SYMPHONY_WORKER_NAME for row in rows}
-    for worker in sorted(targets):
+    for worker in sorted(targets or {settings.SYMPHONY_WORKER_NAME}):
         try:
-            _call(protocol.KvDelete(tenant=kv.tenant.slug, name=kv.name), worker=worker)
+            _call(protocol.KvDelete(tenant=tenant.slug, name=name), worker=worker)
         except FileGone:
             pass
     KVFile.objects.filter(pk__in=[row.pk for row in rows]).delete()

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -473,22 +472,15 @@ def delete(tenant: Tenant, value: str) -> dict:
 
 
 def _remove_kv(tenant: Tenant, name: str) -> bool:
-    """Remove a conversation's KV file from the worker (gone already counts as removed)."""
-    from gpu_worker.admin_client import AdminClient
-    from gpu_worker.protocol import ErrorCode, ProtocolError
+    """Remove a conversation's KV file from the workers holding it (gone already counts as
+    removed; api/services/kvfiles.py)."""
+    from api.services import kvfiles
 
     try:
-        AdminClient(settings.SYMPHONY_WORKER_ADMIN_SOCKET, timeout=10).kv_delete(tenant.slug, name)
-    except ProtocolError as exc:
-        if exc.code != ErrorCode.NOT_FOUND:
-            log.warning("response_kv_remove_failed tenant=%s name=%s error=%s", tenant.slug, name, exc)
-            return False
-    except Exception as exc:  # the worker is away: the sweep tries again later
+        kvfiles.delete_named(tenant, name)
+    except kvfiles.WorkerUnavailable as exc:  # a worker is away: the sweep tries again later
         log.warning("response_kv_remove_failed tenant=%s name=%s error=%s", tenant.slug, name, exc)
         return False
-    from api.models import KVFile
-
-    KVFile.objects.filter(tenant=tenant, name=name).delete()
     return True
 
 
