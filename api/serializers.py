@@ -393,6 +393,21 @@ class RunSerializer(serializers.ModelSerializer):
     usage = serializers.SerializerMethodField()
     timings = serializers.SerializerMethodField()
     children = serializers.SerializerMethodField()
+    cancelled_by = serializers.SerializerMethodField(
+        help_text="One run only: the email of the person who cancelled it; null when it was not "
+        "cancelled by a person (not cancelled, or ended with the run that spawned it)."
+    )
+
+    @extend_schema_field(serializers.EmailField(allow_null=True, required=False))
+    def get_cancelled_by(self, run: Run) -> str | None:
+        if self._in_list() or run.status != "cancelled":
+            return None
+        entry = (
+            AuditLog.objects.filter(action="run.cancel", target=str(run.pk), tenant_id=run.tenant_id)
+            .select_related("actor")
+            .first()
+        )
+        return entry.actor.email if entry and entry.actor else None
 
     @extend_schema_field(RunChildSerializer(many=True, required=False))
     def get_children(self, run: Run) -> list[dict]:
@@ -419,6 +434,7 @@ class RunSerializer(serializers.ModelSerializer):
             data.pop("usage", None)
             data.pop("timings", None)
             data.pop("children", None)
+            data.pop("cancelled_by", None)
         return data
 
     class Meta:
@@ -443,6 +459,7 @@ class RunSerializer(serializers.ModelSerializer):
             "finished_at",
             "usage",
             "timings",
+            "cancelled_by",
             "children",
         ]
         read_only_fields = fields

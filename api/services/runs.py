@@ -19,7 +19,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from api import dispatch, redis_client
-from api.models import ApiKey, Program, Run, Tenant, UsageRecord
+from api.models import ApiKey, AuditLog, Program, Run, Tenant, UsageRecord
 from api.services import cancellation, quota_alerts, routing, run_handoff, run_notices, tool_hosts
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
@@ -434,9 +434,10 @@ def _delete_event_streams(run_ids: list[str]) -> None:
         log.warning("run_streams_left count=%d error=%s (they expire with their retention)", len(run_ids), exc)
 
 
-def cancel_run(run: Run) -> Run:
+def cancel_run(run: Run, actor=None) -> Run:
     """Cancel a queued or running run (a running one's program is stopped by its executor) and
-    its live descendants; terminal runs raise RunConflict."""
+    its live descendants; terminal runs raise RunConflict. ``actor``: the person who asked, kept
+    as a ``run.cancel`` audit entry so the run's page can say who stopped it (a cascade has none)."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status in Run.TERMINAL:
@@ -444,6 +445,8 @@ def cancel_run(run: Run) -> Run:
         locked.status = "cancelled"
         locked.finished_at = timezone.now()
         locked.save(update_fields=["status", "finished_at"])
+        if actor is not None:
+            AuditLog.objects.create(actor=actor, tenant_id=locked.tenant_id, action="run.cancel", target=str(locked.pk))
     # A running run's executor sees this and stops the program (api/services/cancellation.py).
     cancellation.request_stop(str(locked.pk))
     publish_end(locked)

@@ -76,7 +76,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
 
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        return Response(s.RunSerializer(runs.cancel_run(self.get_object())).data)
+        return Response(s.RunSerializer(runs.cancel_run(self.get_object(), actor=request.user)).data)
 
     @extend_schema(responses=s.RunLogsSerializer)
     @action(detail=True, methods=["get"])

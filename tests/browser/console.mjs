@@ -678,17 +678,18 @@ const scenarios = {
     await page.goto(`${base}/runs/${cfg.liveId}`);
     await page.getByRole("heading", { level: 1, name: /^Run / }).waitFor({ timeout: T });
     writeFileSync(cfg.readyFile, "ready");
-    await page.getByTestId("first-token").filter({ hasText: /after the run started/ }).waitFor({ timeout: 30000 });
+    await page.getByTestId("first-token").filter({ hasText: /after the run was created/ }).waitFor({ timeout: 30000 });
     await page.waitForFunction(() => Number(document.querySelector('[data-testid="token-count"]')?.textContent) >= 5, null, { timeout: 30000 });
     out.firstTokenLive = ((await page.getByTestId("first-token").textContent()) ?? "").trim();
     await page.getByRole("button", { name: "Cancel run" }).click();
+    await page.getByRole("button", { name: "Cancel now" }).click();
     await page.getByTestId("run-status").filter({ hasText: "cancelled" }).waitFor({ timeout: T });
     writeFileSync(cfg.cancelledFile, "cancelled"); // the test records the run's output now
     await page.getByTestId("run-stdout").filter({ hasText: cfg.stdout }).waitFor({ timeout: 10000 });
     out.xTicks = await page.locator(".x-tick").allTextContents();
     await shot(page, "run-cancelled");
     await page.reload();
-    await page.getByTestId("first-token").filter({ hasText: /after the run started/ }).waitFor({ timeout: T });
+    await page.getByTestId("first-token").filter({ hasText: /after the run was created/ }).waitFor({ timeout: T });
     out.firstTokenReloaded = ((await page.getByTestId("first-token").textContent()) ?? "").trim();
 
     // Phones: the KV table stacks, a long name truncates with a title, actions are on screen.
@@ -717,6 +718,139 @@ const scenarios = {
     await gotoNavMobile(page, "Usage & billing");
     await noOverflow(page, "usage at 390 px");
     await shot(page, "usage-mobile", { fullPage: false });
+    return out;
+  },
+
+  /** The second pass over what a newcomer trips on: the login form, focus after moving, an
+   * ended session mid-form, a failed run's summary, a cancel asked for here, the run's KV
+   * figures, singular counts, one first-token figure, scope boxes after a key, and every page
+   * at 390 px without sideways scrolling. */
+  async secondPass(page) {
+    const out = {};
+    // Login: the address field has focus, and a refusal goes once the user types again.
+    await page.goto(`${base}/login`);
+    await page.getByRole("heading", { name: "Log in" }).waitFor({ timeout: T });
+    out.loginFocus = await page.evaluate(() => document.activeElement?.getAttribute("autocomplete"));
+    await page.getByLabel("Email or username").fill(cfg.email);
+    await page.getByLabel("Password").fill("not-the-password");
+    await page.getByRole("button", { name: "Log in" }).click();
+    await page.getByRole("alert").first().waitFor({ timeout: T });
+    await page.getByLabel("Password").fill(cfg.password);
+    out.loginErrorAfterTyping = await page.getByRole("alert").count();
+    await page.getByRole("button", { name: "Log in" }).click();
+    await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
+
+    // Moving within the console puts focus on the new page's heading; the ring is visible.
+    await gotoNav(page, "Runs");
+    await page.waitForFunction(() => document.activeElement?.tagName === "H1", null, { timeout: T });
+    out.focusAfterNav = await page.evaluate(() => `${document.activeElement?.tagName}:${document.activeElement?.textContent}`);
+    await page.keyboard.press("Tab");
+    out.focusRingContrast = await page.evaluate(() => {
+      const rgb = (css) => css.match(/\d+(\.\d+)?/g).slice(0, 3).map(Number);
+      const lum = ([r, g, b]) => {
+        const f = (c) => ((c /= 255) <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4);
+        return 0.2126 * f(r) + 0.7152 * f(g) + 0.0722 * f(b);
+      };
+      const el = document.activeElement;
+      const ring = lum(rgb(getComputedStyle(el).outlineColor));
+      const ratios = [getComputedStyle(document.body).backgroundColor, getComputedStyle(document.documentElement).backgroundColor, "rgb(255, 255, 255)"]
+        .filter((c) => !c.startsWith("rgba(0, 0, 0, 0)"))
+        .map((c) => lum(rgb(c)))
+        .map((bg) => (Math.max(ring, bg) + 0.05) / (Math.min(ring, bg) + 0.05));
+      return { tag: el.tagName, style: getComputedStyle(el).outlineStyle, min: Math.min(...ratios) };
+    });
+
+    // A failed run: the heading names the exception; one first-token figure; "1 event".
+    await page.goto(`${base}/runs/${cfg.failedId}`);
+    const summary = page.getByTestId("run-error-summary");
+    await summary.waitFor({ timeout: T });
+    out.errorSummary = ((await summary.textContent()) ?? "").trim();
+    out.streamed = ((await page.getByTestId("usage-streamed").textContent({ timeout: T })) ?? "").trim();
+    out.firstTokenLabels = await page.locator("dt").filter({ hasText: /first token/i }).count();
+    out.firstToken = ((await page.getByTestId("first-token").textContent()) ?? "").trim();
+    await shot(page, "run-failed");
+
+    // A live run: its KV figures, then a cancel that asks first and reads as one.
+    await page.goto(`${base}/runs/${cfg.liveId}`);
+    await page.getByRole("heading", { level: 1, name: /^Run / }).waitFor({ timeout: T });
+    writeFileSync(cfg.readyFile, "ready");
+    await page.waitForFunction(() => Number(document.querySelector('[data-testid="token-count"]')?.textContent) >= 3, null, { timeout: 30000 });
+    out.kvRunPages = ((await page.getByTestId("kv-run-pages").textContent()) ?? "").trim();
+    out.kvTenantDevice = ((await page.getByTestId("kv-tenant-device").textContent()) ?? "").trim();
+    out.kvTenantHost = ((await page.getByTestId("kv-tenant-host").textContent()) ?? "").trim();
+    out.kvPanelText = (await page.getByRole("region", { name: "KV usage" }).textContent()) ?? "";
+    await page.getByRole("button", { name: "Cancel run" }).click();
+    await page.getByRole("button", { name: "Cancel now" }).waitFor({ timeout: T });
+    await page.waitForTimeout(500);
+    out.statusWhileAsking = ((await page.getByTestId("run-status").textContent()) ?? "").trim();
+    await page.getByRole("button", { name: "Cancel now" }).click();
+    await page.getByTestId("run-status").filter({ hasText: "cancelled" }).waitFor({ timeout: T });
+    writeFileSync(cfg.cancelledFile, "cancelled"); // the executor's late outcome, with its error
+    await page.getByTestId("run-stdout").filter({ hasText: cfg.stdout }).waitFor({ timeout: 10000 });
+    await page.getByTestId("exit-code").filter({ hasText: "-15" }).waitFor({ timeout: 15000 }); // the outcome is in
+    out.cancelledNotice = ((await page.getByTestId("run-cancelled").textContent({ timeout: T })) ?? "").trim();
+    out.cancelledErrors = await page.getByTestId("run-error").count();
+    out.cancelledAlerts = await page.locator('[role="alert"]').count();
+    await shot(page, "run-cancelled");
+    await page.reload();
+    out.cancelledNoticeReloaded = ((await page.getByTestId("run-cancelled").textContent({ timeout: T })) ?? "").trim();
+    out.cancelledPageText = (await page.locator("main").textContent()) ?? "";
+
+    // The session ends while the console is open: moving to another page asks to sign in
+    // again over it, and the page loads once signed in.
+    const dropSession = async () => {
+      const keep = (await page.context().cookies()).filter((c) => c.name !== "sessionid");
+      await page.context().clearCookies();
+      await page.context().addCookies(keep);
+    };
+    await gotoNav(page, "API keys"); // a page that polls nothing: the next request is the move
+    await dropSession();
+    await gotoNav(page, "Runs");
+    const dialog = page.getByRole("alertdialog");
+    await dialog.waitFor({ timeout: T });
+    out.expiredDialog = ((await dialog.getByRole("heading").textContent()) ?? "").trim();
+    out.expiredBanner = ((await page.locator("main .banner-error").first().textContent({ timeout: T })) ?? "").trim();
+    out.expiredRetry = await page.locator("main").getByRole("button", { name: "Retry" }).count();
+    out.expiredHeader = ((await page.locator(".user-email").textContent()) ?? "").trim();
+    await dialog.getByLabel("Password").fill(cfg.password);
+    await dialog.getByRole("button", { name: "Sign in" }).click();
+    await dialog.waitFor({ state: "detached", timeout: T });
+    await page.getByRole("table", { name: "Runs" }).waitFor({ timeout: T });
+    out.runsAfterRenew = await page.getByRole("table", { name: "Runs" }).locator("tbody tr").count();
+
+    // ...and in the middle of a form: it is still filled in after signing in, on the same page.
+    await gotoNav(page, "API keys");
+    await page.getByLabel("Name", { exact: true }).fill("written-before-expiry");
+    await page.getByRole("checkbox", { name: "runs", exact: true }).uncheck();
+    await dropSession();
+    await page.getByRole("button", { name: "Create key" }).click();
+    await dialog.waitFor({ timeout: T });
+    out.formBanner = ((await page.locator("main .banner-error").first().textContent({ timeout: T })) ?? "").trim();
+    await shot(page, "session-expired");
+    const where = page.url();
+    await dialog.getByLabel("Password").fill(cfg.password);
+    await dialog.getByRole("button", { name: "Sign in" }).click();
+    await dialog.waitFor({ state: "detached", timeout: T });
+    out.samePage = page.url() === where;
+    out.nameKept = await page.getByLabel("Name", { exact: true }).inputValue();
+    out.scopeKept = await page.getByRole("checkbox", { name: "runs", exact: true }).isChecked();
+    await page.getByRole("button", { name: "Create key" }).click();
+    await page.getByTestId("api-key-secret").waitFor({ timeout: T });
+    await page.getByRole("button", { name: "I have stored it" }).click();
+    // The next key starts from the default scopes and an empty name.
+    out.scopesAfterCreate = await page.getByRole("group", { name: "Scopes" }).getByRole("checkbox").evaluateAll((boxes) => boxes.map((b) => b.checked));
+
+    // Phones: no page scrolls sideways.
+    await page.setViewportSize({ width: 390, height: 844 });
+    out.widths = {};
+    for (const path of cfg.pages) {
+      await page.goto(`${base}${path}`);
+      await page.getByRole("heading", { level: 1 }).first().waitFor({ timeout: T });
+      await page.waitForLoadState("networkidle");
+      await page.waitForTimeout(300);
+      out.widths[path] = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
+      if (path === "/usage") await shot(page, "usage-mobile");
+    }
     return out;
   },
 };

@@ -2,7 +2,8 @@
 // token on unsafe methods and errors unwrapped into ApiError.
 import createClient, { type Middleware } from "openapi-fetch";
 import type { paths } from "./schema";
-import { toApiError } from "./errors";
+import { reportSessionExpired } from "../auth/sessionExpiry";
+import { isSessionExpired, toApiError, type ApiError } from "./errors";
 
 export function readCookie(name: string): string | null {
   for (const part of document.cookie.split(";")) {
@@ -38,10 +39,16 @@ interface FetchResult<T> {
   response: Response;
 }
 
+/** An error the whole console acts on (the session ran out) is reported before it is thrown. */
+function reported(err: ApiError): ApiError {
+  if (isSessionExpired(err)) reportSessionExpired();
+  return err;
+}
+
 /** Return the body of a successful response or throw an ApiError. */
 export async function unwrap<T>(pending: Promise<FetchResult<T>>): Promise<T> {
   const { data, error, response } = await pending;
-  if (!response.ok) throw toApiError(response.status, error);
+  if (!response.ok) throw reported(toApiError(response.status, error));
   return data as T;
 }
 
@@ -65,7 +72,7 @@ export async function rawFetch(path: string, init: RequestInit = {}): Promise<Re
     } catch {
       /* not JSON */
     }
-    throw toApiError(response.status, body);
+    throw reported(toApiError(response.status, body));
   }
   return response;
 }

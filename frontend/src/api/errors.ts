@@ -13,10 +13,13 @@ export class ApiError extends Error {
   }
 
   /** Per-field validation messages as sentences ("Max tokens can be at most 4,096 …"),
-   * nested fields (`limits.max_tokens`) included. */
+   * nested fields (`limits.max_tokens`) included; DRF's `{"detail": message}` (the message
+   * itself, not a field) is none. */
   fieldMessages(): string[] {
     if (!this.detail || typeof this.detail !== "object") return [];
     const out: string[] = [];
+    const { detail: only, ...rest } = this.detail as Record<string, unknown>;
+    if (only === this.message && Object.keys(rest).length === 0) return [];
     const walk = (node: unknown, field: string) => {
       if (Array.isArray(node)) out.push(sayField(field, node.map(String).join(" ")));
       else if (node && typeof node === "object") for (const [k, v] of Object.entries(node)) walk(v, k);
@@ -32,6 +35,14 @@ export class ApiError extends Error {
   }
 }
 
+/** What the console says when the session ran out (the server answers `not_authenticated`). */
+export const SESSION_EXPIRED = "Your session expired — sign in again";
+
+/** The request was refused because the session ended (expired, or signed out elsewhere). */
+export function isSessionExpired(err: unknown): boolean {
+  return err instanceof ApiError && err.code === "not_authenticated";
+}
+
 export function toApiError(status: number, body: unknown): ApiError {
   const env = (body as { error?: { code?: string; message?: string; detail?: unknown } } | null)?.error;
   if (env && typeof env === "object") {
@@ -42,6 +53,7 @@ export function toApiError(status: number, body: unknown): ApiError {
 }
 
 export function errorMessage(err: unknown): string {
+  if (isSessionExpired(err)) return SESSION_EXPIRED;
   if (err instanceof ApiError) {
     const fields = err.fieldMessages();
     // DRF's validation errors carry no message of their own ("request failed").

@@ -1319,6 +1319,11 @@ export interface components {
             readonly finished_at: string | null;
             readonly usage: components["schemas"]["RunUsage"] | null;
             readonly timings: components["schemas"]["RunTimings"];
+            /**
+             * Format: email
+             * @description One run only: the email of the person who cancelled it; null when it was not cancelled by a person (not cancelled, or ended with the run that spawned it).
+             */
+            readonly cancelled_by: string | null;
             readonly children: components["schemas"]["RunChild"][];
         };
         /** @description A run a run spawned (``symphony.spawn``), as its parent lists it. */

@@ -1,6 +1,7 @@
-import { createContext, useCallback, useContext, useEffect, useMemo, useState, type ReactNode } from "react";
+import { createContext, useCallback, useContext, useEffect, useMemo, useRef, useState, type ReactNode } from "react";
 import * as api from "../api/endpoints";
 import type { Me, TenantRef } from "../api/types";
+import { onSessionExpired, reportSessionRenewed } from "./sessionExpiry";
 
 export interface AuthValue {
   me: Me | null;
@@ -8,6 +9,10 @@ export interface AuthValue {
   error: unknown;
   activeTenant: TenantRef | undefined;
   isStaff: boolean;
+  /** The session ran out while signed in: the console asks to sign in again over the page. */
+  expired: boolean;
+  /** Sign in again after `expired`; the page underneath stays as it was. */
+  renewSession: (email: string, password: string) => Promise<void>;
   login: (email: string, password: string) => Promise<void>;
   signup: (email: string, password: string, tenantName: string) => Promise<void>;
   /** Sign up through an invitation token: the new user joins its tenant. */
@@ -29,6 +34,12 @@ export function AuthProvider({ children }: { children: ReactNode }) {
   const [me, setMe] = useState<Me | null>(null);
   const [loading, setLoading] = useState(true);
   const [error, setError] = useState<unknown>(null);
+  const [expired, setExpired] = useState(false);
+  const signedIn = useRef(false);
+  signedIn.current = me !== null;
+
+  // Refusals before sign-in (the first /auth/me, the login page) are not an expiry.
+  useEffect(() => onSessionExpired(() => signedIn.current && setExpired(true)), []);
 
   const refresh = useCallback(async () => {
     try {
@@ -52,6 +63,12 @@ export function AuthProvider({ children }: { children: ReactNode }) {
       error,
       activeTenant: me?.tenants.find((t) => t.id === me.active_tenant),
       isStaff: Boolean(me?.user?.is_staff),
+      expired,
+      renewSession: async (email, password) => {
+        setMe(await api.login(email, password));
+        setExpired(false);
+        reportSessionRenewed();
+      },
       login: async (email, password) => setMe(await api.login(email, password)),
       signup: async (email, password, tenantName) => setMe(await api.signup(email, password, tenantName)),
       // These answer with the /auth/me body, so the new membership shows without a refetch.
@@ -60,13 +77,18 @@ export function AuthProvider({ children }: { children: ReactNode }) {
       createTenant: async (name) => setMe(await api.createTenant(name)),
       closeTenant: async (id, confirm) => setMe(await api.closeTenant(id, confirm)),
       logout: async () => {
-        await api.logout();
-        setMe(null);
+        try {
+          await api.logout();
+        } finally {
+          // An ended session is signed out whatever the server answered.
+          setMe(null);
+          setExpired(false);
+        }
       },
       switchTenant: async (id) => setMe(await api.switchTenant(id)),
       refresh,
     }),
-    [me, loading, error, refresh],
+    [me, loading, error, expired, refresh],
   );
   return <AuthContext.Provider value={value}>{children}</AuthContext.Provider>;
 }

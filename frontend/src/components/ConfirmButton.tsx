@@ -6,10 +6,12 @@ interface ConfirmButtonProps {
   confirmLabel?: string;
   className?: string;
   ariaLabel?: string;
+  /** The button that backs out (say what stays, where "Cancel" would read as the action). */
+  keepLabel?: string;
 }
 
 /** A destructive action that asks once inline ("Confirm?") before running. */
-export function ConfirmButton({ onConfirm, children, confirmLabel = "Confirm", className = "btn btn-small btn-danger", ariaLabel }: ConfirmButtonProps) {
+export function ConfirmButton({ onConfirm, children, confirmLabel = "Confirm", className = "btn btn-small btn-danger", ariaLabel, keepLabel = "Cancel" }: ConfirmButtonProps) {
   const [armed, setArmed] = useState(false);
   const [busy, setBusy] = useState(false);
   if (!armed) {
@@ -38,7 +40,7 @@ export function ConfirmButton({ onConfirm, children, confirmLabel = "Confirm", c
         {busy ? "Working…" : confirmLabel}
       </button>
       <button type="button" className="btn btn-small" onClick={() => setArmed(false)} disabled={busy}>
-        Cancel
+        {keepLabel}
       </button>
     </span>
   );

@@ -1,3 +1,4 @@
+import { formatNumber, plural } from "../lib/format";
 import type { KVSample } from "../lib/runEvents";
 import { LineChart } from "./LineChart";
 import { Empty } from "./Status";
@@ -29,8 +30,20 @@ export function KVUsagePanel({ samples, origin, live }: { samples: KVSample[]; o
               { key: "host", label: "This tenant in host memory", color: KV_COLORS.host, values: samples.map((s) => s.tenant_host_pages) },
             ]}
           />
-          <p className="muted" data-testid="kv-latest">
-            {last.tokens} tokens in this run's open KV files · {samples.length} samples
+          <dl className="facts" data-testid="kv-latest">
+            <dt>This run's device pages</dt>
+            <dd data-testid="kv-run-pages" title="what the run's KV page-seconds bill">
+              {formatNumber(last.run_pages)}
+            </dd>
+            <dt>This tenant's device pages</dt>
+            <dd data-testid="kv-tenant-device">{formatNumber(last.tenant_device_pages)}</dd>
+            <dt>This tenant's host-memory pages</dt>
+            <dd data-testid="kv-tenant-host">{formatNumber(last.tenant_host_pages)}</dd>
+            <dt>Tokens in this run's files</dt>
+            <dd>{formatNumber(last.tokens)}</dd>
+          </dl>
+          <p className="muted">
+            {plural(samples.length, "sample")}; other tenants' pages on the worker are not shown.
           </p>
         </>
       )}

@@ -1,7 +1,9 @@
-import { useState } from "react";
+import { useEffect, useRef, useState } from "react";
 import { Navigate, NavLink, Outlet, useLocation, useNavigate } from "react-router";
 import { useAuth } from "../auth/AuthContext";
 import { NoTenantPage } from "../pages/NoTenantPage";
+import { focusHeadingOnArrival } from "./PageHeader";
+import { SessionExpiredDialog } from "./SessionExpiredDialog";
 import { TenantSwitcher } from "./TenantSwitcher";
 import { VerifyEmailBanner } from "./VerifyEmailBanner";
 
@@ -19,10 +21,16 @@ const STAFF_LINK = { to: "/staff", label: "Staff" };
 const TENANTLESS_PATHS = new Set(["/account", "/staff"]);
 
 export function Layout() {
-  const { me, isStaff, logout, activeTenant } = useAuth();
+  const { me, isStaff, logout, activeTenant, expired } = useAuth();
   const navigate = useNavigate();
   const { pathname } = useLocation();
   const [open, setOpen] = useState(false);
+  // After a move within the console, focus goes to the new page's heading (not the body), so
+  // a screen reader announces it and Tab continues from there.
+  const firstPath = useRef(pathname);
+  useEffect(() => {
+    if (pathname !== firstPath.current) focusHeadingOnArrival();
+  }, [pathname]);
   // A user removed from (or who left) their last tenant has none: offer to create one instead
   // of tenant pages that could only fail.
   const stranded = me?.active_tenant === null;
@@ -56,7 +64,7 @@ export function Layout() {
         <div className="account">
           <TenantSwitcher />
           <span className="user-email" data-tenant={activeTenant?.slug}>
-            {me?.user?.email}
+            {expired ? "Session expired" : me?.user?.email}
           </span>
           <NavLink to="/account" className="btn btn-small">
             Account
@@ -82,6 +90,7 @@ export function Layout() {
           <Outlet />
         )}
       </main>
+      {expired && <SessionExpiredDialog />}
     </div>
   );
 }

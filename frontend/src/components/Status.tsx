@@ -1,5 +1,6 @@
-import type { ReactNode } from "react";
-import { ApiError, errorMessage } from "../api/errors";
+import { useEffect, useRef, type ReactNode } from "react";
+import { ApiError, errorMessage, isSessionExpired } from "../api/errors";
+import { onSessionRenewed } from "../auth/sessionExpiry";
 
 /** A field's own error, under it; `id` is what the input's aria-describedby names. */
 export function FieldError({ id, message }: { id: string; message: string | null }) {
@@ -26,7 +27,8 @@ export function ErrorBanner({ error, onRetry, inline = false }: { error: unknown
   return (
     <div className="banner banner-error" role="alert">
       <span>{text}</span>
-      {onRetry && (
+      {/* Retrying cannot help an ended session: the sign-in dialog says what to do instead. */}
+      {onRetry && !isSessionExpired(error) && (
         <button type="button" className="btn btn-small" onClick={onRetry}>
           Retry
         </button>
@@ -53,8 +55,18 @@ interface AsyncBlockProps<T> {
   label?: string;
 }
 
-/** Loading → error (with retry) → content; keeps showing stale data while reloading. */
+/** Loading → error (with retry) → content; keeps showing stale data while reloading. A load
+ * refused because the session ended is retried once the user has signed in again. */
 export function AsyncBlock<T>({ state, children, label }: AsyncBlockProps<T>) {
+  const latest = useRef(state);
+  latest.current = state;
+  useEffect(
+    () =>
+      onSessionRenewed(() => {
+        if (isSessionExpired(latest.current.error)) latest.current.reload();
+      }),
+    [],
+  );
   if (state.error) return <ErrorBanner error={state.error} onRetry={state.reload} />;
   if (state.data === undefined) return state.loading ? <Loading label={label} /> : null;
   return <>{children(state.data)}</>;

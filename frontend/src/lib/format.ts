@@ -55,3 +55,8 @@ export function formatUnitPrice(price: string): string {
   if (n > 0 && n < 0.001) return `${+(n * 1e6).toPrecision(4)} / 1M`;
   return String(n);
 }
+
+/** "1 event", "2 events": a count with its noun (regular plurals; `many` for the others). */
+export function plural(n: number, one: string, many = `${one}s`): string {
+  return `${formatNumber(n)} ${n === 1 ? one : many}`;
+}

@@ -34,7 +34,9 @@ function CreateKeyForm({ onCreated }: { onCreated: (key: NewApiKey) => void }) {
     await run(async () => {
       if (!scopes.length) throw new Error("Choose at least one scope");
       onCreated(await createApiKey(name, scopes));
+      // The next key starts from the defaults, not from this one's choices.
       setName("");
+      setScopes([...KEY_SCOPES]);
     });
   };
   return (

@@ -64,13 +64,26 @@ export function LoginPage() {
             autoCapitalize="none"
             spellCheck={false}
             required
+            autoFocus
             value={email}
-            onChange={(e) => setEmail(e.target.value)}
+            onChange={(e) => {
+              setEmail(e.target.value);
+              setError(null); // a refusal is about what was typed before
+            }}
           />
         </label>
         <label className="field">
           Password
-          <input type="password" autoComplete="current-password" required value={password} onChange={(e) => setPassword(e.target.value)} />
+          <input
+            type="password"
+            autoComplete="current-password"
+            required
+            value={password}
+            onChange={(e) => {
+              setPassword(e.target.value);
+              setError(null);
+            }}
+          />
         </label>
         <button className="btn btn-primary" type="submit" disabled={busy}>
           {busy ? "Logging in…" : "Log in"}

@@ -2,11 +2,13 @@ import { useEffect, useState } from "react";
 import { Link, useParams } from "react-router";
 import { cancelRun, getRun, getRunLogs } from "../api/endpoints";
 import { TERMINAL_STATUSES, type Run, type RunLogs } from "../api/types";
+import { useAuth } from "../auth/AuthContext";
+import { ConfirmButton } from "../components/ConfirmButton";
 import { CopyButton } from "../components/CopyButton";
 import { KVUsagePanel } from "../components/KVUsagePanel";
 import { RunUsagePanel } from "../components/RunUsagePanel";
 import { PageHeader } from "../components/PageHeader";
-import { AsyncBlock, ErrorBanner } from "../components/Status";
+import { AsyncBlock, ErrorBanner, Notice } from "../components/Status";
 import { StatusBadge } from "../components/StatusBadge";
 import { useAsync } from "../hooks/useAsync";
 import { useRunEvents } from "../hooks/useRunEvents";
@@ -17,11 +19,15 @@ const POLL_MS = 2000;
 const LOGS_RETRY_MS = 1000;
 const LOGS_RETRIES = 8;
 
-/** Seconds from the run's start to its first streamed token, both by the server's clocks (the
- * run row's started_at, the event's stream id), so it reads the same live and after a reload. */
+/** Seconds from the run's creation to its first streamed token: the server's figure once the
+ * run has ended (`timings.time_to_first_token_s`), until then the live stream's, both by the
+ * server's clocks (the run row's created_at, the event's stream id), so the page shows one
+ * figure that reads the same live and after a reload. */
 export function firstTokenSeconds(run: Run, firstTokenAt: number | null): number | null {
-  if (firstTokenAt === null || !run.started_at) return null;
-  return Math.max(0, firstTokenAt - Date.parse(run.started_at)) / 1000;
+  const recorded = run.timings?.time_to_first_token_s;
+  if (recorded !== null && recorded !== undefined) return recorded;
+  if (firstTokenAt === null) return null;
+  return Math.max(0, firstTokenAt - Date.parse(run.created_at)) / 1000;
 }
 
 function Timings({ run, tokens, firstTokenAt }: { run: Run; tokens: number; firstTokenAt: number | null }) {
@@ -38,7 +44,7 @@ function Timings({ run, tokens, firstTokenAt }: { run: Run; tokens: number; firs
       <dt>Running time</dt>
       <dd>{run.started_at ? formatDuration(run.started_at, run.finished_at) : "—"}</dd>
       <dt>First token</dt>
-      <dd data-testid="first-token">{firstToken === null ? "—" : `${firstToken.toFixed(2)} s after the run started`}</dd>
+      <dd data-testid="first-token">{firstToken === null ? "—" : `${firstToken.toFixed(2)} s after the run was created`}</dd>
       <dt>Streamed chunks</dt>
       <dd data-testid="token-count">{tokens}</dd>
       <dt>Chunks / s</dt>
@@ -46,7 +52,7 @@ function Timings({ run, tokens, firstTokenAt }: { run: Run; tokens: number; firs
       <dt>Worker</dt>
       <dd>{run.worker || "—"}</dd>
       <dt>Exit code</dt>
-      <dd>{run.exit_code ?? "—"}</dd>
+      <dd data-testid="exit-code">{run.exit_code ?? "—"}</dd>
     </dl>
   );
 }
@@ -186,15 +192,22 @@ function ProgramLogs({ runId, finished, streamEnded }: { runId: string; finished
   );
 }
 
-/** A failed run's error: its first line as the summary, the whole (a Python traceback) kept
- * as printed, with a copy button. */
+/** The line that names the error: the server writes the exception first ("ValueError: …")
+ * with the program's frames after it; a Python-style traceback ends with it instead. */
+export function errorSummary(error: string): string {
+  const lines = error.trim().split("\n");
+  if (lines[0].startsWith("Traceback (most recent call last)")) return lines[lines.length - 1].trim();
+  return lines[0];
+}
+
+/** A failed run's error: the exception as the summary, the whole (with the program's frames)
+ * kept as printed, with a copy button. */
 function RunError({ error }: { error: string }) {
   const lines = error.trimEnd().split("\n");
-  const summary = lines.length > 1 ? lines[lines.length - 1] : lines[0];
   return (
     <div className="banner banner-error banner-stack" role="alert" data-testid="run-error">
       <div className="card-head">
-        <strong>Error: {summary}</strong>
+        <strong data-testid="run-error-summary">{errorSummary(error)}</strong>
         <CopyButton text={error} label="Copy error" />
       </div>
       {lines.length > 1 && (
@@ -206,10 +219,24 @@ function RunError({ error }: { error: string }) {
   );
 }
 
+/** A cancelled run says who stopped it and when; what the stopped program was doing at that
+ * moment (its connection to the worker broke off) is not an error of the run. */
+function Cancelled({ run }: { run: Run }) {
+  const { me } = useAuth();
+  const by = run.cancelled_by;
+  const who = by && by === me?.user?.email ? " by you" : by ? ` by ${by}` : run.parent ? " with the run that spawned it" : "";
+  return (
+    <Notice>
+      <span data-testid="run-cancelled">
+        Cancelled{who} at {formatDate(run.finished_at)}
+      </span>
+    </Notice>
+  );
+}
+
 function RunBody({ initial }: { initial: Run }) {
   const [run, setRun] = useState(initial);
   const [cancelError, setCancelError] = useState<unknown>(null);
-  const [cancelling, setCancelling] = useState(false);
   const terminal = TERMINAL_STATUSES.includes(run.status);
   // Always subscribe: for a finished run the stream replays its events (while Redis keeps them).
   const stream = useRunEvents(run.id, true);
@@ -249,23 +276,20 @@ function RunBody({ initial }: { initial: Run }) {
         title={`Run ${run.id.slice(0, 8)}`}
         actions={
           !finished && (
-            <button
-              type="button"
+            <ConfirmButton
               className="btn btn-danger"
-              disabled={cancelling}
-              onClick={async () => {
-                setCancelling(true);
+              confirmLabel="Cancel now"
+              keepLabel="Keep running"
+              onConfirm={async () => {
                 try {
                   setRun(await cancelRun(run.id));
                 } catch (err) {
                   setCancelError(err);
-                } finally {
-                  setCancelling(false);
                 }
               }}
             >
-              {cancelling ? "Cancelling…" : "Cancel run"}
-            </button>
+              Cancel run
+            </ConfirmButton>
           )
         }
       >
@@ -275,7 +299,7 @@ function RunBody({ initial }: { initial: Run }) {
         </span>
       </PageHeader>
       <ErrorBanner error={cancelError} />
-      {error && <RunError error={error} />}
+      {status === "cancelled" ? <Cancelled run={run} /> : error && <RunError error={error} />}
       <div className="grid-2">
         <Output
           text={stream.text}

@@ -16,7 +16,7 @@ const VERSION = { number: 1, kind: "py", sha256: "ab".repeat(32), size: 40, crea
 const RUN: Run = {
   id: "0f0e0d0c-0000-4000-8000-000000000001", program: 3, program_name: "completion-example", version: 1, status: "running", args: {}, limits: {},
   result: null, error: "", exit_code: null, worker: "local", created_at: "2026-01-01T00:00:00Z", started_at: "2026-01-01T00:00:01Z", finished_at: null,
-  usage: null, timings: { queue_wait_s: 1, run_s: null, time_to_first_token_s: null }, parent: null, depth: 0, entry: "", children: [],
+  usage: null, timings: { queue_wait_s: 1, run_s: null, time_to_first_token_s: null }, parent: null, depth: 0, entry: "", children: [], cancelled_by: null,
 };
 const TOO_MANY = { error: { code: "invalid", message: "request failed", detail: { limits: { max_tokens: ["can be at most 4,096 tokens on this tenant's plan"] } } } };
 
@@ -111,8 +111,11 @@ describe("runs you can follow", () => {
 
   it("times the first token by the server's clocks, the same live and replayed", () => {
     expect(eventTime("1767225601980-0")).toBe(1767225601980);
-    expect(firstTokenSeconds(RUN, Date.parse("2026-01-01T00:00:01Z") + 980)).toBeCloseTo(0.98);
-    expect(firstTokenSeconds({ ...RUN, started_at: null }, 5)).toBeNull();
+    expect(firstTokenSeconds(RUN, Date.parse("2026-01-01T00:00:01Z") + 980)).toBeCloseTo(1.98);
+    expect(firstTokenSeconds(RUN, null)).toBeNull();
+    // Once the server has recorded it, its figure is the one shown.
+    const recorded = { ...RUN, timings: { queue_wait_s: 1, run_s: 3, time_to_first_token_s: 2.4 } };
+    expect(firstTokenSeconds(recorded, Date.parse("2026-01-01T00:00:02.480Z"))).toBe(2.4);
   });
 
   it("shows a failed run's traceback as printed, with a copy button", async () => {
@@ -124,7 +127,7 @@ describe("runs you can follow", () => {
     });
     renderAt(<App />, `/runs/${RUN.id}`);
     const box = await screen.findByTestId("run-error");
-    expect(within(box).getByText("Error: ZeroDivisionError: division by zero")).toBeTruthy();
+    expect(within(box).getByText("ZeroDivisionError: division by zero")).toBeTruthy();
     expect(screen.getByTestId("run-traceback").textContent).toBe(tb);
     expect(within(box).getByRole("button", { name: "Copy error" })).toBeTruthy();
   });

@@ -11,7 +11,7 @@ const VERSION = { number: 1, kind: "py", sha256: "ab".repeat(32), size: 40, crea
 const RUN: Run = {
   id: "0f0e0d0c-0000-4000-8000-000000000001", program: 3, program_name: "hello", version: 1, status: "running", args: {}, limits: {},
   result: null, error: "", exit_code: null, worker: "local", created_at: "2026-01-01T00:00:00Z", started_at: "2026-01-01T00:00:01Z", finished_at: null,
-  usage: null, timings: { queue_wait_s: 1, run_s: null, time_to_first_token_s: null }, parent: null, depth: 0, entry: "", children: [],
+  usage: null, timings: { queue_wait_s: 1, run_s: null, time_to_first_token_s: null }, parent: null, depth: 0, entry: "", children: [], cancelled_by: null,
 };
 const USAGE = {
   prefill_tokens: 1200, cached_tokens: 64, decode_tokens: 42, pred_calls: 43, forwards: 40, page_seconds: 3.5, sandbox_seconds: 2.25,
@@ -245,7 +245,9 @@ describe("run view", () => {
     expect(screen.getByTestId("token-stream").textContent).toBe("Hello, world");
     expect(screen.getByTestId("token-count").textContent).toBe("2");
     expect(screen.getByRole("img", { name: /KV pages over time/ })).toBeTruthy();
-    expect(screen.getByTestId("kv-latest").textContent).toContain("37 tokens");
+    expect(screen.getByTestId("kv-run-pages").textContent).toBe("2");
+    expect(screen.getByTestId("kv-tenant-device").textContent).toBe("4");
+    expect(screen.getByTestId("kv-latest").textContent).toContain("Tokens in this run's files37");
     // Only this run's and its tenant's own pages: the worker's totals are other tenants' business.
     const kvChart = screen.getByRole("img", { name: /KV pages over time/ }).getAttribute("aria-label") ?? "";
     expect(kvChart).toContain("This run's pages: 2, This tenant on device: 4");
@@ -266,7 +268,8 @@ describe("run view", () => {
     expect(screen.getByTestId("usage-cost").textContent).toBe("0.000201 USD");
     expect(screen.getByTestId("usage-prefill").textContent).toBe("1,200");
     expect(screen.getByTestId("usage-decode").textContent).toBe("42");
-    expect(screen.getByTestId("usage-ttft").textContent).toBe("1.50 s");
+    expect(screen.getByTestId("first-token").textContent).toBe("1.50 s after the run was created");
+    expect(screen.queryByTestId("usage-ttft")).toBeNull(); // one first-token figure per run
   });
 
   it("cancels a running run", async () => {
@@ -278,6 +281,8 @@ describe("run view", () => {
     });
     renderAt(<App />, `/runs/${RUN.id}`);
     fireEvent.click(await screen.findByRole("button", { name: "Cancel run" }));
+    expect(calls.some((c) => c.path.endsWith("/cancel"))).toBe(false); // it asks first
+    fireEvent.click(screen.getByRole("button", { name: "Cancel now" }));
     await waitFor(() => expect(screen.getByTestId("run-status").textContent).toBe("cancelled"));
     expect(calls.some((c) => c.path.endsWith("/cancel"))).toBe(true);
   });
