@@ -215,6 +215,9 @@ class Run(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="runs")
     program_version = models.ForeignKey(ProgramVersion, on_delete=models.PROTECT, related_name="runs")
+    #: What people call the run: the one it was started with, else its program's name and first
+    #: argument (api/services/run_args.py default_run_name), so lists read as more than ids.
+    name = models.CharField(max_length=200, blank=True, default="")
     api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL)
     status = models.CharField(max_length=16, default="queued", db_index=True)
     args = models.JSONField(default=dict)

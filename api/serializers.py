@@ -228,11 +228,15 @@ class ProgramSerializer(serializers.ModelSerializer):
         line of its docstring, api/services/programs.py) becomes them, so the console's run form
         opens with arguments that work rather than ``{}``."""
         upload = attrs.get("file")
-        if "default_args" not in attrs and upload is not None and upload.name.endswith(".py"):
-            example = programs.declared_example_args(upload.read())
+        if upload is not None and upload.name.endswith(".py"):
+            source = upload.read()
             upload.seek(0)
+            example = programs.declared_example_args(source) if "default_args" not in attrs else None
             if example is not None:
                 attrs["default_args"] = example
+            # Likewise an empty description: the docstring's first paragraph says what it does.
+            if not attrs.get("description"):
+                attrs["description"] = programs.declared_description(source)
         return attrs
 
     def get_latest_version(self, obj: Program) -> int | None:
@@ -308,6 +312,14 @@ class RunCreateSerializer(serializers.Serializer):
     version = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=2**31 - 1)
     args = serializers.DictField(required=False, default=dict, validators=[storable_json])
     limits = RunLimitsSerializer(required=False, default=dict)
+    name = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=Run._meta.get_field("name").max_length,
+        validators=[reject_nul],
+        help_text="what to call the run; left out, its program's name and first argument",
+    )
 
 
 class IdempotencyKeySerializer(serializers.Serializer):
@@ -394,11 +406,11 @@ class RunSerializer(serializers.ModelSerializer):
     timings = serializers.SerializerMethodField()
     children = serializers.SerializerMethodField()
     cancelled_by = serializers.SerializerMethodField(
-        help_text="One run only: the email of the person who cancelled it; null when it was not "
-        "cancelled by a person (not cancelled, or ended with the run that spawned it)."
+        help_text="One run only: who cancelled it, the person's email or `API key sk_<prefix>_…`; "
+        "null when nobody did (not cancelled, or ended with the run that spawned it)."
     )
 
-    @extend_schema_field(serializers.EmailField(allow_null=True, required=False))
+    @extend_schema_field(serializers.CharField(allow_null=True, required=False))
     def get_cancelled_by(self, run: Run) -> str | None:
         if self._in_list() or run.status != "cancelled":
             return None
@@ -407,7 +419,12 @@ class RunSerializer(serializers.ModelSerializer):
             .select_related("actor")
             .first()
         )
-        return entry.actor.email if entry and entry.actor else None
+        if entry is None:
+            return None
+        if entry.actor is not None:
+            return entry.actor.email
+        prefix = entry.detail.get("api_key")
+        return f"API key sk_{prefix}_…" if prefix else None
 
     @extend_schema_field(RunChildSerializer(many=True, required=False))
     def get_children(self, run: Run) -> list[dict]:
@@ -441,6 +458,7 @@ class RunSerializer(serializers.ModelSerializer):
         model = Run
         fields = [
             "id",
+            "name",
             "program",
             "program_name",
             "version",

@@ -27,7 +27,8 @@ def _in_range(tenant: Tenant, start: date | None, end: date | None) -> QuerySet[
 
 
 def usage_by_day(tenant: Tenant, start: date | None = None, end: date | None = None) -> list[dict]:
-    """One row per UTC day in [start, end] with the summed usage and the number of runs."""
+    """One row per UTC day in [start, end] with the summed usage, the number of runs and
+    ``cost`` (USD, the day's quantities at the tenant's unit prices, as its invoice counts it)."""
     rows = (
         _in_range(tenant, start, end)
         .annotate(day=TruncDate("created_at"))
@@ -35,7 +36,8 @@ def usage_by_day(tenant: Tenant, start: date | None = None, end: date | None = N
         .annotate(runs=RUNS, **{f: Sum(f) for f in SUMMED})
         .order_by("day")
     )
-    return [{**row, "day": row["day"].isoformat()} for row in rows]
+    prices = unit_prices(tenant)
+    return [{**row, "day": row["day"].isoformat(), "cost": _cost(row, prices)} for row in rows]
 
 
 #: ``group_by`` of :func:`usage_by_group` -> the run's fields that identify and name a group.
@@ -51,7 +53,8 @@ def usage_by_group(tenant: Tenant, group_by: str, start: date | None = None, end
     Each row: ``kind`` (``program`` / ``api_key``; ``console`` for runs started without a key,
     from the console; ``deleted`` for runs deleted since, with their program; ``storage`` for
     stored KV files, which no run consumed), ``id``, ``name``,
-    ``prefix`` (keys only), ``runs`` and the metered sums. Raises KeyError for another grouping."""
+    ``prefix`` (keys only), ``runs``, the metered sums and their ``cost`` (USD). Raises KeyError
+    for another grouping."""
     id_field, name_field, prefix_field = GROUPINGS[group_by]
     qs = _in_range(tenant, start, end)
     fields = [f for f in (id_field, name_field, prefix_field) if f]
@@ -73,6 +76,9 @@ def usage_by_group(tenant: Tenant, group_by: str, start: date | None = None, end
     storage = qs.filter(from_run=False).aggregate(**{f: Sum(f) for f in SUMMED})
     if any(storage.values()):
         rows.append({"kind": "storage", "id": None, "name": None, "runs": 0, **storage})
+    prices = unit_prices(tenant)
+    for row in rows:
+        row["cost"] = _cost(row, prices)
     return sorted(rows, key=lambda r: (-(r["decode_tokens"] or 0), -(r["prefill_tokens"] or 0), str(r["name"])))
 
 
@@ -95,7 +101,21 @@ FALLBACK_STREAMED_GIB_PRICE = Decimal("0.10")
 FALLBACK_CACHED_TOKEN_PRICE_RATIO = Decimal("0.1")
 #: The storage meter bills this many seconds of stored KV bytes per run (Celery beat period).
 KV_METER_PERIOD_S = 300
-CENT = Decimal("0.01")
+#: Every amount (a run's cost, a day's, an invoice line and total) is to the micro-dollar: most
+#: runs cost far less than a cent, and a run's figure must be findable on the invoice.
+MICRO = Decimal("0.000001")
+
+
+def _priced(sums: dict, prices: dict[str, Decimal]) -> dict[str, Decimal]:
+    """Each metered quantity of ``sums`` at its unit price, to the micro-dollar (half up)."""
+    return {
+        field: (Decimal(str(sums.get(field) or 0)) * prices[field]).quantize(MICRO, rounding=ROUND_HALF_UP)
+        for field in PRICE_SHEET
+    }
+
+
+def _cost(sums: dict, prices: dict[str, Decimal]) -> str:
+    return str(sum(_priced(sums, prices).values(), Decimal("0")).quantize(MICRO))
 
 
 def _month_range(month: str) -> tuple[date, date]:
@@ -119,35 +139,51 @@ def unit_prices(tenant: Tenant) -> dict[str, Decimal]:
 
 
 def invoice(tenant: Tenant, month: str) -> dict:
-    """Invoice for ``YYYY-MM``: one line per metered quantity from PRICE_SHEET, totals in USD
-    rounded half-up to cents per line. Raises ValueError for a malformed month."""
+    """Invoice for ``YYYY-MM``: one line per metered quantity from PRICE_SHEET and one per UTC
+    day with usage (``days``: its runs and amount), in USD to the micro-dollar like a run's
+    cost. Each day's quantities are priced and rounded per line; a line's amount is its days'
+    sum and the total the lines' (so the days sum to the total too). Raises ValueError for a
+    malformed month."""
     start, end = _month_range(month)
-    sums = UsageRecord.objects.filter(tenant=tenant, created_at__date__gte=start, created_at__date__lt=end).aggregate(
-        runs=RUNS, **{f: Sum(f) for f in SUMMED}
+    in_month = UsageRecord.objects.filter(tenant=tenant, created_at__date__gte=start, created_at__date__lt=end)
+    per_day = list(
+        in_month.annotate(day=TruncDate("created_at"))
+        .values("day")
+        .annotate(runs=RUNS, **{f: Sum(f) for f in SUMMED})
+        .order_by("day")
     )
-    lines = []
     prices = unit_prices(tenant)
+    priced_days = [(row, _priced(row, prices)) for row in per_day]
+    lines = []
     for field, (label, _) in PRICE_SHEET.items():
-        unit_price = prices[field]
-        quantity = Decimal(str(sums[field] or 0))
-        amount = (quantity * unit_price).quantize(CENT, rounding=ROUND_HALF_UP)
+        quantity = sum((Decimal(str(row[field] or 0)) for row in per_day), Decimal("0"))
+        amount = sum((priced[field] for _, priced in priced_days), Decimal("0")).quantize(MICRO)
         lines.append(
             {
                 "item": field,
                 "description": label,
                 "quantity": str(quantity),
-                "unit_price": str(unit_price),
+                "unit_price": str(prices[field]),
                 "amount": str(amount),
             }
         )
-    total = sum((Decimal(line["amount"]) for line in lines), Decimal("0.00"))
+    days = [
+        {
+            "day": row["day"].isoformat(),
+            "runs": row["runs"],
+            "amount": str(sum(priced.values(), Decimal("0")).quantize(MICRO)),
+        }
+        for row, priced in priced_days
+    ]
+    total = sum((Decimal(line["amount"]) for line in lines), Decimal("0")).quantize(MICRO)
     return {
         "id": month,
         "period_start": start.isoformat(),
         "period_end": end.isoformat(),
-        "runs": sums["runs"],
+        "runs": sum(row["runs"] for row in per_day),
         "currency": "USD",
         "lines": lines,
+        "days": days,
         "total": str(total),
     }
 
@@ -216,18 +252,10 @@ def _is_uuid(text: str) -> bool:
     return True
 
 
-#: A run's cost is shown to the micro-dollar: most runs cost far less than the invoice's cent.
-MICRO = Decimal("0.000001")
-
-
 def usage_cost(tenant: Tenant, record: UsageRecord) -> dict:
     """What one usage row costs at the tenant's prices: ``{currency, total, lines: {field:
-    amount}}``, amounts as decimal strings to the micro-dollar (the invoice sums quantities over
-    a month and rounds each line to cents, so it can differ from the sum of runs' costs)."""
-    prices = unit_prices(tenant)
-    lines = {
-        name: (Decimal(str(getattr(record, name) or 0)) * prices[name]).quantize(MICRO, rounding=ROUND_HALF_UP)
-        for name in PRICE_SHEET
-    }
+    amount}}``, amounts as decimal strings to the micro-dollar like the invoice's (which prices
+    each day's summed quantities, so a day's amount can differ from its runs' sum by rounding)."""
+    lines = _priced({name: getattr(record, name) for name in PRICE_SHEET}, unit_prices(tenant))
     total = sum(lines.values(), Decimal("0"))
     return {"currency": "USD", "total": str(total), "lines": {k: str(v) for k, v in lines.items() if v}}

@@ -130,6 +130,17 @@ def declared_example_args(source: bytes) -> dict | None:
     return None
 
 
+def declared_description(source: bytes) -> str:
+    """The first paragraph of the source's module docstring on one line (``""`` without one,
+    or for a file that is not Python)."""
+    try:
+        docstring = ast.get_docstring(ast.parse(source)) or ""
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return ""
+    first = docstring.strip().split("\n\n", 1)[0]
+    return " ".join(first.replace("\x00", "").split())
+
+
 def validate_upload(filename: str, content: bytes) -> str:
     """Return the program kind ("py" or "zip") or raise ProgramInvalid."""
     if len(content) > settings.SYMPHONY_MAX_PROGRAM_BYTES:

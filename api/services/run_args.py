@@ -30,3 +30,20 @@ def program_args(stored: Any) -> Any:
     if isinstance(stored, dict) and len(stored) == 1 and isinstance(stored.get(ENVELOPE), str):
         return json.loads(stored[ENVELOPE])
     return stored
+
+
+#: How much of the first argument a run's default name keeps.
+NAME_ARG_CHARS = 60
+
+
+def default_run_name(program_name: str, args: dict) -> str:
+    """The program's name and its first argument's value as the client sent it (``story Once
+    upon a time``): a string as it is, anything else as JSON, on one line and cut short."""
+    first = next(iter(args.values()), None) if args else None
+    if first is None:
+        return program_name[:200]
+    shown = first if isinstance(first, str) else json.dumps(first, ensure_ascii=False)
+    shown = " ".join(shown.replace("\x00", "").split())  # one line; PostgreSQL stores no U+0000
+    if len(shown) > NAME_ARG_CHARS:
+        shown = shown[: NAME_ARG_CHARS - 1].rstrip() + "…"
+    return f"{program_name} {shown}".strip()[:200]

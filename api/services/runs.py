@@ -24,7 +24,7 @@ from api.services import cancellation, quota_alerts, routing, run_handoff, run_n
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import PlanLimits, check_can_start, lock_account
-from api.services.run_args import storable_args
+from api.services.run_args import default_run_name, storable_args
 from api.validators import make_storable
 from gpu_worker import contracts
 from gpu_worker.contracts import EndEvent, RunEvent, StatusEvent
@@ -49,6 +49,12 @@ def _request_digest(program: Program, version: int | None, args: dict, limits: d
     """SHA-256 of the run request as the caller sent it (before ``default_args`` are merged)."""
     body = {"program": program.pk, "version": version, "args": args, "limits": limits}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _in_sent_order(args: dict, defaults: dict) -> dict:
+    """The run's arguments with the client's first (in the order it sent them), then the
+    program's defaults it did not override."""
+    return {**args, **{key: value for key, value in defaults.items() if key not in args}}
 
 
 def _replay(run: Run, key: str, digest: str) -> tuple[Run, bool]:
@@ -178,6 +184,7 @@ def create_run(
     api_key: ApiKey | None = None,
     send: Callable[[Run], object] | None = None,
     plan: PlanLimits | None = None,
+    name: str = "",
 ) -> tuple[Run, bool]:
     """Create a queued run (or return the earlier one with the same Idempotency-Key).
 
@@ -191,6 +198,7 @@ def create_run(
     sends the committed run to execution (default: its worker's Celery queue; the built-in
     OpenAI program's runs may be executed in process, api/services/trusted_runs.py). ``plan``:
     the tenant's plan as the caller's request already read it (read again here when not given).
+    ``name``: what to call the run; empty, its program's name and first argument.
     """
     digest = _request_digest(program, version, args, limits) if idempotency_key else ""
     if idempotency_key:
@@ -217,6 +225,7 @@ def create_run(
             run = Run.objects.create(
                 tenant=tenant,
                 program_version=pv,
+                name=name or default_run_name(program.name, _in_sent_order(args, program.default_args)),
                 args=storable_args({**program.default_args, **args}),
                 limits=limits,
                 idempotency_key=idempotency_key or None,
@@ -434,10 +443,11 @@ def _delete_event_streams(run_ids: list[str]) -> None:
         log.warning("run_streams_left count=%d error=%s (they expire with their retention)", len(run_ids), exc)
 
 
-def cancel_run(run: Run, actor=None) -> Run:
+def cancel_run(run: Run, actor=None, api_key: ApiKey | None = None) -> Run:
     """Cancel a queued or running run (a running one's program is stopped by its executor) and
-    its live descendants; terminal runs raise RunConflict. ``actor``: the person who asked, kept
-    as a ``run.cancel`` audit entry so the run's page can say who stopped it (a cascade has none)."""
+    its live descendants; terminal runs raise RunConflict. ``actor`` (the person signed in) or
+    ``api_key`` (the key the request came with): who asked, kept as a ``run.cancel`` audit entry
+    so the run's page can say who stopped it (a cascade has neither)."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status in Run.TERMINAL:
@@ -445,8 +455,14 @@ def cancel_run(run: Run, actor=None) -> Run:
         locked.status = "cancelled"
         locked.finished_at = timezone.now()
         locked.save(update_fields=["status", "finished_at"])
-        if actor is not None:
-            AuditLog.objects.create(actor=actor, tenant_id=locked.tenant_id, action="run.cancel", target=str(locked.pk))
+        if actor is not None or api_key is not None:
+            AuditLog.objects.create(
+                actor=actor,
+                tenant_id=locked.tenant_id,
+                action="run.cancel",
+                target=str(locked.pk),
+                detail={"api_key": api_key.prefix} if api_key is not None else {},
+            )
     # A running run's executor sees this and stops the program (api/services/cancellation.py).
     cancellation.request_stop(str(locked.pk))
     publish_end(locked)

@@ -71,12 +71,15 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             data.validated_data["limits"],
             idempotency_key=idempotency.validated_data.get("key"),
             api_key=request.auth if isinstance(request.auth, ApiKey) else None,
+            name=data.validated_data["name"],
         )
         return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        return Response(s.RunSerializer(runs.cancel_run(self.get_object(), actor=request.user)).data)
+        key = request.auth if isinstance(request.auth, ApiKey) else None
+        person = request.user if key is None and request.user.is_authenticated else None
+        return Response(s.RunSerializer(runs.cancel_run(self.get_object(), actor=person, api_key=key)).data)
 
     @extend_schema(responses=s.RunLogsSerializer)
     @action(detail=True, methods=["get"])

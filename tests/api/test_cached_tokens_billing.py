@@ -41,11 +41,11 @@ def test_cached_tokens_are_metered_and_priced_at_the_plans_ratio(api_tenant_a, a
     month = client.get("/api/v1/invoices").json()[0]["id"]
     detail = client.get(f"/api/v1/invoices/{month}").json()
     line = next(line for line in detail["lines"] if line["item"] == "cached_tokens")
-    assert line["quantity"] == "4000000" and line["amount"] == "0.10"
+    assert line["quantity"] == "4000000" and line["amount"] == "0.100000"
     assert Decimal(line["unit_price"]) == PREFILL * Decimal("0.25")
-    assert detail["total"] == "0.20"
+    assert detail["total"] == "0.200000"
     other = api_tenant_b.key_client().get(f"/api/v1/invoices/{month}").json()
-    assert other["total"] == "0.00"
+    assert other["total"] == "0.000000"
 
 
 def test_openai_usage_reports_cached_prompt_tokens(api_tenant_a):

@@ -133,6 +133,25 @@ def test_cancel_then_cancel_again_conflicts(api_tenant_a, program):
     assert start_run(str(run.pk), "local") is None
 
 
+def test_a_run_says_who_cancelled_it_and_is_named_after_its_program(api_tenant_a, program):
+    """The key or person that cancelled a run (its page says "Cancelled by you"), none for a run
+    cancelled with its parent; a run without a name takes its program's and first argument."""
+    client = api_tenant_a.key_client()
+    by_key = client.post("/api/v1/runs", {"program": program.pk, "args": {"topic": "the sea"}}, format="json").json()
+    assert by_key["name"] == f"{program.name} the sea"
+    client.post(f"/api/v1/runs/{by_key['id']}/cancel")
+    prefix = api_tenant_a.key_secret.split("_")[1]
+    assert client.get(f"/api/v1/runs/{by_key['id']}").json()["cancelled_by"] == f"API key sk_{prefix}_…"
+    session = api_tenant_a.session_client()
+    named = session.post("/api/v1/runs", {"program": program.pk, "name": "nightly"}, format="json").json()
+    assert named["name"] == "nightly"
+    session.post(f"/api/v1/runs/{named['id']}/cancel")
+    assert session.get(f"/api/v1/runs/{named['id']}").json()["cancelled_by"] == api_tenant_a.user.email
+    assert "cancelled_by" not in session.get("/api/v1/runs").json()["results"][0]
+    bad = session.post("/api/v1/runs", {"program": program.pk, "name": "x\u0000"}, format="json")
+    assert bad.status_code == 400 and "name" in bad.json()["error"]["detail"]
+
+
 def test_monthly_token_quota_refuses_new_runs_once_used_up(api_tenant_a, program):
     from api.models import Plan
 

@@ -33,8 +33,8 @@ def test_streamed_bytes_are_limited_by_the_plan_metered_and_priced_by_it(api_ten
     month = client.get("/api/v1/invoices").json()[0]["id"]
     detail = client.get(f"/api/v1/invoices/{month}").json()
     line = next(line for line in detail["lines"] if line["item"] == "streamed_bytes")
-    assert line["quantity"] == str(3 * GIB) and line["amount"] == "1.50"
+    assert line["quantity"] == str(3 * GIB) and line["amount"] == "1.500000"
     assert Decimal(line["unit_price"]) * GIB == Decimal("0.50")
-    assert detail["total"] == "1.50"
+    assert detail["total"] == "1.500000"
     other = api_tenant_b.key_client().get(f"/api/v1/invoices/{month}").json()
-    assert other["total"] == "0.00"
+    assert other["total"] == "0.000000"

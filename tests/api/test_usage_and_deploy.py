@@ -142,9 +142,10 @@ def test_invoice_lines_follow_price_sheet(api_tenant_a, api_tenant_b):
     month = invoices[0]["id"]
     detail = client.get(f"/api/v1/invoices/{month}").json()
     lines = {line["item"]: line for line in detail["lines"]}
-    assert lines["decode_tokens"]["amount"] == "0.80" and lines["prefill_tokens"]["amount"] == "0.01"
-    assert detail["total"] == "0.81" and detail["runs"] == 1
-    assert api_tenant_b.key_client().get(f"/api/v1/invoices/{month}").json()["total"] == "0.00"
+    assert lines["decode_tokens"]["amount"] == "0.800000" and lines["prefill_tokens"]["amount"] == "0.005000"
+    assert detail["total"] == "0.805000" and detail["runs"] == 1
+    assert detail["days"] == [{"day": detail["days"][0]["day"], "runs": 1, "amount": "0.805000"}]
+    assert api_tenant_b.key_client().get(f"/api/v1/invoices/{month}").json()["total"] == "0.000000"
     assert client.get("/api/v1/invoices/2026-13").status_code == 404
 
 

@@ -672,7 +672,7 @@ const scenarios = {
     await page.getByRole("link", { name: "in the runs list" }).click();
     await page.getByTestId("parent-filter").waitFor({ timeout: T });
     await table.getByRole("link", { name: cfg.childId.slice(0, 8) }).waitFor({ timeout: T });
-    out.spawnedByParent = await table.locator("tbody tr").evaluateAll((rows) => rows.map((r) => r.cells[0].textContent.trim()));
+    out.spawnedByParent = await table.locator("tbody tr").evaluateAll((rows) => rows.map((r) => r.cells[0].querySelector("a").textContent.trim()));
 
     // A live run: tokens, then the test cancels it here and records its output a moment later.
     await page.goto(`${base}/runs/${cfg.liveId}`);
@@ -768,7 +768,21 @@ const scenarios = {
     out.streamed = ((await page.getByTestId("usage-streamed").textContent({ timeout: T })) ?? "").trim();
     out.firstTokenLabels = await page.locator("dt").filter({ hasText: /first token/i }).count();
     out.firstToken = ((await page.getByTestId("first-token").textContent()) ?? "").trim();
+    out.failedRunCost = ((await page.getByTestId("usage-cost").textContent()) ?? "").trim();
     await shot(page, "run-failed");
+
+    // Usage & billing: a cost per group and per range, and invoices whose days sum to the total.
+    await gotoNav(page, "Usage & billing");
+    const invoice = page.locator("details.invoice").first();
+    await invoice.waitFor({ timeout: T });
+    await invoice.locator("summary").click();
+    out.invoiceTotal = ((await invoice.locator("summary strong").textContent()) ?? "").trim();
+    out.invoiceLines = await invoice.locator("table").first().locator("tbody tr").evaluateAll((rows) => rows.map((r) => r.cells[3].textContent.trim()));
+    out.invoiceDays = await invoice.getByTestId("invoice-days").locator("tbody tr").evaluateAll((rows) => rows.map((r) => [r.cells[0].textContent.trim(), r.cells[1].textContent.trim(), r.cells[2].textContent.trim()]));
+    await page.getByTestId("group-cost").first().waitFor({ timeout: T });
+    out.groupCosts = await page.getByTestId("group-cost").allTextContents();
+    out.usageTotals = ((await page.getByTestId("usage-totals").textContent()) ?? "").trim();
+    await shot(page, "usage");
 
     // A live run: its KV figures, then a cancel that asks first and reads as one.
     await page.goto(`${base}/runs/${cfg.liveId}`);
@@ -840,6 +854,26 @@ const scenarios = {
     // The next key starts from the default scopes and an empty name.
     out.scopesAfterCreate = await page.getByRole("group", { name: "Scopes" }).getByRole("checkbox").evaluateAll((boxes) => boxes.map((b) => b.checked));
 
+    // An uploaded file's docstring describes the program; runs are named after the program and
+    // their first argument, or as the run form says.
+    await gotoNav(page, "Programs");
+    await uploadProgram(page, cfg.docProgram, cfg.docSource);
+    out.programLede = ((await page.locator(".lede").first().textContent()) ?? "").trim();
+    await page.getByLabel(/Arguments/).fill(JSON.stringify({ who: "Ada Lovelace", times: 2 }));
+    await page.getByRole("button", { name: "Run program" }).click();
+    await page.getByTestId("run-title-name").waitFor({ timeout: T });
+    out.defaultName = ((await page.getByTestId("run-title-name").textContent()) ?? "").trim();
+    await page.goBack();
+    await page.getByRole("heading", { level: 1, name: cfg.docProgram }).waitFor({ timeout: T });
+    await page.getByLabel("Run name (optional)").fill("nightly check");
+    await page.getByRole("button", { name: "Run program" }).click();
+    await page.getByTestId("run-title-name").filter({ hasText: "nightly check" }).waitFor({ timeout: T });
+    out.givenName = ((await page.getByTestId("run-title-name").textContent()) ?? "").trim();
+    await gotoNav(page, "Runs");
+    await page.getByTestId("run-name").first().waitFor({ timeout: T });
+    out.listNames = await page.getByTestId("run-name").allTextContents();
+    await shot(page, "runs");
+
     // Phones: no page scrolls sideways.
     await page.setViewportSize({ width: 390, height: 844 });
     out.widths = {};
@@ -851,6 +885,33 @@ const scenarios = {
       out.widths[path] = await page.evaluate(() => [document.documentElement.scrollWidth, window.innerWidth]);
       if (path === "/usage") await shot(page, "usage-mobile");
     }
+    return out;
+  },
+
+  /** "Try an example" on an empty tenant, then Run: the example's text arrives piece by piece. */
+  async tryExample(page) {
+    const out = {};
+    await login(page, cfg.email, cfg.password);
+    await page.getByRole("button", { name: "Try an example" }).first().click();
+    await page.getByRole("heading", { level: 1, name: "completion-example" }).waitFor({ timeout: T });
+    await page.getByRole("button", { name: "Run program" }).click();
+    await page.getByRole("heading", { level: 1, name: /^Run / }).waitFor({ timeout: T });
+    const counts = new Set();
+    const deadline = Date.now() + (cfg.runTimeoutMs ?? 180000);
+    while (Date.now() < deadline) {
+      const status = (await page.getByTestId("run-status").textContent()) ?? "";
+      const count = Number((await page.getByTestId("token-count").textContent()) ?? "0");
+      if (count > 0 && !/succeeded|failed|timed out|cancelled/.test(status)) counts.add(count);
+      if (/succeeded|failed|timed out|cancelled/.test(status)) {
+        out.status = status.trim();
+        break;
+      }
+      await page.waitForTimeout(50);
+    }
+    out.countsWhileRunning = [...counts];
+    out.chunks = Number((await page.getByTestId("token-count").textContent()) ?? "0");
+    out.text = await page.getByTestId("token-stream").textContent();
+    await shot(page, "run-example-streamed");
     return out;
   },
 };

@@ -5,7 +5,9 @@ focus after moving, and every page at 390 px."""
 
 from __future__ import annotations
 
+import re
 import threading
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,16 @@ STOPPED = (
     '  File "/lip/story.py", line 12, in main\n'
     "    sy.sleep(delay)"
 )
+DOC_LIP = '''"""Greets someone by name,
+twice over.
+
+Example args: {"who": "world", "times": 1}
+"""
+
+
+def main(args):
+    return ("hello " + args["who"]) * int(args["times"])
+'''
 KV = {"run_pages": 3, "tenant_device_pages": 11, "tenant_host_pages": 2}
 
 
@@ -66,10 +78,12 @@ def test_the_console_second_pass(console_server, browser, tmp_path):
 
     from django.utils import timezone
 
-    from api.models import Program, Run, UsageRecord
+    from api.models import Plan, Program, Run, UsageRecord
 
     email, password, waiting = _seed_tenant()
     tenant, version = waiting.tenant, waiting.program_version
+    # Two runs of its own stay queued (no executor here) beside the seeded running ones.
+    Plan.objects.update_or_create(name=tenant.plan, defaults={"max_concurrent_runs": 10})
     now = timezone.now()
     failed = Run.objects.create(
         tenant=tenant, program_version=version, status="failed", error=FAILURE, exit_code=1, started_at=now
@@ -114,6 +128,8 @@ def test_the_console_second_pass(console_server, browser, tmp_path):
             cancelledFile=str(cancelled),
             stdout=stdout,
             pages=pages,
+            docProgram="hello-doc",
+            docSource=DOC_LIP,
         )
     finally:
         stop.set()
@@ -129,6 +145,19 @@ def test_the_console_second_pass(console_server, browser, tmp_path):
     assert result["errorSummary"] == "ValueError: deliberate failure in step 3", result["errorSummary"]
     assert result["streamed"].startswith("1 event ·"), result["streamed"]
     assert result["firstTokenLabels"] == 1 and result["firstToken"] == "2.40 s after the run was created", result
+    # Amounts to the micro-dollar everywhere; the invoice's days sum to its total, the lines too,
+    # and the breakdown's costs to the range's.
+    micro = r"\d+\.\d{6}"
+    assert re.fullmatch(micro + " USD", result["failedRunCost"]), result["failedRunCost"]
+    assert re.fullmatch(micro + " USD", result["invoiceTotal"]), result["invoiceTotal"]
+    total = Decimal(result["invoiceTotal"].split()[0])
+    assert all(re.fullmatch(micro, amount) for amount in result["invoiceLines"]), result["invoiceLines"]
+    assert sum(Decimal(a) for a in result["invoiceLines"]) == total
+    assert result["invoiceDays"] and sum(Decimal(amount) for _, _, amount in result["invoiceDays"]) == total
+    today = next(row for row in result["invoiceDays"] if row[0] == timezone.now().date().isoformat())
+    assert today[1] == "1" and today[2] == result["failedRunCost"].split()[0], today  # the failed run's day
+    range_cost = Decimal(re.search(r"(" + micro + r") USD in", result["usageTotals"]).group(1))
+    assert sum(Decimal(c) for c in result["groupCosts"]) == range_cost > 0, result
     # The run's KV panel: this run's pages and its tenant's, no worker totals.
     assert (result["kvRunPages"], result["kvTenantDevice"], result["kvTenantHost"]) == ("3", "11", "2"), result
     assert "Device pages" not in result["kvPanelText"]
@@ -154,5 +183,47 @@ def test_the_console_second_pass(console_server, browser, tmp_path):
     key = ApiKey.objects.get(tenant=tenant, name="written-before-expiry")
     assert "runs" not in key.scopes
     assert all(result["scopesAfterCreate"]), result["scopesAfterCreate"]
+    # The docstring's first paragraph describes the program; runs carry names.
+    assert result["programLede"].startswith("Greets someone by name, twice over."), result["programLede"]
+    assert Program.objects.get(tenant=tenant, name="hello-doc").description == "Greets someone by name, twice over."
+    assert result["defaultName"] == "hello-doc Ada Lovelace", result["defaultName"]
+    assert result["givenName"] == "nightly check"
+    assert {"hello-doc Ada Lovelace", "nightly check"} <= set(result["listNames"]), result["listNames"]
+    assert set(Run.objects.filter(program_version__program__name="hello-doc").values_list("name", flat=True)) == {
+        "hello-doc Ada Lovelace",
+        "nightly check",
+    }
     # Phones: no page is wider than the screen.
     assert result["widths"] == {path: [390, 390] for path in pages}, result["widths"]
+
+
+@pytest.mark.integration
+@pytest.mark.docker
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_example_the_console_offers_streams_token_by_token(symphony_stack, browser):
+    """Try an example → Run on the real stack (sandbox, worker, Redis, SSE): its text arrives
+    as one event per decoded piece while the run is going, not once at its end."""
+    from django.contrib.auth import get_user_model
+
+    from api.models import Membership, Run, Tenant
+
+    tenant = Tenant.objects.create(name="Example Co", slug="example-co")
+    user = get_user_model().objects.create_user(
+        username="example@example.com", email="example@example.com", password="pw-example-12345"
+    )
+    Membership.objects.create(user=user, tenant=tenant, role="owner")
+    result = browser(
+        "tryExample",
+        timeout=400,
+        baseUrl=symphony_stack,
+        email="example@example.com",
+        password="pw-example-12345",
+        runTimeoutMs=300000,
+    )
+    assert result["status"] == "succeeded", result
+    run = Run.objects.get(tenant=tenant)
+    assert run.result["text"] and result["text"] == run.result["text"], result
+    # One streamed event per decoded piece (24 tokens asked for), seen growing while running.
+    assert result["chunks"] >= 10, result
+    assert len(result["countsWhileRunning"]) >= 2, result

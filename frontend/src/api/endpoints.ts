@@ -214,10 +214,11 @@ export async function createRun(
   version: number | null,
   args: Record<string, unknown>,
   limits: Record<string, unknown>,
+  name = "",
 ): Promise<Run> {
-  return (await unwrap(
-    http.POST("/api/v1/runs", { body: { program, version, args, limits } as never }),
-  )) as unknown as Run;
+  // Without a name the server names the run after its program and first argument.
+  const body = name ? { program, version, args, limits, name } : { program, version, args, limits };
+  return (await unwrap(http.POST("/api/v1/runs", { body: body as never }))) as unknown as Run;
 }
 export async function listRuns(program?: number, status?: string, parent?: string): Promise<Run[]> {
   const query = {

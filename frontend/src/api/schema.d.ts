@@ -1297,6 +1297,7 @@ export interface components {
         Run: {
             /** Format: uuid */
             readonly id: string;
+            readonly name: string;
             readonly program: number;
             readonly program_name: string;
             readonly version: number;
@@ -1319,10 +1320,7 @@ export interface components {
             readonly finished_at: string | null;
             readonly usage: components["schemas"]["RunUsage"] | null;
             readonly timings: components["schemas"]["RunTimings"];
-            /**
-             * Format: email
-             * @description One run only: the email of the person who cancelled it; null when it was not cancelled by a person (not cancelled, or ended with the run that spawned it).
-             */
+            /** @description One run only: who cancelled it, the person's email or `API key sk_<prefix>_…`; null when nobody did (not cancelled, or ended with the run that spawned it). */
             readonly cancelled_by: string | null;
             readonly children: components["schemas"]["RunChild"][];
         };
@@ -1351,6 +1349,11 @@ export interface components {
                 [key: string]: unknown;
             };
             limits?: components["schemas"]["RunLimits"];
+            /**
+             * @description what to call the run; left out, its program's name and first argument
+             * @default
+             */
+            name: string;
         };
         /**
          * @description What a run may ask for itself, typed and bounded here so a bad value is a 400 naming it,

@@ -66,6 +66,8 @@ export interface UsageDay {
   pred_calls: number;
   page_seconds: number;
   io_calls: number;
+  /** USD to the micro-dollar: the day's quantities at the tenant's prices (as its invoice has them). */
+  cost?: string;
 }
 
 export type UsageGrouping = "program" | "api_key";
@@ -83,6 +85,8 @@ export interface UsageGroup {
   decode_tokens: number;
   sandbox_seconds: number;
   kv_gib_hours: number;
+  /** USD to the micro-dollar, at the tenant's prices. */
+  cost?: string;
 }
 
 /** `GET /quota`. Fields beyond the first version of the API are optional (null = unlimited). */
@@ -125,7 +129,15 @@ export interface Invoice {
   runs: number;
   currency: string;
   lines: InvoiceLine[];
+  /** One line per UTC day with usage; the amounts sum to `total`. */
+  days?: InvoiceDay[];
   total: string;
+}
+
+export interface InvoiceDay {
+  day: string;
+  runs: number;
+  amount: string;
 }
 
 export interface AdminTenant {

@@ -60,3 +60,18 @@ export function formatUnitPrice(price: string): string {
 export function plural(n: number, one: string, many = `${one}s`): string {
   return `${formatNumber(n)} ${n === 1 ? one : many}`;
 }
+
+/** The sum of decimal-string amounts (USD to the micro-dollar), added in whole micro-dollars so
+ * no float rounding creeps in, shown like the API's: six decimals. */
+export function sumAmounts(amounts: string[]): string {
+  let micros = 0n;
+  for (const a of amounts) {
+    const m = /^(-?)(\d+)(?:\.(\d{0,6}))?$/.exec(a.trim());
+    if (!m) continue;
+    const value = BigInt(m[2]) * 1_000_000n + BigInt((m[3] ?? "").padEnd(6, "0") || "0");
+    micros += m[1] ? -value : value;
+  }
+  const sign = micros < 0n ? "-" : "";
+  const abs = micros < 0n ? -micros : micros;
+  return `${sign}${abs / 1_000_000n}.${(abs % 1_000_000n).toString().padStart(6, "0")}`;
+}

@@ -26,6 +26,7 @@ function RunForm({ program, versions }: { program: Program; versions: ProgramVer
   const argsId = useId();
   const [version, setVersion] = useState<string>("");
   const [args, setArgs] = useState(() => JSON.stringify(program.default_args ?? {}, null, 2));
+  const [name, setName] = useState("");
   const [maxTokens, setMaxTokens] = useState("256");
   const [deadline, setDeadline] = useState("60");
   const [error, setError] = useState<unknown>(null);
@@ -35,6 +36,7 @@ function RunForm({ program, versions }: { program: Program; versions: ProgramVer
   const maxTokensError = fieldError(error, "limits", "max_tokens");
   const deadlineError = fieldError(error, "limits", "deadline_s");
   const versionError = fieldError(error, "version");
+  const nameError = fieldError(error, "name");
   const submit = async (e: FormEvent) => {
     e.preventDefault();
     let parsed: Record<string, unknown>;
@@ -49,7 +51,7 @@ function RunForm({ program, versions }: { program: Program; versions: ProgramVer
       const limits: Record<string, unknown> = {};
       if (maxTokens) limits.max_tokens = Number(maxTokens);
       if (deadline) limits.deadline_s = Number(deadline);
-      const run = await createRun(program.id, version ? Number(version) : null, parsed, limits);
+      const run = await createRun(program.id, version ? Number(version) : null, parsed, limits, name.trim());
       navigate(`/runs/${run.id}`);
     } catch (err) {
       setError(err);
@@ -60,6 +62,19 @@ function RunForm({ program, versions }: { program: Program; versions: ProgramVer
     <form className="card form" onSubmit={submit} aria-labelledby="run-title">
       <h2 id="run-title">Run</h2>
       {!argsError && <ErrorBanner error={error} inline />}
+      <label className="field">
+        Run name (optional)
+        <input
+          type="text"
+          maxLength={200}
+          value={name}
+          placeholder={`${program.name} and the first argument`}
+          aria-invalid={nameError ? true : undefined}
+          aria-describedby="run-name-error"
+          onChange={(e) => setName(e.target.value)}
+        />
+        <FieldError id="run-name-error" message={nameError} />
+      </label>
       <div className="row">
         <label className="field">
           Version

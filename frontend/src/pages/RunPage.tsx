@@ -293,6 +293,11 @@ function RunBody({ initial }: { initial: Run }) {
           )
         }
       >
+        {run.name && (
+          <>
+            <strong data-testid="run-title-name">{run.name}</strong> ·{" "}
+          </>
+        )}
         <Link to={`/programs/${run.program}`}>{run.program_name ?? `Program #${run.program}`}</Link> v{run.version} ·{" "}
         <span data-testid="run-status">
           <StatusBadge status={status} />

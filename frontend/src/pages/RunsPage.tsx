@@ -34,6 +34,11 @@ export function RunTable({ runs, empty }: { runs: Run[]; empty?: React.ReactNode
                 <Link to={`/runs/${r.id}`} className="mono">
                   {r.id.slice(0, 8)}
                 </Link>
+                {r.name && (
+                  <span className="run-name truncate" title={r.name} data-testid="run-name">
+                    {r.name}
+                  </span>
+                )}
               </td>
               <td>
                 <Link to={`/programs/${r.program}`} className="truncate" title={r.program_name ?? undefined}>

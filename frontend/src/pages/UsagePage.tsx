@@ -6,7 +6,7 @@ import { Meter } from "../components/Meter";
 import { PageHeader } from "../components/PageHeader";
 import { AsyncBlock, Empty } from "../components/Status";
 import { useAsync } from "../hooks/useAsync";
-import { formatBytes, formatNumber, formatUnitPrice, isoDay } from "../lib/format";
+import { formatBytes, formatNumber, formatUnitPrice, isoDay, plural, sumAmounts } from "../lib/format";
 
 /** Every day in [from, to], with zeros where the API returned no row. */
 export function fillDays(days: UsageDay[], from: string, to: string): UsageDay[] {
@@ -14,7 +14,7 @@ export function fillDays(days: UsageDay[], from: string, to: string): UsageDay[]
   const out: UsageDay[] = [];
   for (let d = new Date(`${from}T00:00:00Z`); isoDay(d) <= to; d.setUTCDate(d.getUTCDate() + 1)) {
     const key = isoDay(d);
-    out.push(byDay.get(key) ?? { day: key, runs: 0, prefill_tokens: 0, decode_tokens: 0, pred_calls: 0, page_seconds: 0, io_calls: 0 });
+    out.push(byDay.get(key) ?? { day: key, runs: 0, prefill_tokens: 0, decode_tokens: 0, pred_calls: 0, page_seconds: 0, io_calls: 0, cost: "0" });
   }
   return out;
 }
@@ -35,8 +35,9 @@ function UsageChart({ days }: { days: UsageDay[] }) {
         ]}
       />
       <p className="muted" data-testid="usage-totals">
-        {formatNumber(total)} tokens · {formatNumber(runs)} runs ·{" "}
-        {formatNumber(days.reduce((s, d) => s + d.page_seconds, 0))} KV page-seconds in this range
+        {formatNumber(total)} tokens · {plural(runs, "run")} ·{" "}
+        {formatNumber(days.reduce((s, d) => s + d.page_seconds, 0))} KV page-seconds · {sumAmounts(days.map((d) => d.cost ?? "0"))} USD in
+        this range
       </p>
     </>
   );
@@ -71,17 +72,21 @@ function UsageBreakdown({ groups, grouping }: { groups: UsageGroup[]; grouping: 
             <th scope="col" className="num" title="prompt tokens served from the prefix cache or stored KV files">Cached tokens</th>
             <th scope="col" className="num">Decode tokens</th>
             <th scope="col" className="num">Sandbox seconds</th>
+            <th scope="col" className="num">Cost (USD)</th>
           </tr>
         </thead>
         <tbody>
           {groups.map((g) => (
             <tr key={`${g.kind}-${g.id ?? ""}`}>
-              <td>{groupLabel(g)}</td>
-              <td className="num">{formatNumber(g.runs)}</td>
-              <td className="num">{formatNumber(g.prefill_tokens ?? 0)}</td>
-              <td className="num">{formatNumber(g.cached_tokens ?? 0)}</td>
-              <td className="num">{formatNumber(g.decode_tokens ?? 0)}</td>
-              <td className="num">{formatNumber(Math.round(g.sandbox_seconds ?? 0))}</td>
+              <td data-label="">{groupLabel(g)}</td>
+              <td className="num" data-label="Runs">{formatNumber(g.runs)}</td>
+              <td className="num" data-label="Prefill tokens">{formatNumber(g.prefill_tokens ?? 0)}</td>
+              <td className="num" data-label="Cached tokens">{formatNumber(g.cached_tokens ?? 0)}</td>
+              <td className="num" data-label="Decode tokens">{formatNumber(g.decode_tokens ?? 0)}</td>
+              <td className="num" data-label="Sandbox seconds">{formatNumber(Math.round(g.sandbox_seconds ?? 0))}</td>
+              <td className="num mono" data-label="Cost (USD)" data-testid="group-cost">
+                {g.cost ?? "—"}
+              </td>
             </tr>
           ))}
         </tbody>
@@ -153,11 +158,12 @@ function QuotaMeters({ quota, tokensToday }: { quota: Quota; tokensToday: number
 }
 
 function InvoiceCard({ invoice }: { invoice: Invoice }) {
+  const month = invoice.period_start.slice(0, 7);
   return (
     <details className="invoice">
       <summary>
         <span>
-          {invoice.period_start.slice(0, 7)} · {invoice.runs} runs
+          {month} · {plural(invoice.runs, "run")}
         </span>
         <strong>
           {invoice.total} {invoice.currency}
@@ -165,7 +171,7 @@ function InvoiceCard({ invoice }: { invoice: Invoice }) {
       </summary>
       <div className="table-wrap">
         <table>
-          <caption className="visually-hidden">Line items for {invoice.period_start.slice(0, 7)}</caption>
+          <caption className="visually-hidden">Line items for {month}</caption>
           <thead>
             <tr>
               <th scope="col">Item</th>
@@ -177,23 +183,60 @@ function InvoiceCard({ invoice }: { invoice: Invoice }) {
           <tbody>
             {invoice.lines.map((l) => (
               <tr key={l.item}>
-                <td>{l.description}</td>
-                <td className="num">{formatNumber(Number(l.quantity))}</td>
-                <td className="num mono">{formatUnitPrice(l.unit_price)}</td>
-                <td className="num">{l.amount}</td>
+                <td data-label="">{l.description}</td>
+                <td className="num" data-label="Quantity">
+                  {formatNumber(Number(l.quantity))}
+                </td>
+                <td className="num mono" data-label="Unit price">
+                  {formatUnitPrice(l.unit_price)}
+                </td>
+                <td className="num mono" data-label="Amount">
+                  {l.amount}
+                </td>
               </tr>
             ))}
           </tbody>
           <tfoot>
             <tr>
-              <th scope="row" colSpan={3}>Total</th>
-              <td className="num">
+              <th scope="row" colSpan={3}>
+                Total
+              </th>
+              <td className="num mono">
                 <strong>{invoice.total}</strong> {invoice.currency}
               </td>
             </tr>
           </tfoot>
         </table>
       </div>
+      {invoice.days && invoice.days.length > 0 && (
+        <div className="table-wrap">
+          <table data-testid="invoice-days">
+            <caption>By day: each day's runs and amount (a run page's cost is part of its day)</caption>
+            <thead>
+              <tr>
+                <th scope="col">Day (UTC)</th>
+                <th scope="col" className="num">Runs</th>
+                <th scope="col" className="num">Amount</th>
+              </tr>
+            </thead>
+            <tbody>
+              {invoice.days.map((d) => (
+                <tr key={d.day}>
+                  <td className="mono" data-label="">
+                    {d.day}
+                  </td>
+                  <td className="num" data-label="Runs">
+                    {formatNumber(d.runs)}
+                  </td>
+                  <td className="num mono" data-label="Amount">
+                    {d.amount}
+                  </td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        </div>
+      )}
     </details>
   );
 }

@@ -11,7 +11,7 @@ const VERSION = { number: 1, kind: "py", sha256: "ab".repeat(32), size: 40, crea
 const RUN: Run = {
   id: "0f0e0d0c-0000-4000-8000-000000000001", program: 3, program_name: "hello", version: 1, status: "running", args: {}, limits: {},
   result: null, error: "", exit_code: null, worker: "local", created_at: "2026-01-01T00:00:00Z", started_at: "2026-01-01T00:00:01Z", finished_at: null,
-  usage: null, timings: { queue_wait_s: 1, run_s: null, time_to_first_token_s: null }, parent: null, depth: 0, entry: "", children: [], cancelled_by: null,
+  usage: null, timings: { queue_wait_s: 1, run_s: null, time_to_first_token_s: null }, parent: null, depth: 0, entry: "", children: [], cancelled_by: null, name: "",
 };
 const USAGE = {
   prefill_tokens: 1200, cached_tokens: 64, decode_tokens: 42, pred_calls: 43, forwards: 40, page_seconds: 3.5, sandbox_seconds: 2.25,
