@@ -21,7 +21,7 @@ import sys
 import time
 
 from bench import results
-from bench.harness import OUT_DIR, ROOT, ensure_tiny_model
+from bench.harness import MIN_REPS, OUT_DIR, ROOT, ensure_tiny_model
 
 OUTPUTS = {b.key: b.output for b in results.BENCHMARKS}
 MODULES = {name: f"bench.{module}" for name, module in OUTPUTS.items()}
@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("which", choices=["all", *MODULES, "results"])
     p.add_argument("--quick", action="store_true")
     p.add_argument("--model", default=None)
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=MIN_REPS)
     p.add_argument("--dtype", default="float32")
     # Anything else (a workload size such as ``--agents 8``) goes to the benchmark module as is.
     a, passthrough = p.parse_known_args(argv)

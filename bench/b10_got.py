@@ -54,9 +54,12 @@ from bench.harness import (
     Comparison,
     WorkerOptions,
     WorkerProcess,
+    baseline_blocks,
     config_dict,
+    fill_sides,
     max_len_for,
     random_tokens,
+    repetition_starts,
     run_threads,
     share_out,
     stopwatch,
@@ -82,9 +85,8 @@ class Workload:
     thought_tokens: int = 32
     refine_prompt_tokens: int = 8
     refine_tokens: int = 32
-    #: 1: the worker runs with ``OMP_WAIT_POLICY=PASSIVE`` and vllm serve is measured both at
-    #: its default and with that policy too; 0: vllm serve at its default only (the worker sleeps
-    #: at OpenMP barriers unless ``OMP_WAIT_POLICY`` says otherwise: gpu_worker/__main__.py).
+    #: Both sides' OpenMP wait policy (the protocol: the same on both): 1 ``PASSIVE`` (the
+    #: worker's own default, gpu_worker/__main__.py), 0 ``ACTIVE`` (threads spin at barriers).
     omp_passive: int = 1
 
     def context_tokens(self) -> int:
@@ -272,14 +274,11 @@ def run(
     wl: Workload,
     result: BenchResult,
 ) -> None:
-    """Interleaved repetitions (S, B..., then ...B, S), each on fresh graphs. ``servers``:
-    ``"baseline"`` (vllm serve as it starts by default) and, with ``omp_passive``, ``"passive"``
-    (the same with the worker's OpenMP wait policy)."""
+    """Interleaved repetitions (S, B, then B, S), each on fresh graphs. ``servers``: one,
+    ``"baseline"`` (vllm serve with the worker's CPUs, forward threads and OpenMP wait policy)."""
     got = load_example()
     title = f"got k={wl.branches} x {wl.levels} levels, {wl.in_flight} graphs in flight"
     rates = {"baseline": Comparison(f"{title} vs vllm serve", "graphs/s")}
-    if "passive" in servers:
-        rates["passive"] = Comparison(f"{title} vs vllm serve (OMP passive too)", "graphs/s")
     prefill = Comparison("tokens prefilled per graph", "tok", higher_is_better=False)
     computed = Comparison("tokens computed per graph", "tok", higher_is_better=False)
     agree: list[float] = []
@@ -292,6 +291,7 @@ def run(
         serve_side(server, wl, warm)
     print(f"  b10: warmed up every side ({time.strftime('%H:%M:%S')})", flush=True)
     for i in range(cfg.reps):
+        repetition_starts()
         graphs = graphs_for(wl, cfg.seed, i)
         outcomes: dict[str, Outcome] = {}
         sides: list[tuple[str, Callable[[], tuple[float, Outcome]]]] = [
@@ -313,23 +313,20 @@ def run(
         pairs = [(a, b) for sa, sb in by_graph for a, b in zip(sa, sb, strict=True)]
         agree.append(sum(a == b for a, b in pairs) / len(pairs))
         sent.append(outcomes["baseline"].prompt_tokens_sent / wl.graphs)
-    policy = "OMP_WAIT_POLICY=PASSIVE" if wl.omp_passive else "libgomp's default OpenMP wait policy"
-    for key, row in rates.items():
+    policy = f"OMP_WAIT_POLICY={'PASSIVE' if wl.omp_passive else 'ACTIVE'}"
+    for row in rates.values():
         row.extra.update(
             target=f">= {TARGET}x graphs/s vs a client loop over vllm serve",
             baseline_kind="vllm serve (prefix caching), one client loop per graph re-sending its context",
             worker_env=policy,
-            server_env="OMP_WAIT_POLICY=PASSIVE" if key == "passive" else "libgomp's default OpenMP wait policy",
+            server_env=policy,
             same_pair_chosen=agree,
             baseline_prompt_tokens_sent_per_graph=sent,
             context_tokens=wl.context_tokens(),
         )
-    if "passive" in rates:
-        rates["baseline"].extra["note"] = "each side with its OpenMP wait policy: the worker passive, vLLM default"
-        rates["passive"].extra["note"] = "both sides with OMP_WAIT_POLICY=PASSIVE"
     prefill.extra["note"] = computed.extra["note"] = "work, not speed: lower is less"
     result.comparisons += [*rates.values(), prefill, computed]
-    result.notes.append(f"the worker ran with {policy}")
+    result.notes.append(f"both sides ran with {policy}")
     result.notes.append(
         f"tokens prefilled per graph: Symphony {prefill.symphony.median:.0f}, vLLM {prefill.baseline.median:.0f} "
         f"(the client sent {statistics.median(sent):.0f} prompt tokens per graph); computed in all: "
@@ -355,31 +352,28 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     result = BenchResult(NAME, config_dict(cfg, **asdict(wl), device_pages=opts.num_pages))
 
-    def server() -> VLLMServer:
-        return VLLMServer(
+    # Both sides with one OpenMP wait policy (the protocol).
+    policy = {"OMP_WAIT_POLICY": "PASSIVE" if wl.omp_passive else "ACTIVE"}
+    servers: dict[str, VLLMServer] = {}
+    worker: WorkerProcess | None = None
+    try:
+        with environment(policy):
+            worker = WorkerProcess(opts)
+        servers["baseline"] = VLLMServer(
             cfg.model,
-            opts.num_pages,
+            baseline_blocks(opts),
             dtype=cfg.dtype,
             max_num_seqs=opts.max_num_seqs,
             max_model_len=opts.max_model_len,
             extra_flags=("--enable-prompt-tokens-details",),
+            extra_env=policy,
         )
-
-    # All start at once (each takes tens of seconds on 2 cores); no offline engine is needed.
-    servers: dict[str, VLLMServer] = {}
-    worker: WorkerProcess | None = None
-    try:
-        with environment(PASSIVE if wl.omp_passive else {}):
-            worker = WorkerProcess(opts)
-        servers["baseline"] = server()
-        if wl.omp_passive:
-            with environment(PASSIVE):
-                servers["passive"] = server()
         for s in servers.values():
             s.wait_ready()
         worker.wait_ready()
         with worker.sample_pages():
             run(worker, servers, cfg, wl, result)
+        fill_sides(result, worker, servers["baseline"])
         result.memory = worker.memory()
     finally:
         for s in servers.values():

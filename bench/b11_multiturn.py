@@ -55,8 +55,11 @@ from bench.harness import (
     Sample,
     WorkerOptions,
     WorkerProcess,
+    baseline_blocks,
     config_dict,
+    fill_sides,
     max_len_for,
+    repetition_starts,
     rng,
     share_out,
     workload_args,
@@ -109,6 +112,14 @@ class Workload:
         ``conversations`` live at once hold more than that (``conversations > 2 * in_flight``):
         part of every side's history has to leave the device between its turns."""
         return 2 * self.in_flight * self.conversation_pages(block) + 2
+
+    @property
+    def host_pages(self) -> int:
+        """The worker's host tier: every conversation of (b) at its longest, what the run may
+        spill there. vLLM gets these pages on top of the device's (the protocol's equal KV
+        bytes: on a CPU host the host tier is the same DRAM), so (b) measures what each side
+        does with equal memory, not a larger cache against a smaller one."""
+        return self.responses_conversations * self.conversation_pages() if self.responses else 0
 
 
 QUICK = Workload(
@@ -449,15 +460,16 @@ def symphony_stack(worker: WorkerProcess, sandbox_path: bool) -> Iterator[tuple[
 
 
 # ------------------------------------------------------------------------------ main
-def _vllm_server(cfg: Any, wl: Workload, pages: int, max_len: int) -> Any:
+def _vllm_server(cfg: Any, opts: WorkerOptions) -> Any:
+    """``vllm serve`` with the worker's KV (device + host pages), batch, dtype and length."""
     from bench.baseline_server import VLLMServer
 
     return VLLMServer(
         cfg.model,
-        pages,
+        baseline_blocks(opts),
         dtype=cfg.dtype,
-        max_num_seqs=max(8, 2 * wl.in_flight),
-        max_model_len=max_len,
+        max_num_seqs=opts.max_num_seqs,
+        max_model_len=opts.max_model_len,
         extra_flags=["--enable-prompt-tokens-details"],
     )
 
@@ -467,10 +479,16 @@ def measure(cfg: Any, wl: Workload, result: BenchResult) -> None:
     pages = max(wl.pages(), max_len // 128 + 2)
     result.config["device_pages"] = pages
     texts = Texts(cfg.model)
-    worker = WorkerProcess(
-        WorkerOptions(model=cfg.model, num_pages=pages, dtype=cfg.dtype, max_model_len=max_len, max_num_seqs=8)
+    opts = WorkerOptions(
+        model=cfg.model,
+        num_pages=pages,
+        dtype=cfg.dtype,
+        max_model_len=max_len,
+        max_num_seqs=max(8, 2 * wl.in_flight),
+        host_pages=wl.host_pages,
     )
-    server = _vllm_server(cfg, wl, pages, max_len)
+    worker = WorkerProcess(opts)
+    server = _vllm_server(cfg, opts)
     try:
         database_ready()
         key = _tenant_key()
@@ -481,6 +499,7 @@ def measure(cfg: Any, wl: Workload, result: BenchResult) -> None:
             vllm = Endpoint("vllm serve", f"http://127.0.0.1:{server.port}", "none", "bench")
             try:
                 _measure_sides(cfg, wl, texts, symphony, vllm, slow_url, key, result)
+                fill_sides(result, worker, server)
             except Exception:
                 for name, _, _ in procs.procs:
                     print(f"--- {name} log tail:\n{procs.tail(name)}", file=sys.stderr)
@@ -510,6 +529,7 @@ def _measure_sides(
     fast_phases: dict[str, list[float]] = {}
     slow_phases: dict[str, list[float]] = {}
     for rep in range(cfg.reps):
+        repetition_starts()
         sc = script(texts, wl, cfg.seed, rep)
         sides: list[tuple[str, Callable[[], Run]]] = [
             ("symphony", functools.partial(multiturn, symphony, sc, wl)),
@@ -568,6 +588,7 @@ def _part_b(cfg: Any, wl: Workload, texts: Texts, symphony: Endpoint, vllm: Endp
     cached: dict[str, list[float]] = {"symphony": [], "vllm": []}
     wl = replace(wl, conversations=wl.responses_conversations)
     for rep in range(cfg.reps):
+        repetition_starts()
         sc = script(texts, wl, cfg.seed, 1000 + rep)
         sides: list[tuple[str, Sample, Callable[[], Run]]] = [
             ("symphony", cmp.symphony, functools.partial(responses_turns, symphony, sc, wl)),

@@ -31,6 +31,7 @@ from bench.harness import (
     stopwatch,
     workload_args,
 )
+from bench.resources import combined
 
 NAME = "b12_scaleout"
 
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         cmp = Comparison("B2 socket only: 2 workers / 1", "tok/s", extra={"cpus": os.cpu_count()})
         interleaved(cfg.reps, lambda: two_workers_side(pair, wl, prompts), lambda: symphony_side(one, wl, prompts), cmp)
         result.comparisons.append(cmp)
+        result.sides = {"symphony": combined([w.resources() for w in pair]), "baseline": one.resources()}
         result.notes.append(
             f"{os.cpu_count()} CPUs shared by both workers: two workers compete for the same cores here; "
             "on a GPU host each worker owns its GPU, so its forwards do not slow the other's"

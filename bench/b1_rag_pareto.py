@@ -31,16 +31,20 @@ from dataclasses import asdict, dataclass
 
 from bench.baseline_vllm import VLLMBaseline
 from bench.harness import (
+    MIN_REPS,
     BenchConfig,
     BenchResult,
     Comparison,
     WorkerOptions,
     WorkerProcess,
+    baseline_blocks,
     config_dict,
     default_model,
+    fill_sides,
     hottest_docs,
     pareto_trace,
     random_tokens,
+    repetition_starts,
     share_out,
     stopwatch,
 )
@@ -128,7 +132,7 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, Workload]:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--model", default=None)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=MIN_REPS)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--seed", type=int, default=0)
     for f in ("docs", "doc_tokens", "question_tokens", "out_tokens", "requests", "in_flight"):
@@ -165,6 +169,7 @@ def run_b2_here(worker: WorkerProcess, base: VLLMBaseline, cfg: BenchConfig, sta
     wl2 = b2.QUICK
     res = BenchResult(b2.NAME, config_dict(cfg, **asdict(wl2), shared_with=NAME))
     res.comparisons.append(b2.compare(worker, base, wl2, cfg.reps, cfg.seed))
+    fill_sides(res, worker, base)
     res.notes.append("ran on B1's worker and baseline (same device page budget)")
     res.wall_s = time.perf_counter() - started
     res.print()
@@ -198,8 +203,11 @@ def main(argv: list[str] | None = None) -> int:
         b3_worker = WorkerProcess(b3.worker_options(cfg))
     try:
         extra = {"kv_offloading_size": a.vllm_offload_gib} if a.vllm_offload_gib else {}
+        # Equal KV bytes (the protocol): the worker's host tier is the same DRAM on a CPU host, so
+        # vLLM gets device + host pages; with its CPU offload (a GPU), the offload stands for it.
+        blocks = num_pages if extra else baseline_blocks(opts)
         base = VLLMBaseline(
-            cfg.model, num_pages, dtype=cfg.dtype, max_num_seqs=wl.in_flight, max_model_len=max_len, **extra
+            cfg.model, blocks, dtype=cfg.dtype, max_num_seqs=wl.in_flight, max_model_len=max_len, **extra
         )
         result.config["baseline"] = f"vLLM APC + CPU offload {a.vllm_offload_gib} GiB" if extra else "vLLM APC"
         worker.wait_ready()
@@ -219,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 cached: list[float] = []
                 distinct: list[int] = []
                 for i in range(cfg.reps):
+                    repetition_starts()
                     # Each repetition serves its own stretch of the request stream (and its own
                     # questions): replaying one stretch let vLLM's cache hold exactly its docs.
                     trace = pareto_trace(wl.docs, wl.requests, alpha, cfg.seed, part=i)
@@ -245,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 result.comparisons.append(cmp)
                 print("  " + cmp.line(), flush=True)
+        fill_sides(result, worker, base)
         if a.with_b2:
             run_b2_here(worker, base, cfg, time.perf_counter())
         result.memory = worker.memory()

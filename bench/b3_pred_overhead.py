@@ -22,6 +22,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from typing import Any
 
 from bench.harness import (
     BenchConfig,
@@ -137,6 +138,25 @@ class SocketSide:
         return elapsed / self.steps
 
 
+def engine_resources(engine: Any, max_batch: int) -> dict[str, Any]:
+    """The in-process engine's side of the record: it runs in this process, on the forward
+    threads it set up (``Engine.forward_threads``), with its own KV pages and page size."""
+    import os
+
+    from bench.harness import this_process_env
+    from bench.resources import side
+
+    return side(
+        pid=os.getpid(),
+        env=this_process_env(),
+        dtype=engine.dtype,
+        max_batch=max_batch,
+        kv_pages=engine.num_pages,
+        page_bytes=engine.page_bytes,
+        forward_threads=engine.forward_threads,
+    )
+
+
 def worker_options(cfg: BenchConfig) -> WorkerOptions:
     # Pages: 32 sequences x ceil((prompt + steps + 1) / block) pages, plus slack and page 0.
     return WorkerOptions(model=cfg.model, num_pages=32 * 2 + 8, dtype=cfg.dtype, max_model_len=1024)
@@ -204,6 +224,7 @@ def run(cfg: BenchConfig, worker: WorkerProcess, started: float) -> BenchResult:
                     thr.extra["overhead_pct"] = 100 * (thr.ratio - 1)
                     result.comparisons.append(thr)
                     print("  " + thr.line(), flush=True)
+        result.sides = {"symphony": worker.resources(), "baseline": engine_resources(engine, opts.max_num_seqs)}
         result.memory = worker.memory()
         result.memory["pred_reply_bytes"] = reply_bytes()
         result.memory["engine_stats"] = engine.stats()

@@ -36,6 +36,7 @@ from bench.harness import (
     WorkerProcess,
     max_len_for,
     random_tokens,
+    repetition_starts,
     run_standalone,
     run_threads,
     stopwatch,
@@ -173,6 +174,7 @@ def run(worker: WorkerProcess, base: VLLMBaseline, cfg: BenchConfig, wl: Workloa
     checks: list[PageCheck] = []
     cached: list[float] = []
     for i in range(cfg.reps):
+        repetition_starts()
         prompt = random_tokens(wl.prompt_tokens, cfg.seed, 5, i)
         vllm_tps: list[float] = []
         sides = [

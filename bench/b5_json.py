@@ -34,6 +34,7 @@ from bench.harness import (
     WorkerOptions,
     WorkerProcess,
     max_len_for,
+    repetition_starts,
     run_standalone,
     share_out,
     stopwatch,
@@ -168,6 +169,7 @@ def run(worker: WorkerProcess, base: VLLMBaseline, cfg: BenchConfig, wl: Workloa
     req = Comparison("json schema", "req/s")
     sym_out, base_out = Outputs(), Outputs()
     for i in range(cfg.reps):
+        repetition_starts()
         sides = [
             (lambda: symphony_side(worker, wl, ps, sym_out), (tok.symphony, req.symphony)),
             (lambda: baseline_side(base, wl, ps, base_out), (tok.baseline, req.baseline)),

@@ -50,8 +50,11 @@ from bench.harness import (
     Sample,
     WorkerOptions,
     WorkerProcess,
+    baseline_blocks,
+    fill_sides,
     max_len_for,
     random_tokens,
+    repetition_starts,
     run_standalone,
     run_threads,
     stopwatch,
@@ -264,6 +267,7 @@ def run(
         sides.append(Side(lambda p: serve_side(server, wl, tool, p, obs), [serve.baseline], [serve_tok.baseline]))
     try:
         for i in range(cfg.reps):
+            repetition_starts()
             ps = [random_tokens(wl.prompt_tokens, cfg.seed, 6, i, a) for a in range(wl.agents)]
             for side in sides if i % 2 == 0 else reversed(sides):
                 with stopwatch() as t:
@@ -313,11 +317,17 @@ def main(argv: list[str] | None = None) -> int:
             run(w, b, cfg, wl, r)
             return
         server = VLLMServer(
-            cfg.model, opts.num_pages, dtype=cfg.dtype, max_num_seqs=opts.max_num_seqs, max_model_len=opts.max_model_len
+            cfg.model,
+            baseline_blocks(opts),
+            dtype=cfg.dtype,
+            max_num_seqs=opts.max_num_seqs,
+            max_model_len=opts.max_model_len,
         )
         try:
             server.wait_ready()
             run(w, b, cfg, wl, r, server)
+            # The target row's baseline is the server; the offline loop is recorded beside it.
+            fill_sides(r, w, server, baseline_offline=b)
         finally:
             server.close()
 

@@ -50,6 +50,7 @@ from bench.harness import (
     WorkerProcess,
     max_len_for,
     random_tokens,
+    repetition_starts,
     run_standalone,
     stopwatch,
     workload_args,
@@ -229,6 +230,7 @@ def run(worker: WorkerProcess, base: Any, cfg: BenchConfig, wl: Workload, result
     counter_gaps: list[float] = []
     try:
         for i in range(cfg.reps):
+            repetition_starts()
             p2 = [random_tokens(w2.prompt_tokens, cfg.seed, 7, i, p) for p in range(w2.prompts)]
             p4 = random_tokens(w4.prompt_tokens, cfg.seed, 8, i)
             p6 = [random_tokens(w6.prompt_tokens, cfg.seed, 9, i, a) for a in range(w6.agents)]

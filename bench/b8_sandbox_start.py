@@ -114,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     with WorkerProcess(WorkerOptions(model=cfg.model, num_pages=8, max_model_len=512, max_num_seqs=4)) as worker:
         worker.wait_ready()
         measure(worker, wl, result)
+        # Both figures (warm pool, cold start) are of one worker: its resources on both sides.
+        result.sides = {"symphony": worker.resources(), "baseline": worker.resources()}
         result.memory = worker.memory()
     result.wall_s = time.perf_counter() - started
     result.print()

@@ -52,9 +52,12 @@ from bench.harness import (
     Comparison,
     WorkerOptions,
     WorkerProcess,
+    baseline_blocks,
     config_dict,
+    fill_sides,
     max_len_for,
     random_tokens,
+    repetition_starts,
     run_threads,
     share_out,
     stopwatch,
@@ -397,6 +400,7 @@ def run(stack: Stack, server: VLLMServer, cfg: BenchConfig, wl: Workload, result
     serve_side(server, wl, warm)
     print(f"  b9: warmed up both sides ({time.strftime('%H:%M:%S')})", flush=True)
     for i in range(cfg.reps):
+        repetition_starts()
         teams = teams_for(wl, cfg.seed, i)
         outcomes: dict[str, Outcome] = {}
         sides: list[tuple[str, Callable[[], tuple[float, Outcome]]]] = [
@@ -453,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
     worker = WorkerProcess(opts)
     server = VLLMServer(
         cfg.model,
-        opts.num_pages,
+        baseline_blocks(opts),
         dtype=cfg.dtype,
         max_num_seqs=opts.max_num_seqs,
         max_model_len=opts.max_model_len,
@@ -464,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         worker.wait_ready()
         with control_plane(worker, wl) as stack, worker.sample_pages():
             run(stack, server, cfg, wl, result)
+        fill_sides(result, worker, server)
         result.memory = worker.memory()
     finally:
         server.close()

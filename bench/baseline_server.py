@@ -21,13 +21,21 @@ import socket
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.baseline_vllm import engine_settings
 from bench.harness import wait_until_healthy
+from bench.resources import (
+    equal_compute_env,
+    forward_process,
+    kv_page_bytes,
+    parse_cache_config_info,
+    process_env,
+    side,
+)
 
 SERVER_START_TIMEOUT_S = 300.0
 
@@ -63,10 +71,16 @@ class VLLMServer:
         max_model_len: int = 2048,
         max_num_batched_tokens: int = 2048,
         extra_flags: Sequence[str] = (),
+        extra_env: Mapping[str, str] | None = None,
     ) -> None:
         """``extra_flags``: server (not engine) flags a benchmark needs, such as
-        ``--enable-prompt-tokens-details`` to get each request's cached prompt tokens (B11)."""
+        ``--enable-prompt-tokens-details`` to get each request's cached prompt tokens (B11).
+        The server's forward gets this process's CPUs, one OpenMP thread each, and the worker's
+        OpenMP wait policy (:func:`bench.resources.equal_compute_env`); ``extra_env`` overrides
+        that (B10 measures vLLM's default wait policy too)."""
         self.model = model
+        self.dtype = dtype
+        self.max_num_seqs = max_num_seqs
         self.port = free_port()
         self.log_path = Path(tempfile.mkdtemp(prefix="symb-serve-", dir="/tmp")) / "vllm-serve.log"
         limits = (max_num_seqs, max_model_len, max_num_batched_tokens)
@@ -90,9 +104,13 @@ class VLLMServer:
             **os.environ,
             "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
             "VLLM_LOGGING_LEVEL": "WARNING",
+            **equal_compute_env(os.sched_getaffinity(0)),
+            **(extra_env or {}),
         }
         # The server must not inherit the offline baseline's in-process setting.
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        #: The environment the server was started with (its side of the record reads it).
+        self.env = env
         with open(self.log_path, "wb") as fh:
             self.proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         self.block_size = 0
@@ -108,6 +126,27 @@ class VLLMServer:
                 conn.close()
 
         wait_until_healthy("vllm serve", self.proc, healthy, SERVER_START_TIMEOUT_S, self.log_path)
+
+    def resources(self) -> dict[str, Any]:
+        """This side's entry of the record's ``protocol.sides``, read from the running server:
+        the CPUs and OpenMP threads of the process that runs its forward (the deepest of its
+        process tree: API server -> EngineCore -> Worker), its KV blocks and block size from
+        ``vllm:cache_config_info`` on its ``/metrics``."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            conn.request("GET", "/metrics")
+            cache = parse_cache_config_info(conn.getresponse().read().decode())
+        finally:
+            conn.close()
+        forward = forward_process(self.proc.pid)
+        return side(
+            pid=forward,
+            env={**self.env, **process_env(forward)},
+            dtype=self.dtype,
+            max_batch=self.max_num_seqs,
+            kv_pages=int(cache["num_gpu_blocks"]),
+            page_bytes=kv_page_bytes(self.model, self.dtype, int(cache["block_size"])),
+        )
 
     def client(self) -> CompletionClient:
         return CompletionClient(self.port)

@@ -89,10 +89,33 @@ class VLLMBaseline:
 
         limits = (max_num_seqs, max_model_len, max_num_batched_tokens)
         settings = engine_settings(model, num_blocks, dtype, *limits, enable_prefix_caching)
+        self.model = model
         self.llm = LLM(**settings, **extra)
-        cache = self.llm.llm_engine.vllm_config.cache_config
+        config = self.llm.llm_engine.vllm_config
+        cache = config.cache_config
         self.block_size: int = int(cache.block_size)
         self.num_blocks: int = int(cache.num_gpu_blocks or num_blocks)
+        self.max_num_seqs: int = int(config.scheduler_config.max_num_seqs)
+        self.dtype: str = str(config.model_config.dtype).removeprefix("torch.")
+
+    def resources(self) -> dict[str, Any]:
+        """This side's entry of the record's ``protocol.sides``: the engine runs its forward in
+        this process (on the thread that built it), so its thread count is this thread's torch
+        threads, its CPUs this process's, its KV blocks the engine's own."""
+        import torch
+
+        from bench.harness import this_process_env
+        from bench.resources import kv_page_bytes, side
+
+        return side(
+            pid=os.getpid(),
+            env=this_process_env(),
+            dtype=self.dtype,
+            max_batch=self.max_num_seqs,
+            kv_pages=self.num_blocks,
+            page_bytes=kv_page_bytes(self.model, self.dtype, self.block_size),
+            forward_threads=torch.get_num_threads(),
+        )
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> GenStats:
         """Greedy, ``ignore_eos`` (fixed output length, as the Symphony LIPs do)."""

@@ -53,6 +53,15 @@ MIN_REPS = 5
 #: benchmark's own two sides saturate the CPUs; anything past that is someone else's work).
 BUSY_LOAD_BEFORE_PER_CPU = 0.5
 
+#: The OpenMP wait policy of both sides (the protocol's "equal compute"): the worker sets
+#: ``PASSIVE`` for its own forward (gpu_worker/__main__.py); a benchmark process that hosts a
+#: forward (the offline vLLM baseline, B3's engine) gets it too, set here before torch loads
+#: libgomp, which reads it once at start-up. ``OMP_POLICY_SET_HERE``: whether that held.
+OMP_WAIT_POLICY = "PASSIVE"
+OMP_POLICY_SET_HERE = "OMP_WAIT_POLICY" not in os.environ and "libgomp" not in Path("/proc/self/maps").read_text()
+if OMP_POLICY_SET_HERE:
+    os.environ["OMP_WAIT_POLICY"] = OMP_WAIT_POLICY
+
 # The LIP SDK (``import symphony``) lives in sandbox/; benchmarks run LIP code in-process.
 if str(ROOT / "sandbox") not in sys.path:
     sys.path.insert(0, str(ROOT / "sandbox"))
@@ -65,7 +74,7 @@ class BenchConfig:
 
     model: str
     quick: bool = False
-    reps: int = 3
+    reps: int = MIN_REPS
     #: Same dtype on both sides; float32 because bf16 is emulated (slow) on these CPUs.
     dtype: str = "float32"
     seed: int = 0
@@ -215,11 +224,17 @@ LOAD_PER_REP: list[float] = []
 LOAD_BEFORE = os.getloadavg()[0]
 
 
+def repetition_starts() -> None:
+    """Note the host's 1-minute load average as a timed repetition starts (the record's
+    ``protocol.load_per_rep``); every benchmark's repetition loop calls it first."""
+    LOAD_PER_REP.append(os.getloadavg()[0])
+
+
 def interleaved(reps: int, symphony: Callable[[], float], baseline: Callable[[], float], cmp: Comparison) -> None:
     """Run the two sides alternately ``reps`` times, recording into ``cmp`` (why: drift), and
     the host's load average at the start of each repetition."""
     for i in range(reps):
-        LOAD_PER_REP.append(os.getloadavg()[0])
+        repetition_starts()
         # Alternate which side goes first so a slow-down during one rep hits both evenly.
         order = [(symphony, cmp.symphony), (baseline, cmp.baseline)]
         for fn, sample in order if i % 2 == 0 else reversed(order):
@@ -251,7 +266,8 @@ class BenchResult:
     wall_s: float = 0.0
     #: What each side ran with, as the protocol asks the record to prove: ``{"symphony": {...},
     #: "baseline": {...}}`` with ``forward_threads``, ``cpu_affinity``, ``omp_wait_policy``,
-    #: ``dtype``, ``max_batch`` and ``kv_bytes`` each (:func:`side_resources`).
+    #: ``dtype``, ``max_batch`` and ``kv_bytes`` each, read from the running sides
+    #: (:func:`fill_sides`, :mod:`bench.resources`).
     sides: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -313,19 +329,23 @@ def machine() -> dict[str, Any]:
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "gpu": gpu, "torch": torch.__version__}
 
 
-def side_resources(
-    *, forward_threads: int, pid: int | None, omp_wait_policy: str | None, dtype: str, max_batch: int, kv_bytes: int
-) -> dict[str, Any]:
-    """One side's entry of ``BenchResult.sides``; the CPU affinity is read from the process
-    that runs the forward (``pid``; ``None``: this process)."""
-    return {
-        "forward_threads": forward_threads,
-        "cpu_affinity": sorted(os.sched_getaffinity(pid or 0)),
-        "omp_wait_policy": omp_wait_policy or "default",
-        "dtype": dtype,
-        "max_batch": max_batch,
-        "kv_bytes": kv_bytes,
-    }
+def this_process_env() -> dict[str, str]:
+    """The OpenMP-relevant environment this process's forward runs under: what it was started
+    with, plus the wait policy this module set before any OpenMP runtime was loaded."""
+    from bench.resources import process_env
+
+    env = process_env(os.getpid())
+    if OMP_POLICY_SET_HERE:
+        env["OMP_WAIT_POLICY"] = os.environ["OMP_WAIT_POLICY"]
+    return env
+
+
+def fill_sides(result: BenchResult, symphony: Any, baseline: Any, **more: Any) -> None:
+    """``result.sides`` from each side's :meth:`resources` (read from its running processes),
+    taken while both still run; ``more``: further baselines of the benchmark, by name."""
+    result.sides = {"symphony": symphony.resources(), "baseline": baseline.resources()}
+    for name, other in more.items():
+        result.sides[name] = other.resources()
 
 
 def rss_mb(pid: int, field_name: str = "VmHWM") -> float:
@@ -350,7 +370,10 @@ class WorkerOptions:
     max_model_len: int = 2048
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
-    host_pages: int = 4096
+    #: Host-tier pages (the worker's ``--host-pages``). On a CPU host they are the same DRAM the
+    #: baseline could hold KV in, so the protocol gives the baseline device + host pages
+    #: (:func:`baseline_blocks`); none unless a benchmark's workload needs a host tier.
+    host_pages: int = 0
     max_batch_wait_ms: float = 50.0
     #: The device pool's share no one account may hold (the worker's ``--kv-account-reserve``):
     #: none here, since the baseline is a single-tenant server given the same pool, and the
@@ -433,7 +456,13 @@ class WorkerProcess:
             "--log-level",
             "WARNING",
         ]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "sandbox")])}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "sandbox")]),
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", OMP_WAIT_POLICY),
+        }
+        #: The environment the worker was started with (its side of the record reads it).
+        self.env = env
         with open(self.log_path, "wb") as fh:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=fh, stderr=subprocess.STDOUT)
         self.admin = AdminClient(self.admin_socket, timeout=120)
@@ -487,6 +516,27 @@ class WorkerProcess:
         finally:
             stop.set()
             t.join()
+
+    def resources(self) -> dict[str, Any]:
+        """This side's entry of the record's ``protocol.sides``, read from the running worker:
+        its CPUs and OpenMP settings from ``/proc``, its KV pages (device + host tier) from its
+        ``stats``, its dtype and block size from its ``health``."""
+        from bench.resources import kv_page_bytes, side
+
+        health, kvfs = self.admin.health(), self.stats()["kvfs"]
+        pages = int(kvfs["total_pages"]) + int(kvfs.get("host_capacity_pages") or 0)
+        return {
+            **side(
+                pid=self.proc.pid,
+                env=self.env,
+                dtype=str(health["dtype"]),
+                max_batch=self.opts.max_num_seqs,
+                kv_pages=pages,
+                page_bytes=kv_page_bytes(self.opts.model, str(health["dtype"]), int(health["block_size"])),
+            ),
+            "device_pages": int(kvfs["total_pages"]),
+            "host_pages": int(kvfs.get("host_capacity_pages") or 0),
+        }
 
     def memory(self) -> dict[str, Any]:
         """Peak worker RSS and device pages (page 0 is reserved, so ``pages_total - 1`` usable)."""
@@ -587,7 +637,7 @@ def common_args(argv: list[str] | None, description: str) -> BenchConfig:
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", default=None)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=MIN_REPS)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
@@ -621,7 +671,7 @@ def workload_args(argv: list[str] | None, description: str, full: Any, quick: An
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--model", default=None)
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--reps", type=int, default=MIN_REPS)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--seed", type=int, default=0)
     sizes = [f for f in fields(full) if isinstance(getattr(full, f.name), int | float)]
@@ -653,7 +703,7 @@ def run_standalone(
     try:
         base = VLLMBaseline(
             cfg.model,
-            opts.num_pages,
+            baseline_blocks(opts),
             dtype=cfg.dtype,
             max_num_seqs=opts.max_num_seqs,
             max_model_len=opts.max_model_len,
@@ -662,6 +712,8 @@ def run_standalone(
         worker.wait_ready()
         with worker.sample_pages():
             measure(worker, base, result)
+        if not result.sides:  # a benchmark whose target baseline is another (B6) filled them
+            fill_sides(result, worker, base)
         result.memory = worker.memory()
         base.close()
     finally:
@@ -670,6 +722,13 @@ def run_standalone(
     result.print()
     print(f"  wrote {result.write()}")
     return result
+
+
+def baseline_blocks(opts: WorkerOptions) -> int:
+    """The baseline's KV blocks under the protocol's equal KV bytes: the worker's device pages
+    plus the host-tier pages it may use (on a CPU host the same DRAM; on a GPU, size vLLM's CPU
+    offload like the host tier instead)."""
+    return opts.num_pages + opts.host_pages
 
 
 def max_len_for(tokens: int, block_size: int = 128) -> int:

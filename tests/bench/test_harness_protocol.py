@@ -38,13 +38,6 @@ def test_a_host_busy_before_or_during_the_run_is_marked(monkeypatch: pytest.Monk
     assert result.protocol()["busy"] is True
 
 
-def test_a_sides_resources_name_its_cpus() -> None:
-    side = harness.side_resources(
-        forward_threads=2, pid=None, omp_wait_policy=None, dtype="float32", max_batch=64, kv_bytes=1 << 30
-    )
-    assert side["cpu_affinity"] and side["omp_wait_policy"] == "default" and side["kv_bytes"] == 1 << 30
-
-
 def test_a_record_names_the_model_without_this_machines_layout() -> None:
     """``config.model`` is relative to the checkout, or ``models/<name>`` outside it; no
     committed record holds an absolute path."""
@@ -59,3 +52,26 @@ def test_a_record_names_the_model_without_this_machines_layout() -> None:
     for record in sorted((harness.ROOT / "bench" / "results").glob("*.json")):
         text = json.dumps(json.loads(record.read_text()))
         assert str(harness.ROOT) not in text and '"/work/' not in text and '"/home/' not in text, record.name
+
+
+def test_fill_sides_reads_each_side_while_it_runs() -> None:
+    class Running:
+        def __init__(self, threads: int) -> None:
+            self.threads = threads
+
+        def resources(self) -> dict[str, int]:
+            return {"forward_threads": self.threads}
+
+    result = harness.BenchResult("b", {})
+    harness.fill_sides(result, Running(2), Running(1), baseline_offline=Running(3))
+    assert result.protocol()["sides"] == {
+        "symphony": {"forward_threads": 2},
+        "baseline": {"forward_threads": 1},
+        "baseline_offline": {"forward_threads": 3},
+    }
+
+
+def test_the_baseline_gets_the_workers_device_and_host_pages() -> None:
+    opts = harness.WorkerOptions(model="m", num_pages=40, host_pages=300)
+    assert harness.baseline_blocks(opts) == 340
+    assert harness.baseline_blocks(harness.WorkerOptions(model="m", num_pages=40)) == 40
