@@ -1,4 +1,4 @@
-"""``python -m bench all|b1|…|b12 [--quick] [--model DIR] [--reps N]``, and
+"""``python -m bench all|b1|…|b13 [--quick] [--model DIR] [--reps N]``, and
 ``python -m bench results`` (regenerate ``bench/RESULTS.md`` from ``bench/results/``, run nothing).
 
 Each benchmark runs in its own ``python -m bench.<module>`` subprocess: vLLM allows one engine per

@@ -193,6 +193,10 @@ def _b11(row: Row, record: Record) -> Verdict:
     return Verdict("— (the path without the in-process fast path, for reference)", None)
 
 
+def _b13(row: Row, record: Record) -> Verdict:
+    return Verdict("— (vLLM's own client: reported, no target)", None)
+
+
 @dataclass(frozen=True)
 class Benchmark:
     key: str
@@ -222,6 +226,9 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("b10", "b10_got", "B10 Graph-of-Thought", _b10, ("Symphony", "client loop over `vllm serve`")),
     Benchmark("b11", "b11_multiturn", "B11 multi-turn chat (OpenAI protocol)", _b11, ("Symphony", "`vllm serve`")),
     Benchmark("b12", "b12_scaleout", "B12 scale-out", _b12, ("two workers", "one worker")),
+    Benchmark(
+        "b13", "b13_vllm_client", "B13 vLLM's own client (`vllm bench serve`)", _b13, ("Symphony `/v1`", "`vllm serve`")
+    ),
 )
 
 

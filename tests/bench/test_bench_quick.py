@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from bench import results
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm]
@@ -33,6 +35,21 @@ def _bench(tmp_path: Path, *args: str) -> None:
         timeout=480,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+
+def _assert_equal_resources(bench: str, record: dict) -> None:
+    """The record proves the protocol's equal resources, read from the processes that ran: the
+    only thing a ``--reps 1`` quick run misses is the repetitions. B12 compares two workers with
+    one, so its sides are recorded but not alike."""
+    problems = results.protocol_problems(record)
+    sides = record["protocol"]["sides"]
+    assert all(key in sides[side] for side in ("symphony", "baseline") for key in results.SIDE_KEYS), sides
+    for side in ("symphony", "baseline"):
+        assert sides[side]["cpu_affinity"] and sides[side]["forward_threads"] >= 1 and sides[side]["kv_bytes"] > 0
+    if bench != "b12":
+        reps = record["config"]["reps"]
+        expected = [] if reps >= results.MIN_REPS else [f"{reps} repetitions (at least {results.MIN_REPS})"]
+        assert problems == expected, (bench, problems)
 
 
 def _assert_ratios(bench: str, rows: list[dict]) -> None:
@@ -54,6 +71,8 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
     assert any(c["name"].startswith("alpha") for c in b1["comparisons"])
     for c in b1["comparisons"]:
         assert len(c["symphony"]["values"]) >= 1 and len(c["baseline"]["values"]) >= 1
+    for output in ("b1_rag_pareto", "b2_completion", "b3_pred_overhead"):
+        _assert_equal_resources(output, json.loads((tmp_path / f"{output}.json").read_text()))
     b3 = json.loads((tmp_path / "b3_pred_overhead.json").read_text())
     assert b3["memory"]["pred_reply_bytes"]["pred_then_argmax"] > 0
     assert b3["memory"]["worker_peak_rss_mb"] > 0
@@ -72,6 +91,7 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
         ("b10", "b10_got", ()),
         ("b11", "b11_multiturn", ()),
         ("b12", "b12_scaleout", ()),
+        ("b13", "b13_vllm_client", ()),
     ],
 )
 def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple[str, ...], tmp_path: Path) -> None:
@@ -84,12 +104,15 @@ def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple
     the control plane against a client loop over ``vllm serve``; B10 runs
     examples/graph_of_thought.py's graph against a client loop over ``vllm serve``; B11 drives the whole
     control plane and ``vllm serve`` through the ``openai`` client; B12 runs B2's loop on
-    one worker and on two at once."""
+    one worker and on two at once; B13 drives Symphony's ``/v1`` and ``vllm serve`` with vLLM's
+    own benchmark client (every request must succeed). Every record proves both sides ran with
+    equal resources, read from their processes."""
     _bench(tmp_path, bench, "--reps", "1", *flags)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["failed"] == [] and set(summary["results"]) == {bench}
     _assert_ratios(bench, summary["results"][bench])
     detail = json.loads((tmp_path / f"{output}.json").read_text())
+    _assert_equal_resources(bench, detail)
     if bench != "b12":  # B12 compares throughput only; its two workers' memory is not recorded
         assert detail["memory"]["worker_peak_rss_mb"] > 0
     if bench == "b6":
@@ -110,6 +133,9 @@ def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple
         assert work["tokens prefilled per team"]["symphony"]["values"] == [prefilled]
         assert work["tokens computed per team"]["symphony"]["values"] == [prefilled + turns * cfg["reply_tokens"]]
         assert work["tokens prefilled per team"]["baseline"]["median"] > 0
+    if bench == "b13":  # vLLM's client measured requests/s, TTFT and TPOT on both sides
+        names = [c["name"] for c in detail["comparisons"]]
+        assert names == ["vllm bench serve, openai-chat, prefix_repetition", "TTFT p50", "TPOT p50"], names
     if bench == "b11":  # both sides through the openai client; (b) waits for /v1/responses
         names = [c["name"] for c in detail["comparisons"]]
         assert names[:3] == ["(a) multi-turn chat", "(a) TTFT p50", "1-token request p50"], names
