@@ -21,6 +21,9 @@ MAX_CHOICES = 8
 MAX_STOPS = 4
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGIT_BIAS = 1024
+#: The largest ``repetition_penalty`` taken (vLLM sets none; past this a seen token is as good
+#: as barred already, and a bound keeps the value finite).
+MAX_REPETITION_PENALTY = 100.0
 MAX_TOP_LOGPROBS = 20
 MAX_COMPLETION_LOGPROBS = 5
 MAX_PROMPTS = 16
@@ -179,6 +182,11 @@ class _CommonSerializer(serializers.Serializer):
     #: (``ignore_eos``); EOS and ``stop_token_ids`` are barred until ``min_tokens`` tokens.
     ignore_eos = serializers.BooleanField(required=False, allow_null=True)
     min_tokens = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    #: vLLM's repetition penalty: above 1 a token the prompt or the output already holds is made
+    #: less likely, below 1 more (built-in program: ``Sampler``); 1 leaves the choice alone.
+    repetition_penalty = serializers.FloatField(
+        min_value=0.0, max_value=MAX_REPETITION_PENALTY, required=False, allow_null=True
+    )
     stream = serializers.BooleanField(default=False, allow_null=True)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
     response_format = ResponseFormatSerializer(required=False, allow_null=True)
@@ -199,6 +207,11 @@ class _CommonSerializer(serializers.Serializer):
         if not isinstance(stops, list) or len(stops) > MAX_STOPS or not all(isinstance(s, str) and s for s in stops):
             raise serializers.ValidationError(f"stop must be a string or a list of up to {MAX_STOPS} strings")
         return stops
+
+    def validate_repetition_penalty(self, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise serializers.ValidationError("repetition_penalty must be greater than 0 (as vLLM answers)")
+        return value
 
     def validate_logit_bias(self, value: dict | None) -> dict[str, float] | None:
         if not value:
@@ -256,6 +269,7 @@ class _CommonSerializer(serializers.Serializer):
             "seed": data.get("seed"),
             "ignore_eos": bool(data.get("ignore_eos")),
             "min_tokens": data.get("min_tokens") or 0,
+            "repetition_penalty": data.get("repetition_penalty") or 1.0,
         }
         schema = _schema(self.initial_data.get("response_format"), data.get("response_format"))
         if schema is not None:

@@ -9,7 +9,8 @@ into the response (api/services/openai_compat.py). ``n`` choices share a prompt'
 
 args: ``messages`` (chat: already ``{role, content}`` strings, tools rendered) or ``prompts``
 (completions: a list of strings or token id lists), ``max_tokens``, ``temperature``, ``top_p``,
-``top_k``, ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``logit_bias`` (token id
+``top_k``, ``min_p``, ``presence_penalty``, ``frequency_penalty``, ``repetition_penalty`` (vLLM's:
+seen tokens' log-probabilities scaled, see ``Sampler.repetition_bias``), ``logit_bias`` (token id
 string -> offset), ``seed``, ``n``, ``stop`` (strings), ``stop_token_ids``, ``ignore_eos`` (the
 model's EOS does not end a choice), ``min_tokens`` (EOS and ``stop_token_ids`` are barred until a
 choice has that many tokens, as vLLM does), ``json_schema``
@@ -116,15 +117,19 @@ class Vocab:
 
 def _fused(args):
     """Whether the worker chooses each text token inside its ``pred`` (``pred_token``): not when
-    logprobs are asked (they are read from the Dist) nor with min-p (it needs the Dist's top
-    tokens first)."""
-    return args.get("logprobs") is None and float(args.get("min_p") or 0.0) <= 0
+    logprobs are asked (they are read from the Dist) nor with min-p or a repetition penalty
+    (they need the Dist's top tokens or the seen tokens' log-probabilities first)."""
+    return (
+        args.get("logprobs") is None
+        and float(args.get("min_p") or 0.0) <= 0
+        and float(args.get("repetition_penalty") or 1.0) == 1.0
+    )
 
 
 class Sampler:
     """One choice's token choice: temperature, top-p/top-k/min-p, logit bias and penalties."""
 
-    def __init__(self, args, index, ends=frozenset()):
+    def __init__(self, args, index, ends=frozenset(), prompt=()):
         self.temperature = float(args.get("temperature", 1.0))
         self.top_p = float(args.get("top_p", 1.0))
         self.top_k = int(args.get("top_k") or 0)
@@ -137,6 +142,26 @@ class Sampler:
         self.counts = {}
         #: Tokens barred before ``min_tokens``: those that would end the choice.
         self.ends, self.min_tokens = ends, int(args.get("min_tokens") or 0)
+        #: vLLM's ``repetition_penalty`` over the prompt's tokens and the choice's own.
+        self.repetition = float(args.get("repetition_penalty") or 1.0)
+        self.prompt_tokens = frozenset(int(t) for t in prompt)
+
+    def repetition_bias(self, dist, bias):
+        """``bias`` with the repetition penalty added: each token the prompt or this choice holds
+        has its log-probability multiplied by the penalty (above 1: less likely, below 1: more).
+        vLLM scales the raw logit instead, which the program never sees (the worker keeps it):
+        the same direction and fixed point (1 changes nothing), not the same numbers."""
+        if self.repetition == 1.0:
+            return bias
+        # This choice's own tokens first, then the prompt's, within the worker's bias bound.
+        seen = (sorted(self.counts) + sorted(self.prompt_tokens - self.counts.keys()))[:MAX_BIAS_ENTRIES]
+        out = dict(bias or {})
+        for tok, lp in zip(seen, dist.logprob(seen), strict=True):
+            if math.isfinite(lp):
+                out[tok] = out.get(tok, 0.0) + (self.repetition - 1.0) * lp
+        if len(out) > MAX_BIAS_ENTRIES:
+            out = dict(sorted(out.items(), key=lambda kv: -abs(kv[1]))[:MAX_BIAS_ENTRIES])
+        return out or None
 
     def bias(self, step):
         bias = dict(self.logit_bias)
@@ -170,7 +195,7 @@ class Sampler:
         return tok
 
     def choose(self, dist, step, mask=None, count=True):
-        bias = self.bias(step)
+        bias = self.repetition_bias(dist, self.bias(step))
         if self.min_p > 0 and mask is None:
             top = dist.topk(MIN_P_CANDIDATES)
             floor = top.logprobs[0] + math.log(self.min_p)
@@ -258,12 +283,12 @@ class Choice:
     ``first`` is the prompt's distribution (a Dist), or the first token already chosen by the
     worker in the prefill's ``pred_token`` (an int, with the ``text_mask`` it was chosen under)."""
 
-    def __init__(self, index, kv, first, args, ctx, text_mask=None):
+    def __init__(self, index, kv, first, args, ctx, text_mask=None, prompt=()):
         self.index, self.kv, self.args, self.ctx = index, kv, args, ctx
         #: The response grammar's state the prefill already chose the first token under.
         self.text_mask = text_mask
         self.dist, self.token = (None, first) if isinstance(first, int) else (first, None)
-        self.sampler = Sampler(args, index, frozenset(ctx.eos))
+        self.sampler = Sampler(args, index, frozenset(ctx.eos), prompt)
         self.max_tokens = int(args["max_tokens"])
         self.stops = args.get("stop") or []
         self.logprobs = args.get("logprobs")
@@ -271,7 +296,7 @@ class Choice:
         self.fused = _fused(args)
         #: Every step chooses alike: the worker may decode many tokens in one call.
         self.same_choice = self.fused and not (
-            self.sampler.presence or self.sampler.frequency or self.sampler.min_tokens
+            self.sampler.presence or self.sampler.frequency or self.sampler.min_tokens or self.sampler.repetition != 1.0
         )
         self.steps = 0
         self.sent = ""
@@ -657,20 +682,20 @@ def main(args):
         echoed = detokenize(prompt) if echo else ""
         kvs = [root] + [kv_fork(root) for _ in range(n - 1)]
         for j in range(n):
-            jobs.append((p_index * n + j, kvs[j], first, echoed, prompt_entries, text_mask))
+            jobs.append((p_index * n + j, kvs[j], first, echoed, prompt_entries, text_mask, prompt))
 
     choices = [None] * len(jobs)
     errors = []
 
     def decode(job):
-        index, kv, first, echoed, prompt_entries, text_mask = job
+        index, kv, first, echoed, prompt_entries, text_mask, prompt = job
         try:
             if echoed:
                 message = {"index": index, "delta": echoed}
                 if prompt_entries is not None:
                     message["logprobs"] = prompt_entries
                 send_to_user(message)
-            choice = Choice(index, kv, first, args, ctx, text_mask).run()
+            choice = Choice(index, kv, first, args, ctx, text_mask, prompt).run()
             if echoed:
                 choice["text"] = echoed + choice["text"]
                 if prompt_entries is not None:
