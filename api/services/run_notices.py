@@ -5,8 +5,11 @@ Why: a request that tried starting its run again every 0.25 s, each try a transa
 PostgreSQL, would keep the web process's 16-connection pool busy with a few dozen queued (another
 tenant's ``/quota`` measured 0.34 s instead of 0.03 s, spikes of 4 s). A slot frees only when a
 run of the tenant ends, and every run ends through ``publish_end`` (api/services/runs.py), which
-publishes here; the waiter subscribes *before* its try, so a run that ends between the try and
-the wait is not missed, and tries again once per notice (one try per state change).
+publishes here. A request tries first, without subscribing: nearly every request starts at
+once, and a subscription costs it a pub/sub connection of its own (connect, handshake,
+``SUBSCRIBE``, close: five round trips on the path of every answer). Only a refused request
+subscribes, then tries once more before it waits, so a run that ended between its first try and
+its subscription is not missed; then it tries again once per notice (one try per state change).
 
 A notice lost (Redis restarted between the try and the wait) costs the waiter only its queueing
 time: it tries once more at its deadline. Redis unreachable: it waits ``FALLBACK_POLL_S``
@@ -95,9 +98,13 @@ async def start_when_a_slot_frees(
 ) -> T | None:
     """``try_start()`` now, and again each time a run of the tenant ends, for up to ``wait_s``
     seconds (once more at the end); what it started, or ``None`` if it never could. A try
-    returns ``None`` while the tenant is at its concurrent-run limit."""
+    returns ``None`` while the tenant is at its concurrent-run limit. Subscribed only after a
+    first try was refused (the module docstring says why)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
+    started = await try_start()
+    if started is not None or wait_s <= 0:
+        return started
     async with ended_runs(tenant_id) as ended:
         while True:
             started = await try_start()
