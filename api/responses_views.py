@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import ObjectDoesNotExist, RequestDataTooBig
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 
@@ -27,7 +27,7 @@ from api.models import ApiKey, Run, StoredResponse
 from api.openai_views import _abandon, _allow, _key, _key_and_plan, _Refused, _start_leased
 from api.responses_serializers import ResponseCreateSerializer
 from api.run_events_view import sse_response, stream_entries
-from api.services import responses, run_notices, server_errors, stream_leases
+from api.services import responses, run_handoff, run_notices, server_errors, stream_leases
 from api.services.openai_compat import error_body
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded
 from api.services.responses import Turn
@@ -81,24 +81,35 @@ async def _start(key: ApiKey, turn: Turn, plan: PlanLimits) -> Turn:
     return started
 
 
+def _ended_run(turn: Turn) -> tuple[Run, int]:
+    """The turn's run as recorded once its ``end`` event was seen and its usage row's metered
+    ``cached_tokens`` (0 without one): handed over by this process's executor when it ran here
+    (api/services/run_handoff.py), else read in one statement."""
+    assert turn.run is not None
+    run = run_handoff.take(turn.run.pk) or Run.objects.select_related("usage").get(pk=turn.run.pk)
+    try:
+        return run, int(run.usage.cached_tokens)
+    except ObjectDoesNotExist:  # ended without a usage row
+        return run, 0
+
+
 def _finish(turn: Turn) -> tuple[int, dict]:
     """The status and body of a turn whose run ended (stored turns are settled first)."""
-    assert turn.run is not None
-    run = Run.objects.get(pk=turn.run.pk)
+    run, metered = _ended_run(turn)
     if run.status in ("failed", "timed_out"):
         if turn.row is not None:
-            responses.settle(turn.row)
+            responses.settle(turn.row, run, metered)
         message, request_id = server_errors.run_failure(run)
         return 408 if run.status == "timed_out" else 500, error_body(message, "server_error", request_id=request_id)
-    result = responses.outcome(run)
+    result = responses.outcome(run, metered)
     if result["status"] == "failed":  # the LIP refused the request: the client's input is at fault
         if turn.row is not None:
-            responses.settle(turn.row)
+            responses.settle(turn.row, run, metered)
         error = result["error"]
         return 400, error_body(error["message"], "invalid_request_error", error["code"], param=error.get("param"))
     if turn.row is not None:
-        return 200, responses.body(responses.settle(turn.row))
-    return 200, responses.body(turn, run)
+        return 200, responses.body(responses.settle(turn.row, run, metered))
+    return 200, responses.body(turn, run, metered=metered)
 
 
 async def _wait(run: Run) -> None:
@@ -284,11 +295,10 @@ class _Events:
 
 
 def _settled_body(turn: Turn) -> dict:
-    assert turn.run is not None
-    run = Run.objects.get(pk=turn.run.pk)
+    run, metered = _ended_run(turn)
     if turn.row is not None:
-        return responses.body(responses.settle(turn.row))
-    return responses.body(turn, run)
+        return responses.body(responses.settle(turn.row, run, metered))
+    return responses.body(turn, run, metered=metered)
 
 
 async def _events(turn: Turn, lease: stream_leases.Lease) -> AsyncGenerator[bytes, None]:

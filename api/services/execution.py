@@ -21,7 +21,7 @@ from api.services import failover, kvfiles
 from api.services.cancellation import CancelWatch
 from api.services.executor_liveness import ExecutorHeartbeat, Rider, executor_alive
 from api.services.procs import ProcessBroker
-from api.services.quotas import SANDBOX_RESOURCES, plan_limits, session_limits
+from api.services.quotas import SANDBOX_RESOURCES, PlanLimits, plan_limits, session_limits
 from api.services.run_args import program_args
 from api.services.runs import RunOutcome, checkpointed_usage, finish_run, start_run
 from gpu_worker.protocol import RunLimits
@@ -119,7 +119,7 @@ def _outcome(result, usage: dict, worker_error: str) -> RunOutcome:
 RECORD_ATTEMPTS = 5
 
 
-def _record_outcome(run_id: str, outcome: RunOutcome) -> str:
+def _record_outcome(run_id: str, outcome: RunOutcome, plan: PlanLimits | None = None) -> str:
     """finish_run, surviving a dropped database connection (restart, failover, idle kill during
     a long run): the connection is health-checked first and re-opened on failure, so the result
     and the usage are written instead of being lost with the task."""
@@ -127,7 +127,7 @@ def _record_outcome(run_id: str, outcome: RunOutcome) -> str:
     while True:
         close_old_connections()  # with CONN_HEALTH_CHECKS the next query first checks the link
         try:
-            return finish_run(run_id, outcome).status
+            return finish_run(run_id, outcome, plan).status
         except (OperationalError, InterfaceError) as exc:
             if attempt == RECORD_ATTEMPTS:
                 raise
@@ -143,17 +143,19 @@ def execute_run(
     attempt: int = 0,
     launch: Launch | None = None,
     riders: Sequence[Rider] = (),
+    plan: PlanLimits | None = None,
 ) -> str:
     """``target``: the worker the task was sent to (None: any, for tasks sent before re-routing
     existed); ``attempt``: how many times the run was re-routed (api/services/failover.py);
     ``launch``: how the program runs (default: the sandbox); ``riders``: keys refreshed with the
-    run's executor heartbeat (its slot lease)."""
+    run's executor heartbeat (its slot lease); ``plan``: the tenant's plan as the request that
+    created the run read it (an in-process run's; read here when not given)."""
     run = start_run(run_id, settings.SYMPHONY_WORKER_NAME, target)
     if run is None:
         return _handle_redelivery(run_id)
     with ExecutorHeartbeat(run_id, riders):
         try:
-            return _execute(run, launch or launch_sandbox)
+            return _execute(run, launch or launch_sandbox, plan)
         except _NotStarted as lost:
             return failover.reroute_unstarted(run_id, settings.SYMPHONY_WORKER_NAME, lost.cause, attempt)
 
@@ -195,7 +197,16 @@ def launch_sandbox(run: Run, session: Any, worker_limits: RunLimits) -> Any:
         return sandbox.run(_sandbox_spec(run, program_path, session, worker_limits))
 
 
-def _execute(run: Run, launch: Launch = launch_sandbox) -> str:
+def _names_kv_files(run: Run, launch: Launch) -> bool:
+    """Whether the run may have created, written or removed a named KV file, which the control
+    plane's mirror (api/services/kvfiles.py) then has to learn from the worker. Any sandboxed
+    program may; the built-in program (the only one launched otherwise) names one only for a
+    Responses conversation (its ``conversation`` argument), so a chat request pays for no
+    ``kv_list`` and no mirror update."""
+    return launch is launch_sandbox or "conversation" in program_args(run.args)
+
+
+def _execute(run: Run, launch: Launch = launch_sandbox, plan: PlanLimits | None = None) -> str:
     tenant = run.tenant.slug
     try:
         from gpu_worker.admin_client import AdminClient
@@ -204,7 +215,7 @@ def _execute(run: Run, launch: Launch = launch_sandbox) -> str:
         # A sandboxed program may spawn: this executor serves its spawns (ProcessBroker below).
         # The built-in program run in-process never does, and pays for no broker.
         spawns = launch is launch_sandbox
-        worker_limits = session_limits(run)
+        worker_limits = session_limits(run, plan)
         if spawns:
             worker_limits["spawn"] = True
         # The runs of one tree (a root and what it spawned) share channels on the worker.
@@ -230,9 +241,10 @@ def _execute(run: Run, launch: Launch = launch_sandbox) -> str:
     except Exception as exc:
         log.exception("run_failed run=%s tenant=%s", run.pk, tenant)
         outcome = RunOutcome(status="failed", error=f"{type(exc).__name__}: {exc}")
-    status = _record_outcome(str(run.pk), outcome)
-    try:
-        kvfiles.sync_worker(run.tenant, settings.SYMPHONY_WORKER_NAME)  # this executor's worker
-    except kvfiles.WorkerUnavailable:
-        log.warning("kv_sync_skipped run=%s tenant=%s", run.pk, tenant)
+    status = _record_outcome(str(run.pk), outcome, plan)
+    if _names_kv_files(run, launch):
+        try:
+            kvfiles.sync_worker(run.tenant, settings.SYMPHONY_WORKER_NAME)  # this executor's worker
+        except kvfiles.WorkerUnavailable:
+            log.warning("kv_sync_skipped run=%s tenant=%s", run.pk, tenant)
     return status

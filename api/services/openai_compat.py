@@ -8,6 +8,7 @@ LIP result / stream messages -> OpenAI response objects and chunks.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from dataclasses import dataclass
@@ -16,7 +17,6 @@ from typing import Any
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
 
 from api.models import ApiKey, Program, ProgramVersion, Run, Tenant
 from api.services import programs, trusted_runs
@@ -48,17 +48,27 @@ def model_name() -> str:
 
 
 def builtin_program(tenant: Tenant) -> Program:
-    """The tenant's built-in program, with the current built-in source as its latest version.
+    """The tenant's built-in program, with the current built-in source as its latest version."""
+    return builtin_version(tenant).program
+
+
+def builtin_version(tenant: Tenant) -> ProgramVersion:
+    """The latest version of the tenant's built-in program (with its program), made the current
+    built-in source first when it is not.
 
     Every /v1 request asks this, and nearly always the program and its version are already
-    current: one read says so, without the row lock and transaction that creating or
-    re-versioning takes (taken only then)."""
+    current: one read of the latest version joined with its program says so (the run is created
+    from that row), without the row lock and transaction that creating or re-versioning takes
+    (taken only then). The program's bytes are not read: the in-process path runs the file."""
     source, digest = trusted_runs.builtin_source()
-    latest_sha = ProgramVersion.objects.filter(program=OuterRef("pk")).order_by("-number").values("sha256")[:1]
     current = (
-        Program.objects.filter(tenant=tenant, name=BUILTIN_PROGRAM).annotate(latest_sha=Subquery(latest_sha)).first()
+        ProgramVersion.objects.select_related("program")
+        .defer("content")
+        .filter(program__tenant=tenant, program__name=BUILTIN_PROGRAM)
+        .order_by("-number")
+        .first()
     )
-    if current is not None and current.latest_sha == digest:
+    if current is not None and current.sha256 == digest:
         return current
     with transaction.atomic():
         program, _ = Program.objects.select_for_update().get_or_create(
@@ -68,21 +78,33 @@ def builtin_program(tenant: Tenant) -> Program:
         )
         latest = program.versions.order_by("-number").first()
         if latest is None or latest.sha256 != digest:
-            programs.add_version(program, "openai_compat.py", source)
-    return program
+            latest = programs.add_version(program, "openai_compat.py", source)
+    latest.program = program
+    return latest
 
 
 def start(tenant: Tenant, api_key: ApiKey | None, request: CompletionRequest, plan: PlanLimits | None = None) -> Run:
     """Create the run (quota-checked like any other); raises ``QuotaExceeded``. ``plan``: the
     tenant's plan as the request read it (read here when not given)."""
     plan = plan or plan_limits(tenant)
-    program = builtin_program(tenant)
+    version = builtin_version(tenant)
     # The worker meters the real count; the estimate only must not ask for more than the plan.
     limits = {"max_tokens": min(request.run_max_tokens, plan.max_tokens_per_run)}
     # The built-in program is ours: executed in this process when a local worker is reachable
-    # (api/services/trusted_runs.py), with the same run row, quotas, events and billing.
-    send = trusted_runs.submit if trusted_runs.available() else None
-    run, _ = create_run(tenant, program, None, request.args, limits, api_key=api_key, send=send, plan=plan)
+    # (api/services/trusted_runs.py), with the same run row, quotas, events and billing, and
+    # the plan this request read.
+    send = functools.partial(trusted_runs.submit, plan=plan) if trusted_runs.available() else None
+    run, _ = create_run(
+        tenant,
+        version.program,
+        None,
+        request.args,
+        limits,
+        api_key=api_key,
+        send=send,
+        plan=plan,
+        program_version=version,
+    )
     return run
 
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from api.models import AuditLog, QuotaNotice, Tenant
 from api.services import mail
-from api.services.quotas import plan_limits, tokens_this_month
+from api.services.quotas import PlanLimits, plan_limits, tokens_this_month
 
 log = logging.getLogger(__name__)
 
@@ -29,10 +29,11 @@ def thresholds() -> list[int]:
     return sorted({int(p) for p in settings.SYMPHONY_QUOTA_ALERT_PERCENTS})
 
 
-def check_tokens(tenant: Tenant) -> QuotaNotice | None:
+def check_tokens(tenant: Tenant, plan: PlanLimits | None = None) -> QuotaNotice | None:
     """Record and mail the notice for the highest token threshold newly crossed; None when
-    nothing new was crossed (or the plan has no monthly quota)."""
-    limit = plan_limits(tenant).tokens_per_month
+    nothing new was crossed (or the plan has no monthly quota). ``plan``: the tenant's plan when
+    the caller has read it already."""
+    limit = (plan or plan_limits(tenant)).tokens_per_month
     if not limit or tenant.closed_at is not None:
         return None
     used = tokens_this_month(tenant)
@@ -64,9 +65,9 @@ def check_tokens(tenant: Tenant) -> QuotaNotice | None:
     return notice
 
 
-def after_usage(tenant: Tenant) -> None:
+def after_usage(tenant: Tenant, plan: PlanLimits | None = None) -> None:
     """Called once a run's usage is recorded; never fails the caller (billing is done)."""
     try:
-        check_tokens(tenant)
+        check_tokens(tenant, plan)
     except Exception:
         log.exception("quota_notice_failed tenant=%s", tenant.slug)

@@ -9,7 +9,7 @@ from datetime import date
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Max, Sum
+from django.db.models import Count, Max, Q, Sum
 from django.utils import timezone
 
 from api.models import KVFile, Plan, Run, Tenant, UsageRecord
@@ -173,20 +173,25 @@ def lock_account(tenant: Tenant) -> None:
         list(get_user_model().objects.select_for_update().filter(pk=tenant.account_id).values_list("pk", flat=True))
 
 
-def account_run_cap(tenant: Tenant) -> int | None:
+def account_run_cap(tenant: Tenant, plan: PlanLimits | None = None) -> int | None:
     """Concurrent runs across every open tenant the account created: the best of their plans'
-    ``max_concurrent_runs`` (creating tenants adds none); ``None`` for a tenant with no account."""
+    ``max_concurrent_runs`` (creating tenants adds none); ``None`` for a tenant with no account.
+    ``plan``: the tenant's own plan when the caller has read it already."""
     if tenant.account_id is None:
         return None
     names = Tenant.objects.filter(account_id=tenant.account_id, closed_at__isnull=True).values("plan")
     best = Plan.objects.filter(name__in=names).aggregate(m=Max("max_concurrent_runs"))["m"]
-    own = plan_limits(tenant).max_concurrent_runs  # a tenant on a plan with no row: FALLBACK
+    own = (plan or plan_limits(tenant)).max_concurrent_runs  # a tenant on a plan with no row: FALLBACK
     return max(best or 0, own)
 
 
-def _active_account_runs(tenant: Tenant) -> int:
-    """Live run trees across the account's tenants (a tree counts once, as ``_active_runs``)."""
-    return Run.objects.filter(tenant__account_id=tenant.account_id, status__in=LIVE, parent__isnull=True).count()
+def _active_runs_with_account(tenant: Tenant) -> tuple[int, int]:
+    """Live run trees of the tenant and across its account's tenants (a tree counts once, as
+    ``_active_runs``), in one statement: both are counted on the path of every run creation."""
+    counts = Run.objects.filter(tenant__account_id=tenant.account_id, status__in=LIVE, parent__isnull=True).aggregate(
+        own=Count("pk", filter=Q(tenant_id=tenant.pk)), account=Count("pk")
+    )
+    return int(counts["own"]), int(counts["account"])
 
 
 def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None, *, child: bool = False) -> None:
@@ -196,11 +201,17 @@ def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None
     plan = plan or plan_limits(tenant)
     # Only what is checked here is counted (not current_use's KV sums): every run creation,
     # each /v1 request included, runs this under its tenant's row lock.
-    if not child and _active_runs(tenant) >= plan.max_concurrent_runs:
-        raise ConcurrencyLimitReached(f"plan {tenant.plan} allows {plan.max_concurrent_runs} concurrent runs")
     # Under the account's row lock (lock_account): a person's tenants share one bound.
-    account_cap = None if child else account_run_cap(tenant)
-    if account_cap is not None and _active_account_runs(tenant) >= account_cap:
+    account_cap = None if child else account_run_cap(tenant, plan)
+    if child:
+        own = account = 0
+    elif account_cap is None:
+        own, account = _active_runs(tenant), 0
+    else:
+        own, account = _active_runs_with_account(tenant)
+    if not child and own >= plan.max_concurrent_runs:
+        raise ConcurrencyLimitReached(f"plan {tenant.plan} allows {plan.max_concurrent_runs} concurrent runs")
+    if account_cap is not None and account >= account_cap:
         raise ConcurrencyLimitReached(
             f"your account allows {account_cap} concurrent runs across all the tenants it created"
             " (the best of their plans' max_concurrent_runs); wait for one to finish"
@@ -213,12 +224,14 @@ def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None
         raise QuotaExceeded(f"monthly token quota of {plan.tokens_per_month} is used up")
 
 
-def session_limits(run: Run) -> RunLimits:
+def session_limits(run: Run, plan: PlanLimits | None = None) -> RunLimits:
     """The limits the worker enforces for ``run``: the run's own (validated when it was created:
     api/serializers.py ``RunLimitsSerializer``), capped by the plan, with the monthly token
-    allowance left as a further cap on tokens and the tenant's allowlist as the widest one."""
+    allowance left as a further cap on tokens and the tenant's allowlist as the widest one.
+    ``plan``: the tenant's plan as the request that created the run read it (read here when not
+    given)."""
     tenant = run.tenant
-    plan = plan_limits(tenant)
+    plan = plan or plan_limits(tenant)
     requested = run.limits
     max_tokens = min(int(requested.get("max_tokens") or plan.max_tokens_per_run), plan.max_tokens_per_run)
     if plan.tokens_per_month is not None:

@@ -24,6 +24,7 @@ this module adds:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -78,6 +79,8 @@ class Turn:
     row: StoredResponse | None = None
     run: Run | None = None
     kv_name: str = ""
+    #: The plan's ``response_kv_ttl_s`` as the request read it (0: no conversation KV file).
+    kv_ttl_s: int = 0
     extra: dict = field(default_factory=dict)
 
 
@@ -231,7 +234,8 @@ def prepare(tenant: Tenant, serializer: Any) -> Turn:
             "mode": "auto" if choice == "auto" else "required",
             "parallel": echo["parallel_tool_calls"],
         }
-    if _kv_ttl(tenant):
+    turn.kv_ttl_s = _kv_ttl(tenant)
+    if turn.kv_ttl_s:
         if store:
             turn.kv_name = (previous.kv_name if previous is not None else "") or f"{KV_PREFIX}{turn.id.hex}"
             args["conversation"] = {"name": turn.kv_name, "write": True}
@@ -263,10 +267,12 @@ def start(tenant: Tenant, api_key: ApiKey | None, turn: Turn, plan: PlanLimits |
     tenant's plan as the request read it (read here when not given)."""
     assert turn.completion is not None
     plan = plan or plan_limits(tenant)
-    with transaction.atomic():
+    # One transaction for the run and a stored turn's row; an unstored turn's run is created in
+    # create_run's own (an outer one only added a savepoint around it).
+    with transaction.atomic() if turn.store else contextlib.nullcontext():
         turn.run = openai_compat.start(tenant, api_key, turn.completion, plan)
         if turn.store:
-            ttl = _kv_ttl(tenant)
+            ttl = turn.kv_ttl_s
             expires = timezone.now() + timedelta(seconds=ttl + plan.max_run_seconds) if ttl else None
             turn.row = StoredResponse.objects.create(
                 id=turn.id,
@@ -315,17 +321,19 @@ def call_item(run: Run, call: dict, arguments: str | None = None) -> dict:
     }
 
 
-def usage(run: Run) -> dict:
+def usage(run: Run, metered: int | None = None) -> dict:
     """OpenAI's usage of a finished turn (sync code only: it reads the run's usage row).
     ``cached_tokens``: the prompt tokens not computed: those the conversation's kept KV file
     shared with the prompt (what the built-in program reports) plus those the worker's prefix
     cache served. The worker's metered count has both, but it counts the whole kept file at its
     open, also the part a changed prompt (other instructions, an edited turn) truncated away: that
-    part, what the file held less what was reused, is taken off it."""
+    part, what the file held less what was reused, is taken off it. ``metered``: the usage row's
+    ``cached_tokens`` when the caller has the row (read here when not given)."""
     result: dict = run.result if isinstance(run.result, dict) else {}
     used = result.get("usage") or {}
     prompt, completion = int(used.get("prompt_tokens", 0)), int(used.get("completion_tokens", 0))
-    metered = UsageRecord.objects.filter(run_id=run.pk).values_list("cached_tokens", flat=True).first() or 0
+    if metered is None:
+        metered = UsageRecord.objects.filter(run_id=run.pk).values_list("cached_tokens", flat=True).first() or 0
     reused = int(used.get("cached_tokens", 0))
     dropped = max(0, int(used.get("opened_tokens", reused)) - reused)
     cached = min(prompt, max(reused, int(metered) - dropped))
@@ -338,8 +346,9 @@ def usage(run: Run) -> dict:
     }
 
 
-def outcome(run: Run) -> dict:
-    """What a finished run makes of a response: status, output, usage, error, incomplete."""
+def outcome(run: Run, metered: int | None = None) -> dict:
+    """What a finished run makes of a response: status, output, usage, error, incomplete.
+    ``metered``: as :func:`usage` takes it."""
     if run.status == "succeeded":
         refused = openai_compat.refusal(openai_compat_request(), run)
         if refused is not None:
@@ -352,7 +361,8 @@ def outcome(run: Run) -> dict:
             return {"status": "failed", "output": [], "usage": None, "error": error, "incomplete": None}
         items, incomplete = output_items(run)
         status = "incomplete" if incomplete else "completed"
-        return {"status": status, "output": items, "usage": usage(run), "error": None, "incomplete": incomplete}
+        used = usage(run, metered)
+        return {"status": status, "output": items, "usage": used, "error": None, "incomplete": incomplete}
     if run.status == "cancelled":
         return {"status": "cancelled", "output": [], "usage": None, "error": None, "incomplete": None}
     if run.status in Run.TERMINAL:
@@ -368,19 +378,24 @@ def openai_compat_request() -> CompletionRequest:
     return CompletionRequest(chat=True, args={}, stream=False, model=openai_compat.model_name(), run_max_tokens=0)
 
 
-def settle(row: StoredResponse) -> StoredResponse:
+def settle(row: StoredResponse, ended: Run | None = None, metered: int | None = None) -> StoredResponse:
     """Record the outcome of a stored response whose run ended (idempotent; a response still
-    running is left as it is). The chain's KV file lives on ``response_kv_ttl_s`` from now."""
+    running is left as it is). The chain's KV file lives on ``response_kv_ttl_s`` from now.
+    ``ended`` and ``metered``: the row's run as recorded once it ended, and its usage row's
+    ``cached_tokens``, when the caller has them (read here when not given)."""
     if row.status not in ("queued", "in_progress") or row.run_id is None:
         return row
-    run = Run.objects.get(pk=row.run_id)
-    result = outcome(run)
+    if ended is not None and ended.pk == row.run_id:
+        run = ended
+    else:
+        run, metered = Run.objects.get(pk=row.run_id), None
+    result = outcome(run, metered)
     if result["status"] == "in_progress":
         if run.status == "running" and row.status == "queued":
             row.status = "in_progress"
         return row
     with transaction.atomic():
-        locked = StoredResponse.objects.select_for_update().get(pk=row.pk)
+        locked = StoredResponse.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=row.pk)
         if locked.status not in ("queued", "in_progress"):
             return locked
         locked.status = result["status"]
@@ -396,9 +411,11 @@ def settle(row: StoredResponse) -> StoredResponse:
     return locked
 
 
-def body(turn_or_row: Turn | StoredResponse, run: Run | None = None, status: str | None = None) -> dict:
+def body(
+    turn_or_row: Turn | StoredResponse, run: Run | None = None, status: str | None = None, metered: int | None = None
+) -> dict:
     """OpenAI's response object, of a turn being served (with its run when it ended) or of a
-    stored row."""
+    stored row. ``metered``: as :func:`usage` takes it."""
     if isinstance(turn_or_row, StoredResponse):
         row = turn_or_row
         echo = dict(row.request)
@@ -415,7 +432,7 @@ def body(turn_or_row: Turn | StoredResponse, run: Run | None = None, status: str
         turn = turn_or_row
         echo = dict(turn.echo)
         if run is not None and run.status in Run.TERMINAL:
-            result = outcome(run)
+            result = outcome(run, metered)
         else:
             result = {"status": status or "in_progress", "output": [], "usage": None, "error": None, "incomplete": None}
         rid, created, store, background = turn.id, turn.created_at, turn.store, turn.background

@@ -19,7 +19,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.utils import timezone
 
 from api import dispatch, redis_client
-from api.models import ApiKey, AuditLog, Program, Run, Tenant, UsageRecord
+from api.models import ApiKey, AuditLog, Program, ProgramVersion, Run, Tenant, UsageRecord
 from api.services import cancellation, quota_alerts, routing, run_handoff, run_notices, tool_hosts
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
@@ -169,11 +169,6 @@ def _expire_if_finished(client: redis.Redis, keys: list[bytes]) -> int:
     return len(finished)
 
 
-def _tenant_closed(tenant_id: int) -> bool:
-    """Read fresh from the database: a request may hold a Tenant loaded before the close."""
-    return Tenant.objects.filter(pk=tenant_id, closed_at__isnull=False).exists()
-
-
 def create_run(
     tenant: Tenant,
     program: Program,
@@ -185,6 +180,7 @@ def create_run(
     send: Callable[[Run], object] | None = None,
     plan: PlanLimits | None = None,
     name: str = "",
+    program_version: ProgramVersion | None = None,
 ) -> tuple[Run, bool]:
     """Create a queued run (or return the earlier one with the same Idempotency-Key).
 
@@ -199,6 +195,7 @@ def create_run(
     OpenAI program's runs may be executed in process, api/services/trusted_runs.py). ``plan``:
     the tenant's plan as the caller's request already read it (read again here when not given).
     ``name``: what to call the run; empty, its program's name and first argument.
+    ``program_version``: the row of ``version`` of ``program`` when the caller read it already.
     """
     digest = _request_digest(program, version, args, limits) if idempotency_key else ""
     if idempotency_key:
@@ -206,8 +203,10 @@ def create_run(
         if existing is not None:
             return _replay(existing, idempotency_key, digest)
     tool_hosts.check_run_hosts(tenant, limits)
-    versions = program.versions.order_by("-number")
-    pv = versions.filter(number=version).first() if version else versions.first()
+    pv = program_version
+    if pv is None:
+        versions = program.versions.order_by("-number")
+        pv = versions.filter(number=version).first() if version else versions.first()
     if pv is None:
         raise RunConflict(f"program {program.pk} has no version {version or '(any)'}")
     try:
@@ -376,8 +375,10 @@ def start_run(run_id: str, worker: str, target: str | None = None) -> Run | None
     from this stale task (its new task is in the other worker's queue)."""
     with transaction.atomic():
         # Its tenant and program version in the same statement: the executor reads both next
-        # (each a query on the path of every run). The program's bytes are left for the sandbox
-        # launcher to load; the in-process one never needs them.
+        # (each a query on the path of every run), and the tenant's ``closed_at`` is read fresh
+        # here (a close committed before this statement is seen; one committed after it cancels
+        # the run it finds running, api/services/tenant_closure.py). The program's bytes are
+        # left for the sandbox launcher to load; the in-process one never needs them.
         run = (
             Run.objects.select_for_update(of=("self",))
             .select_related("tenant", "program_version")
@@ -390,7 +391,7 @@ def start_run(run_id: str, worker: str, target: str | None = None) -> Run | None
         if target is not None and run.worker and run.worker != target:
             log.info("stale_task_dropped run=%s sent_to=%s now_on=%s", run_id, target, run.worker)
             return None
-        if _tenant_closed(run.tenant_id):
+        if run.tenant.closed_at is not None:
             # Created in the moment its tenant closed (api/services/tenant_closure.py).
             run.status, run.finished_at = "cancelled", timezone.now()
             run.save(update_fields=["status", "finished_at"])
@@ -475,10 +476,11 @@ def cancel_run(run: Run, actor=None, api_key: ApiKey | None = None) -> Run:
     return locked
 
 
-def finish_run(run_id: str, outcome: RunOutcome) -> Run:
+def finish_run(run_id: str, outcome: RunOutcome, plan: PlanLimits | None = None) -> Run:
     """Record the end of a run and its usage in one transaction, then publish status/end.
 
-    A run cancelled meanwhile keeps its status but still gets its usage billed.
+    A run cancelled meanwhile keeps its status but still gets its usage billed. ``plan``: the
+    tenant's plan as the request that created the run read it, for the quota notices.
     """
     with transaction.atomic():
         run = Run.objects.select_for_update(of=("self",)).select_related("tenant").get(pk=run_id)
@@ -500,7 +502,7 @@ def finish_run(run_id: str, outcome: RunOutcome) -> Run:
         record = _record_usage(run, usage)
     run_handoff.offer(run, record)  # before its end event: the request waiting on it takes it then
     publish_end(run)
-    quota_alerts.after_usage(run.tenant)
+    quota_alerts.after_usage(run.tenant, plan)
     log.info("run_finished run=%s tenant=%s status=%s", run.pk, run.tenant.slug, run.status)
     return run
 

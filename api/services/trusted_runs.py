@@ -60,6 +60,7 @@ from django.db import close_old_connections, connection
 
 from api.models import ProgramVersion, Run
 from api.services import run_handoff
+from api.services.quotas import PlanLimits
 from api.services.run_args import program_args
 from gpu_worker.protocol import RunLimits
 
@@ -124,9 +125,11 @@ def _executor() -> tuple[ThreadPoolExecutor, threading.BoundedSemaphore]:
         return _pool, _slots
 
 
-def submit(run: Run) -> None:
+def submit(run: Run, plan: PlanLimits | None = None) -> None:
     """Dispatch a committed, queued run (``create_run``'s ``send``): in-process when it is the
     built-in program and a thread is free, else to Celery as usual. Never blocks on the run.
+    ``plan``: the tenant's plan as the request read it, which the in-process run then uses for
+    its session limits and quota notices instead of reading it twice more.
 
     Never queued in memory: a run waiting in this process's pool would be lost with the
     process (left ``queued``, holding its tenant's concurrency slot, with no task anywhere to
@@ -143,14 +146,14 @@ def submit(run: Run) -> None:
         return
     try:
         run_handoff.expect(run.pk)
-        pool.submit(_execute, str(run.pk), settings.SYMPHONY_WORKER_NAME, slots)
+        pool.submit(_execute, str(run.pk), settings.SYMPHONY_WORKER_NAME, slots, plan)
     except BaseException:
         slots.release()
         raise
     log.info("run_dispatched_in_process run=%s tenant=%s", run.pk, run.tenant.slug)
 
 
-def _execute(run_id: str, worker: str, slots: threading.BoundedSemaphore) -> None:
+def _execute(run_id: str, worker: str, slots: threading.BoundedSemaphore, plan: PlanLimits | None = None) -> None:
     """A pool thread: the executor's own ``execute_run`` with the in-process launcher
     (``start_run`` records the worker, as for a Celery task sent to it)."""
     from api.services.execution import execute_run
@@ -158,7 +161,7 @@ def _execute(run_id: str, worker: str, slots: threading.BoundedSemaphore) -> Non
     close_old_connections()
     try:
         _keep_connection()
-        execute_run(run_id, target=worker, launch=launch_in_process)
+        execute_run(run_id, target=worker, launch=launch_in_process, plan=plan)
     except Exception as exc:
         log.exception("trusted_run_failed run=%s", run_id)
         _settle(run_id, exc)
