@@ -15,6 +15,7 @@ takes, not on the path; they are counted apart and bounded loosely.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import threading
 import time
@@ -144,8 +145,6 @@ def costs(monkeypatch) -> Iterator[Costs]:
         async def counting_async(self: Any, *args: Any, **kwargs: Any) -> Any:
             record(self, *args)
             return await original(self, *args, **kwargs)
-
-        import inspect
 
         monkeypatch.setattr(owner, name, counting_async if inspect.iscoroutinefunction(original) else counting)
 
