@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from api.models import Run
-from api.services import failover, kvfiles, trusted_runs
+from api.services import failover, kvfiles
 from api.services.cancellation import CancelWatch
 from api.services.executor_liveness import ExecutorHeartbeat, Rider, executor_alive
 from api.services.procs import ProcessBroker
@@ -200,10 +200,11 @@ def launch_sandbox(run: Run, session: Any, worker_limits: RunLimits) -> Any:
 def _names_kv_files(run: Run, launch: Launch) -> bool:
     """Whether the run may have created, written or removed a named KV file, which the control
     plane's mirror (api/services/kvfiles.py) then has to learn from the worker. Any sandboxed
-    program may; the built-in program (the only one run in-process) names one only for a
+    program may; the built-in program (the only one run in-process: trusted_runs launches it only
+    after checking its source) names one only for a
     Responses conversation (its ``conversation`` argument), so a chat request pays for no
     ``kv_list`` and no mirror update."""
-    if launch is launch_sandbox or not trusted_runs.is_builtin(run.program_version):
+    if launch is launch_sandbox:
         return True
     return "conversation" in program_args(run.args)
 
