@@ -151,3 +151,23 @@ def gpu_worker_process(tiny_model_dir: Path) -> Iterator[RunningWorker]:
     """One worker on the tiny model (float32) shared by the whole test session."""
     with start_worker(tiny_model_dir) as worker:
         yield worker
+
+
+@pytest.fixture
+def empty_stream_pool() -> None:
+    """Forget the retained run streams earlier tests left in the stack's Redis, and their ledger.
+
+    Why: each account may hold an equal share of the Redis stream pool among the accounts that
+    hold some (gpu_worker/stream_ledger.py). Every test makes new accounts, so late in a full run
+    a couple of hundred of them hold streams and a new account's share (~2 MB) falls under the
+    plan budget a test means to reach. Tests run one at a time, so those streams are done with.
+    """
+    import redis
+
+    from gpu_worker import stream_ledger
+
+    client = redis.Redis.from_url(redis_db_url(0))
+    stale = list(client.scan_iter(match="run:*", count=1000))
+    for start in range(0, len(stale), 500):
+        client.delete(*stale[start : start + 500])
+    client.delete(*stream_ledger.KEYS)

@@ -65,7 +65,7 @@ def _message_bytes(chars: int) -> int:
     return len("token") + len(f'{{"text": "{"é" * chars}"}}'.encode())
 
 
-def test_send_to_user_is_bounded_per_message_and_per_run_and_metered(lip_runner):
+def test_send_to_user_is_bounded_per_message_and_per_run_and_metered(lip_runner, empty_stream_pool):
     run_id = f"flood-{uuid.uuid4().hex[:8]}"
     events = redis.Redis.from_url(redis_db_url(0))
     try:
@@ -103,7 +103,7 @@ def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_plans_stream_budget_reaches_the_worker_and_streamed_bytes_are_billed(
-    stack, api_tenant_a, api_tenant_b, tmp_path
+    stack, api_tenant_a, api_tenant_b, tmp_path, empty_stream_pool
 ):
     from api.models import Plan, Run, UsageRecord
     from symphony_client import Client
