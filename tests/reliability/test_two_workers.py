@@ -452,3 +452,99 @@ def test_drain_then_remove_a_worker(two_workers, api_tenant_a, settings, tmp_pat
     (ctx,) = [f for f in listed if f["name"] == "ctx"]
     assert client.delete(f"/api/v1/kv-files/{ctx['id']}").status_code == 204
     assert "ctx" not in {f["name"] for f in client.get("/api/v1/kv-files").json()["results"]}
+
+
+HOLDING_WRITER = b"""
+import time
+
+from symphony import kv_create, kv_open, pred, send_to_user
+
+
+def main(args):
+    kv = kv_create("log")
+    pred(kv, args["prompt"])[-1].release()
+    kv.close()  # generation 1 in the store
+    kv = kv_open("log", "w")  # takes the write lease again
+    pred(kv, [7, 8, 9])[-1].release()  # appends that are never flushed
+    send_to_user("holding")
+    time.sleep(args["hold"])
+    return {"closed": False}
+"""
+
+LEASE_WAITER = b"""
+import time
+
+from symphony import Busy, kv_len, kv_open
+
+
+def main(args):
+    tries, busy = 0, None
+    while True:
+        tries += 1
+        try:
+            kv = kv_open("log", "w")
+            break
+        except Busy as exc:
+            busy = str(exc)
+            time.sleep(0.5)
+    opened_at = time.time()
+    n = kv_len(kv)
+    kv.close()
+    return {"tries": tries, "busy": busy, "opened_at": opened_at, "len": n}
+"""
+
+
+def test_a_dead_workers_write_lease_is_free_when_it_expires(two_workers, api_tenant_a, settings):
+    """A worker SIGKILLed while a run holds a named file open for writing leaves the lease in the
+    store: the other worker's writer gets ``Busy`` until the lease's ``expires`` (at most the
+    lease TTL after the last renewal), then opens the file at its last flushed generation (the
+    dead worker's unflushed appends are lost, as docs/DEPLOY.md says)."""
+    import json
+
+    from api.models import Program, Run
+    from api.services import programs
+    from api.services.runs import create_run
+    from gpu_worker.kvfs.lease import DEFAULT_LEASE_TTL_S
+
+    a, b = two_workers
+    tenant = api_tenant_a.tenant
+    tenant.plan = "pro"
+    tenant.save()
+    holder, waiter = (
+        Program.objects.create(tenant=tenant, name="holder"),
+        Program.objects.create(tenant=tenant, name="waiter"),
+    )
+    programs.add_version(holder, "h.py", HOLDING_WRITER)
+    programs.add_version(waiter, "w.py", LEASE_WAITER)
+
+    settings.SYMPHONY_ROUTING, settings.SYMPHONY_WORKER_NAME = "static", a.name
+    held = str(create_run(tenant, holder, None, {"prompt": PROMPT, "hold": 120}, {"deadline_s": 150})[0].pk)
+    store = Path(a.kv_store)
+
+    def lease() -> dict | None:
+        found = list(store.glob("**/log.lease"))
+        return json.loads(found[0].read_bytes()) if found else None
+
+    wait_for(
+        lambda: (
+            Run.objects.get(pk=held).status == "running"
+            and (lease() or {}).get("owner") is not None
+            and (lease() or {}).get("generation") == 1
+        ),
+        timeout=120,
+        message="the run on pair-a to hold the write lease of generation 1",
+    )
+    a.proc.send_signal(signal.SIGKILL)
+    a.proc.wait(timeout=10)
+    killed_at = time.time()
+    expires = lease()["expires"]  # type: ignore[index]
+    assert expires - killed_at <= DEFAULT_LEASE_TTL_S
+
+    settings.SYMPHONY_WORKER_NAME = b.name
+    waited = _finished(str(create_run(tenant, waiter, None, {}, {"deadline_s": 120})[0].pk))
+    assert (waited.status, waited.worker) == ("succeeded", b.name), (waited.error, waited.stderr)
+    out = waited.result
+    assert out["tries"] > 1 and "open for writing" in out["busy"], out
+    assert expires - 0.5 <= out["opened_at"] <= expires + 5, (out["opened_at"] - expires, out)
+    assert out["len"] == len(PROMPT), out  # the last flushed generation, not the lost appends
+    print(f"lease: free {out['opened_at'] - killed_at:.1f}s after the SIGKILL ({out['tries']} tries)")
