@@ -243,7 +243,9 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
     return WorkerConfig(
         model_dir=str(args.model),
         admin_socket=str(args.admin_socket),
-        sessions_dir=str(args.sessions_dir),
+        # Absolute: session socket paths travel to the executor, which bind-mounts them into a
+        # sandbox container, and Docker refuses a relative mount source.
+        sessions_dir=os.path.abspath(args.sessions_dir),
         kv_store_dir=str(args.kv_store),
         name=args.name,
         kv_cache_gib=args.kv_cache_gib,
