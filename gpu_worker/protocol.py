@@ -834,6 +834,8 @@ class SessionEnded(Reply):
     usage: dict[str, Any]
     result: Any
     error: str | None
+    #: Where the session's time went (``gpu_worker.tracing.WireTrace``): bounded spans.
+    trace: dict[str, Any] = {}
 
 
 class TenantDeleted(Reply):

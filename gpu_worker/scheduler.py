@@ -31,6 +31,7 @@ from gpu_worker.config import SchedulerConfig
 from gpu_worker.engine import cpu_threads
 from gpu_worker.kvfs import KVFS, AppendPlan, Busy, KVFSError, Owner
 from gpu_worker.resource_model import Pool, PoolName
+from gpu_worker.tracing import SessionTrace
 from gpu_worker.usage import Usage
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,8 @@ class SessionView(Protocol):
     swapped: bool
     #: The run's counters; the scheduler adds the forwards the session took part in.
     usage: Usage
+    #: The run's trace; the scheduler adds the KV moves back to the device it makes.
+    trace: SessionTrace
 
     @property
     def account(self) -> str:
@@ -149,6 +152,14 @@ class PredCall:
     #: Tokens admitted against the session's budget for this call (``ops.pred.admit``), given
     #: back when it ends: its own tokens plus the ones its steps may append.
     reserved: int = 0
+    #: For the run's trace (gpu_worker/tracing.py), written by the engine thread: the forwards
+    #: the call rode in, their summed time, the call's share of it (its tokens over the
+    #: forward's), the widest forward (calls in it) and the tokens of all of them.
+    forwards: int = 0
+    forward_s: float = 0.0
+    forward_share_s: float = 0.0
+    batch_size: int = 0
+    batch_tokens: int = 0
 
     @property
     def remaining(self) -> int:
@@ -909,8 +920,10 @@ class Scheduler:
         session = call.session
         try:
             if session.swapped:
+                began = time.monotonic()
                 self.kvfs.swap_in(session.owner)
                 session.swapped = False
+                session.trace.kv_back(began, time.monotonic())
             plan = self.kvfs.plan_append(session.owner, call.kv, call.tokens[call.done : call.done + n])
         except Busy:
             with self._cond:
@@ -1034,6 +1047,12 @@ class Scheduler:
         m.forward_s_max = max(m.forward_s_max, elapsed)
         m.forward_s_ema = elapsed if m.forward_s_ema == 0 else 0.8 * m.forward_s_ema + 0.2 * elapsed
         self._measure_cost(elapsed, used, len(items))
+        for call, _, plan in plans:  # the trace's view of the forward: counts, never who else rode
+            call.forwards += 1
+            call.forward_s += elapsed
+            call.forward_share_s += elapsed * len(plan.run_token_ids) / max(used, 1)
+            call.batch_size = max(call.batch_size, len(items))
+            call.batch_tokens += used
         widths = collections.Counter(c.session.session_id for c, _, _ in plans)
         sessions = set(widths)
         for session in {id(c.session): c.session for c, _, _ in plans}.values():

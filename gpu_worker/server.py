@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gpu_worker import ops, protocol, run_files
+from gpu_worker import ops, protocol, run_files, tracing
 from gpu_worker.config import WorkerConfig
 from gpu_worker.connections import READ_BUFFER_BYTES, ConnectionGuard, close_with, raise_open_file_limit
 from gpu_worker.contracts import KvEvent
@@ -314,7 +314,7 @@ class Worker:
             s.finished,
             " ".join(f"{k}={v}" for k, v in usage.items()),
         )
-        return protocol.SessionEnded(usage=usage, result=s.result, error=s.error)
+        return protocol.SessionEnded(usage=usage, result=s.result, error=s.error, trace=dict(s.trace.to_wire()))
 
     def _checkpoint_usage(
         self, s: WorkerSession, now: float, checkpoints: dict[str, tuple[dict[str, float | int], float]]
@@ -481,7 +481,11 @@ class Worker:
                     raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op[:64]!r}")
                 if s.ended:
                     raise ProtocolError(ErrorCode.TIMEOUT, "session ended")
-                value = await handler(self.context, s, protocol.LIP_OPS[op].decode(args, self.vocab_size))
+                began = time.monotonic()
+                try:
+                    value = await handler(self.context, s, protocol.LIP_OPS[op].decode(args, self.vocab_size))
+                finally:
+                    s.trace.add(tracing.op_kind(op), op, began, time.monotonic())
             reply = protocol.ok_reply(req_id, value)
         except asyncio.CancelledError:
             return

@@ -22,6 +22,7 @@ from gpu_worker.dists import DistStore
 from gpu_worker.grammar import GrammarHandles
 from gpu_worker.kvfs import Owner, TenantQuota
 from gpu_worker.protocol import ErrorCode, KvQuotaLimits, ProtocolError, RunLimits
+from gpu_worker.tracing import SessionTrace
 from gpu_worker.usage import Usage
 
 if TYPE_CHECKING:
@@ -157,6 +158,8 @@ class WorkerSession:
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     created: float = field(default_factory=time.monotonic)
     usage: Usage = field(default_factory=Usage)
+    #: Where its time goes, for the run's trace (bounded, gpu_worker/tracing.py).
+    trace: SessionTrace = field(default_factory=SessionTrace)
     result: Any = None
     error: str | None = None
     finished: bool = False

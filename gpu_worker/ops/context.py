@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -85,11 +86,13 @@ class OpContext:
     async def _swap_out(self, s: WorkerSession) -> None:
         if s.io_waits == 0 or s.ended or s.swapped:
             return
+        began = time.monotonic()
         try:
             freed = await asyncio.wrap_future(self.scheduler.run_on_engine(partial(self.kvfs.swap_out, s.owner)))
         except KVFSError as exc:
             log.warning("event=swap_out_failed session=%s tenant=%s error=%s", s.session_id, s.tenant, exc.message)
             return
+        s.trace.kv_out(began, time.monotonic(), freed * self.kvfs.page_bytes)
         s.swapped = True
         s.swaps += 1
         log.info("event=swap_out session=%s tenant=%s run=%s pages=%d", s.session_id, s.tenant, s.run_id, freed)

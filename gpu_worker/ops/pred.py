@@ -27,13 +27,14 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 
-from gpu_worker import bias_vectors, dists
+from gpu_worker import bias_vectors, dists, tracing
 from gpu_worker import protocol as p
 from gpu_worker.grammar import Matcher
 from gpu_worker.ops.errors import wire_error
@@ -122,6 +123,31 @@ def release(s: WorkerSession, call: PredCall) -> None:
         # One per forward the call rode: a multi-step call is billed as its steps one call each
         # would be ("Forward calls"), so how a program issues its steps does not change its bill.
         s.usage.pred_calls += max(1, len(call.chosen))
+    trace_call(s, call)
+
+
+def trace_call(s: WorkerSession, call: PredCall) -> None:
+    """The call's span in the run's trace: from its arrival to its end, the time it queued
+    before its first forward and what the forwards it rode in were (counts only)."""
+    end = time.monotonic()
+    wait = (call.started if call.started is not None else end) - call.enqueued
+    if call.forwards == 0:
+        s.trace.add(tracing.SYSCALL, "pred", call.enqueued, end, wait, len(call.tokens), forwards=0)
+        return
+    s.trace.add(
+        tracing.SYSCALL,
+        "pred",
+        call.enqueued,
+        end,
+        wait,
+        len(call.tokens) + max(0, len(call.chosen) - 1),
+        forwards=call.forwards,
+        steps=len(call.chosen),
+        forward_s=round(call.forward_s, 6),
+        forward_share_s=round(call.forward_share_s, 6),
+        batch_size=call.batch_size,
+        batch_tokens=call.batch_tokens,
+    )
 
 
 def reply_value(s: WorkerSession, call: PredCall, value: Any) -> p.DistRefs | p.ChosenTokens:

@@ -27,6 +27,7 @@ from gpu_worker.batch import Batch
 from gpu_worker.config import SchedulerConfig
 from gpu_worker.kvfs import Owner
 from gpu_worker.scheduler import ContextFull, FairQueue, PredCall, Scheduler
+from gpu_worker.tracing import SessionTrace
 from gpu_worker.usage import Usage
 from tests.kvfs.memio import BLOCK, make_fs
 
@@ -45,6 +46,7 @@ class FakeSession:
     run_id: str = "run"
     tokens: int = 0
     usage: Usage = field(default_factory=Usage)
+    trace: SessionTrace = field(default_factory=SessionTrace)
     #: The person behind the tenant ("": the tenant is its own account, as the worker does).
     account: str = ""
     owner: Owner = field(init=False)
@@ -429,13 +431,16 @@ def test_one_forward_serves_calls_of_several_sessions_and_tenants(sched) -> None
     sessions = [FakeSession(f"s{i}", f"tenant{i % 2}") for i in range(4)]
     scheduler.active_sessions = lambda: [s.session_id for s in sessions]
     handles = [fs.create(s.owner) for s in sessions]
-    futures = [
-        scheduler.submit(PredCall(s, h, (10 + i, 20 + i), (1,)))
-        for i, (s, h) in enumerate(zip(sessions, handles, strict=True))
-    ]
+    calls = [PredCall(s, h, (10 + i, 20 + i), (1,)) for i, (s, h) in enumerate(zip(sessions, handles, strict=True))]
+    futures = [scheduler.submit(call) for call in calls]
     scheduler.start()
     results = [f.result(timeout=10) for f in futures]
     assert len(engine.batches) == 1, "the bounded wait should have gathered all four sessions"
+    # What each call's trace span says of the forward it rode in: counts of the whole batch,
+    # and its own share of the forward's time (2 of its 8 tokens).
+    for call in calls:
+        assert (call.forwards, call.batch_size, call.batch_tokens) == (1, 4, 8)
+        assert call.forward_s > 0 and abs(call.forward_share_s - call.forward_s / 4) < 1e-9
     assert {item.seq_id for item in engine.batches[0].items} == {
         fs._handles.get(s.owner, h).file.seq_id for s, h in zip(sessions, handles, strict=True)
     }
