@@ -260,6 +260,21 @@ class Run(models.Model):
         return f"run {self.pk} ({self.status})"
 
 
+class RunTrace(models.Model):
+    """Where a run's time went, as its executor recorded it when the run ended: its own marks
+    (session, sandbox start warm or cold) and the worker's bounded spans of the session
+    (api/services/run_traces.py builds the tree served by ``GET /runs/<id>/trace``). A table of
+    its own so run pages never load it; deleted with its run (same retention)."""
+
+    run = models.OneToOneField(Run, primary_key=True, on_delete=models.CASCADE, related_name="trace")
+    #: ``run_traces.RecordedTrace``: bounded (``gpu_worker.tracing`` MAX_SPANS, MAX_BUCKETS).
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"trace of run {self.run_id}"
+
+
 class UsageRecord(models.Model):
     """What one run consumed (written once per run, even when the run failed), or, with no run,
     one metering period of a tenant's stored KV files."""

@@ -3,7 +3,7 @@ from rest_framework.routers import SimpleRouter
 
 from api.health import HealthView
 from api.run_events_view import run_events
-from api.views import auth, keys, kv, programs, runs, staff, staff_tenants, team, tool_hosts, usage
+from api.views import auth, keys, kv, programs, run_trace, runs, staff, staff_tenants, team, tool_hosts, usage
 
 router = SimpleRouter(trailing_slash=False)
 router.register("api-keys", keys.ApiKeyViewSet, basename="api-key")
@@ -41,6 +41,7 @@ urlpatterns = [
     path("tenants", team.TenantCreateView.as_view(), name="tenants"),
     path("tenants/<int:tenant_id>/close", team.TenantCloseView.as_view(), name="tenant-close"),
     path("runs/<uuid:run_id>/events", run_events, name="run-events"),
+    path("runs/<uuid:run_id>/trace", run_trace.RunTraceView.as_view(), name="run-trace"),
     path("usage", usage.UsageView.as_view(), name="usage"),
     path("admin/tenants", staff.StaffTenantsView.as_view(), name="admin-tenants"),
     path("admin/tenants/<int:tenant_id>", staff_tenants.StaffTenantView.as_view(), name="admin-tenant"),

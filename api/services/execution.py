@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from api.models import Run
-from api.services import failover, kvfiles
+from api.services import failover, kvfiles, run_traces
 from api.services.cancellation import CancelWatch
 from api.services.executor_liveness import ExecutorHeartbeat, Rider, executor_alive
 from api.services.procs import ProcessBroker
@@ -90,18 +90,28 @@ class _NotStarted(Exception):
         self.cause = cause
 
 
-def _end_session(watch: CancelWatch) -> tuple[dict, str]:
-    """The worker's usage for the session, or ``({}, why)`` when the worker is gone (then the
-    runs queued on it are re-routed now, not at its heartbeat's expiry)."""
+def _end_session(watch: CancelWatch) -> tuple[dict, dict, str]:
+    """The worker's usage and trace of the session, or ``(checkpointed usage, {}, why)`` when
+    the worker is gone (then the runs queued on it are re-routed now, not at its heartbeat's
+    expiry)."""
     try:
-        return dict(watch.end_session().usage), ""
+        ended = watch.end_session()
+        return dict(ended.usage), dict(ended.trace or {}), ""
     except Exception as exc:
         name = settings.SYMPHONY_WORKER_NAME
         if failover.is_unreachable(exc):
             failover.worker_lost(name, exc)
         # Billed for what the session used up to the worker's last checkpoint of it.
         usage = checkpointed_usage(watch.run_id)
-        return usage, f"gpu_worker {name!r} became unreachable during the run ({type(exc).__name__}: {exc})"
+        return usage, {}, f"gpu_worker {name!r} became unreachable during the run ({type(exc).__name__}: {exc})"
+
+
+def _mark_program(marks: run_traces.ExecutorMarks, result: Any, launch: Launch) -> None:
+    """The program's start (a warm slot or a fresh container) and run, for the run's trace."""
+    marks.sandbox_start_s = float(getattr(result, "start_s", 0.0) or 0.0)
+    marks.sandbox_run_s = float(getattr(result, "duration_s", 0.0) or 0.0)
+    if launch is launch_sandbox:
+        marks.warm = bool(getattr(result, "timings", {}).get("warm"))
 
 
 def _outcome(result, usage: dict, worker_error: str) -> RunOutcome:
@@ -222,7 +232,10 @@ def _execute(run: Run, launch: Launch = launch_sandbox, plan: PlanLimits | None 
         if spawns:
             worker_limits["spawn"] = True
         # The runs of one tree (a root and what it spawned) share channels on the worker.
+        marks = run_traces.ExecutorMarks()
+        began = time.time()
         session = _create_session(client, tenant, str(run.pk), worker_limits, tree=_tree_root(run))
+        marks.session_created = (began, time.time())
         # Ends the session early if the run is cancelled meanwhile (api/services/cancellation.py).
         watch = CancelWatch(str(run.pk), lambda: client.end_session(session.session_id))
         # Serves the LIP's spawns and runs its children here; cancels those still live when the
@@ -230,10 +243,14 @@ def _execute(run: Run, launch: Launch = launch_sandbox, plan: PlanLimits | None 
         broker = ProcessBroker(str(run.pk), worker_limits["deadline_s"], execute_run) if spawns else nullcontext()
         with watch, broker:
             try:
+                marks.launched_at = time.time()
                 result = launch(run, session, worker_limits)
             finally:
-                usage, worker_error = _end_session(watch)
-        outcome = _outcome(result, usage, worker_error)
+                ending = time.time()
+                usage, worker_trace, worker_error = _end_session(watch)
+                marks.session_ended = (ending, time.time())
+        _mark_program(marks, result, launch)
+        outcome = replace(_outcome(result, usage, worker_error), trace=run_traces.recorded(marks, worker_trace))
         if watch.cancelled.is_set():
             said = f" (the program then reported: {outcome.error})" if outcome.error else ""
             outcome = replace(

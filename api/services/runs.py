@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from api import dispatch, redis_client
 from api.models import ApiKey, AuditLog, Program, ProgramVersion, Run, Tenant, UsageRecord
-from api.services import cancellation, quota_alerts, routing, run_handoff, run_notices, tool_hosts
+from api.services import cancellation, quota_alerts, routing, run_handoff, run_notices, run_traces, tool_hosts
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import PlanLimits, check_can_start, lock_account
@@ -79,6 +79,8 @@ class RunOutcome:
     #: What the program printed, as the sandbox captured it (capped by its output limit).
     stdout: str = ""
     stderr: str = ""
+    #: Where the run's time went (``run_traces.recorded``); None: nothing was recorded.
+    trace: dict | None = None
 
 
 def output_tail(text: str, keep_bytes: int) -> tuple[str, bool]:
@@ -500,6 +502,8 @@ def finish_run(run_id: str, outcome: RunOutcome, plan: PlanLimits | None = None)
         run.save()
         usage = {k: outcome.usage.get(k, 0) or 0 for k in USAGE_FIELDS + USAGE_DETAILS}
         record = _record_usage(run, usage)
+        if outcome.trace is not None:
+            run_traces.store(run, outcome.trace)
     run_handoff.offer(run, record)  # before its end event: the request waiting on it takes it then
     publish_end(run)
     quota_alerts.after_usage(run.tenant, plan)

@@ -1,7 +1,7 @@
 """Python client for the Symphony HTTP API."""
 
 from symphony_client.client import ApiError, Client, Event, StreamLost
-from symphony_client.types import TERMINAL_STATUSES, Program, ProgramVersion, Pushed, Run, RunLogs
+from symphony_client.types import TERMINAL_STATUSES, Program, ProgramVersion, Pushed, Run, RunLogs, RunTrace, TraceSpan
 
 __all__ = [
     "TERMINAL_STATUSES",
@@ -13,5 +13,7 @@ __all__ = [
     "Pushed",
     "Run",
     "RunLogs",
+    "RunTrace",
     "StreamLost",
+    "TraceSpan",
 ]

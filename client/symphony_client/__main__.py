@@ -39,6 +39,7 @@ examples:
   symphony follow RUN_ID > answer.txt           # re-attach; the answer alone on stdout
   symphony follow RUN_ID -v                     # also the run's KV usage on stderr
   symphony logs RUN_ID                          # what the program printed (stdout, stderr)
+  symphony trace RUN_ID                         # where its time went; --chrome > t.json for Perfetto
   symphony kv ls && symphony usage --json
 
 exit codes: 0 succeeded/ok, 1 run failed or error, 2 usage error, 3 run cancelled
@@ -178,6 +179,12 @@ def _parser() -> argparse.ArgumentParser:
         if name in ("follow", "events"):
             _verbose_flag(about_run)
 
+    trace = command(sub, "trace", "where a run's time went: a summary and its top 5 spans")
+    trace.add_argument("run_id")
+    trace.add_argument(
+        "--chrome", action="store_true", help="print the Chrome trace-event JSON instead (open it in Perfetto)"
+    )
+
     kv = sub.add_parser("kv", help="persistent KV files").add_subparsers(dest="action", required=True)
     command(kv, "ls", "list KV files")
     command(kv, "rm", "delete a KV file").add_argument("name")
@@ -278,6 +285,12 @@ def _dispatch(client: Client, opts: argparse.Namespace, as_json: bool) -> Answer
         if logs["truncated"]:
             print("(output truncated: only its tail is kept)", file=sys.stderr)
         return Answer()
+    if command == "trace":
+        if opts.chrome:
+            events = client.run_trace_chrome(opts.run_id)  # JSON whatever the output mode: it is a file
+            return Answer(events, human=json.dumps(events), compact=True)
+        trace = client.run_trace(opts.run_id)
+        return Answer(trace, human=output.trace_summary(trace))
     if command == "kv":
         if action == "ls":
             return Answer(client.list_kv_files(), table="kv")

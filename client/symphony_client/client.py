@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 
 from symphony_client.output import plural
-from symphony_client.types import TERMINAL_STATUSES, Program, ProgramVersion, Pushed, Run, RunLogs
+from symphony_client.types import TERMINAL_STATUSES, Program, ProgramVersion, Pushed, Run, RunLogs, RunTrace
 
 
 def describe_detail(detail: object, prefix: str = "") -> list[str]:
@@ -258,6 +258,14 @@ class Client:
     def run_logs(self, run_id: str) -> RunLogs:
         """``{id, status, stdout, stderr, truncated}``: what the program printed (once it ended)."""
         return self._call("GET", f"runs/{run_id}/logs")
+
+    def run_trace(self, run_id: str) -> RunTrace:
+        """Where the run's time went: its span tree (``complete`` once the run has ended)."""
+        return self._call("GET", f"runs/{run_id}/trace")
+
+    def run_trace_chrome(self, run_id: str) -> dict[str, Any]:
+        """The run's trace in the Chrome trace-event format (open it in Perfetto)."""
+        return self._call("GET", f"runs/{run_id}/trace", params={"format": "chrome"})
 
     def events(self, run_id: str, last_event_id: str | None = None, reconnects: int = 5) -> Iterator[Event]:
         """Yield the run's events until ``end``. A server that cannot be reached raises httpx's

@@ -103,3 +103,42 @@ def record(obj: dict) -> str:
         text = value if isinstance(value, str) else json.dumps(value)
         lines.append(f"{key.ljust(width)}  {text if text != '' else '-'}")
     return "\n".join(lines)
+
+
+#: Span kinds that contain others (their time is their children's): left out of the top spans.
+TRACE_CONTAINERS = frozenset({"run", "worker"})
+TRACE_CONTAINER_NAMES = frozenset({"execute", "sandbox.run", "program.run"})
+
+
+def trace_summary(trace: Mapping[str, Any], top: int = 5) -> str:
+    """A run's trace as text: its total, where the time went per kind of span, and its
+    ``top`` longest spans (aggregated ones by their summed time)."""
+    spans = trace.get("spans") or []
+    root = next((s for s in spans if s.get("parent") is None), None)
+    total = root["duration_s"] if root else 0.0
+    lines = [f"run {trace.get('run')} {trace.get('status')}: {total:.3f}s"]
+    if not trace.get("complete"):
+        lines.append("(no spans from its execution yet: they are recorded when the run ends)")
+    by_kind: dict[str, tuple[float, int]] = {}
+    leaves = [s for s in spans if s.get("kind") not in TRACE_CONTAINERS and s.get("name") not in TRACE_CONTAINER_NAMES]
+    for span in leaves:
+        count = int(span["attrs"].get("count", 1)) if span["attrs"].get("aggregated") else 1
+        seconds, calls = by_kind.get(span["kind"], (0.0, 0))
+        by_kind[span["kind"]] = (seconds + span["duration_s"], calls + count)
+    if by_kind:
+        lines.append("where the time went (spans may overlap):")
+        for kind, (seconds, calls) in sorted(by_kind.items(), key=lambda kv: -kv[1][0]):
+            lines.append(f"  {kind:<10} {seconds:9.3f}s  {plural(calls, 'span')}")
+    longest = sorted(leaves, key=lambda s: -s["duration_s"])[:top]
+    if longest:
+        lines.append(f"top {len(longest)} spans:")
+        for span in longest:
+            attrs = span["attrs"]
+            shown = " ".join(f"{k}={v}" for k, v in attrs.items() if k not in ("aggregated",))
+            lines.append(
+                f"  {span['duration_s']:9.3f}s  {span['name']:<16} at +{span['start_s']:.3f}s"
+                + (f"  {cell(shown)}" if shown else "")
+            )
+    if trace.get("dropped"):
+        lines.append(f"({plural(int(trace['dropped']), 'span')} past the trace's bound were only counted)")
+    return "\n".join(lines)

@@ -69,3 +69,29 @@ class Pushed(NamedTuple):
 
     program: Program
     version: int
+
+
+class TraceSpan(TypedDict):
+    """One span of a run's trace (``GET /runs/<id>/trace``); times in seconds since the run
+    was created. ``attrs`` of an aggregated span (``aggregated: true``) carry its ``count``."""
+
+    id: int
+    parent: int | None
+    name: str
+    kind: str  # run | control | sandbox | worker | syscall | io | wait | kv_move | child
+    start_s: float
+    end_s: float
+    duration_s: float
+    attrs: dict[str, Any]
+
+
+class RunTrace(TypedDict):
+    run: str
+    status: str
+    created_at: str
+    #: False until the run's executor recorded its spans (when the run ended).
+    complete: bool
+    spans_kept: int
+    dropped: int
+    children_left_out: int
+    spans: list[TraceSpan]

@@ -792,6 +792,22 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/runs/{run_id}/trace": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get: operations["runs_trace"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/tenants": {
         parameters: {
             query?: never;
@@ -1389,6 +1405,46 @@ export interface components {
             run_s: number | null;
             /** Format: double */
             time_to_first_token_s: number | null;
+        };
+        RunTrace: {
+            /** Format: uuid */
+            run: string;
+            status: string;
+            /** Format: date-time */
+            created_at: string;
+            /** @description false until the run's executor recorded its spans (at its end) */
+            complete: boolean;
+            /** @description worker spans kept one by one; later ones are per-second buckets */
+            spans_kept: number;
+            /** @description worker spans past the bucket bound, only counted */
+            dropped: number;
+            children_left_out: number;
+            spans: components["schemas"]["RunTraceSpan"][];
+        };
+        RunTraceSpan: {
+            id: number;
+            /** @description the enclosing span's id; null for the run */
+            parent: number | null;
+            /** @description `run`, `queued`, `execute`, `sandbox.start`, a system call's name, ... */
+            name: string;
+            /** @description `run`, `control`, `sandbox`, `worker`, `syscall`, `io`, `wait`, `kv_move` or `child` */
+            kind: string;
+            /**
+             * Format: double
+             * @description seconds since the run was created
+             */
+            start_s: number;
+            /** Format: double */
+            end_s: number;
+            /**
+             * Format: double
+             * @description end - start; for an aggregated span, its spans' summed time
+             */
+            duration_s: number;
+            /** @description queue_wait_s, batch_size, batch_tokens, bytes, warm, count, ... */
+            attrs: {
+                [key: string]: unknown;
+            };
         };
         /** @description Shape of a run's ``usage`` (documentation only: ``run_report.usage`` builds it). */
         RunUsage: {
@@ -2751,6 +2807,38 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["RunLogs"];
                 };
+            };
+        };
+    };
+    runs_trace: {
+        parameters: {
+            query?: {
+                /** @description `json` (default) or `chrome` */
+                format?: "chrome" | "json";
+            };
+            header?: never;
+            path: {
+                run_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the span tree; with `format=chrome`, trace events */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["RunTrace"];
+                };
+            };
+            /** @description no such run in the tenant */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
         };
     };
