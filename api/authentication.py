@@ -10,6 +10,11 @@ Every route that takes a bearer key goes through :func:`bearer_key`: the DRF vie
 :class:`ApiKeyAuthentication`, and the plain async views (run events over SSE, the OpenAI
 endpoints) directly, each answering :class:`KeyRefused` in its own error envelope. A route that
 verified keys on its own would be an unthrottled oracle for the same secrets.
+
+A key is looked up within a place in its account's share of the web process's database
+connections (api/services/db_share.py), taken before the lookup, whose connection the request
+keeps: the account comes from the cache the guard's counts are read with, in the same round trip
+(api/services/key_accounts.py).
 """
 
 from __future__ import annotations
@@ -17,15 +22,19 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from django.contrib.auth.models import AnonymousUser
 from django.core.cache import cache
 from rest_framework import authentication, exceptions
 from rest_framework.settings import api_settings
 
+from api.db_admission import RETRY_AFTER_S, keep_lease
 from api.models import ApiKey
-from api.services import auth_failures, shared_counters
+from api.services import auth_failures, key_accounts, shared_counters
+from api.services.db_share import AccountOverShare, DbShareLease, admit_key_lookup
 from api.services.keys import verify_key
 
 log = logging.getLogger(__name__)
@@ -76,21 +85,27 @@ class BadKeyGuard:
     def _key(self, address: str, window_start: int) -> str:
         return f"throttle_{self.scope}_{address}_{window_start}"
 
-    def check(self) -> None:
-        if self.limit is None:
-            return
-        current, previous = self._failures()
-        wait = seconds_until_below(self.limit, self.window, self.now - self.window_start, current, previous)
-        if wait > 0:
-            raise exceptions.Throttled(wait=max(1, wait), detail="too many invalid API keys from this address")
+    def check(self, also: Sequence[str] = ()) -> dict[str, Any]:
+        """Refuse the address past its limit; returns the cache entries named in ``also`` that
+        exist, read in the same round trip as the counts (the key's account: key_accounts)."""
+        counted = [self.key, self.previous_key] if self.limit is not None else []
+        found = self._read([*counted, *also])
+        if self.limit is not None:
+            current, previous = int(found.get(self.key, 0)), int(found.get(self.previous_key, 0))
+            wait = seconds_until_below(self.limit, self.window, self.now - self.window_start, current, previous)
+            if wait > 0:
+                raise exceptions.Throttled(wait=max(1, wait), detail="too many invalid API keys from this address")
+        return {name: found[name] for name in also if name in found}
 
-    def _failures(self) -> tuple[int, int]:
+    @staticmethod
+    def _read(names: list[str]) -> dict[str, Any]:
+        if not names:
+            return {}
         try:
-            found = cache.get_many([self.key, self.previous_key])
+            return cache.get_many(names)
         except Exception as exc:
             log.warning("bad_key_guard_unchecked error=%s", exc)
-            return 0, 0
-        return int(found.get(self.key, 0)), int(found.get(self.previous_key, 0))
+            return {}
 
     def record_failure(self) -> None:
         if self.limit is None:
@@ -133,24 +148,53 @@ KEYWORD = "Bearer"
 
 def bearer_key(request) -> ApiKey | None:
     """The API key of a request's ``Authorization: Bearer`` header, ``None`` when the request
-    has no bearer header (it may still carry a session), or :class:`KeyRefused`."""
+    has no bearer header (it may still carry a session), or :class:`KeyRefused`. Its place in
+    the database share is given back at once: for views whose database calls each return their
+    connection (the plain async views, api/asyncdb.py)."""
+    key, lease = bearer_key_in_share(request)
+    if lease is not None:
+        lease.release()
+    return key
+
+
+def bearer_key_in_share(request) -> tuple[ApiKey | None, DbShareLease | None]:
+    """:func:`bearer_key`, looked up within a place in the share of the process's database
+    connections of the key's account (api/services/db_share.py), which the caller keeps (or
+    ``None`` without a pool): the lookup takes a pooled connection, so a flood of one account's
+    requests waits for none past its ceiling. 429 when the share is full."""
     header = authentication.get_authorization_header(request).decode(errors="replace").split()
     if not header or header[0] != KEYWORD:
-        return None
+        return None, None
     guard = BadKeyGuard(request)
+    secret = header[1] if len(header) == 2 else None
+    prefix = key_accounts.prefix_of(secret) if secret else None
+    also = [key_accounts.cache_name(prefix)] if prefix else []
     try:
-        guard.check()
+        remembered = guard.check(also)
     except exceptions.Throttled as throttled:
         auth_failures.record("throttled_api_key")
         raise KeyRefused(429, str(throttled.detail), math.ceil(throttled.wait or 1)) from None
-    key = verify_key(header[1]) if len(header) == 2 else None
+    account = remembered.get(also[0]) if also else None
+    key, lease = None, None
+    if secret is not None:
+        try:
+            lease = admit_key_lookup(account if isinstance(account, str) else None)
+        except AccountOverShare as over:
+            raise KeyRefused(429, str(over), RETRY_AFTER_S) from None
+        try:
+            key = verify_key(secret)
+        finally:
+            if key is None and lease is not None:
+                lease.release()
     if key is None:
         guard.record_failure()
         auth_failures.record("bad_api_key")
         raise KeyRefused(
             401, "malformed Authorization header" if len(header) != 2 else "invalid, revoked or expired API key"
         )
-    return key
+    if prefix is not None and account != key.tenant.account_key:
+        key_accounts.remember(prefix, key.tenant.account_key)
+    return key, lease
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -158,11 +202,13 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate(self, request):
         try:
-            key = bearer_key(request)
+            key, lease = bearer_key_in_share(request)
         except KeyRefused as refused:
             if refused.status == 429:
                 raise exceptions.Throttled(wait=refused.retry_after, detail=refused.message) from None
             raise exceptions.AuthenticationFailed(refused.message) from None
+        if lease is not None:  # kept until the view has answered (api/db_admission.py)
+            keep_lease(request._request, lease)
         return None if key is None else (ApiKeyUser(key), key)
 
     def authenticate_header(self, request) -> str:

@@ -6,22 +6,36 @@ pools in their heartbeats (``pages_total``: the device KV pool); with no live wo
 nothing to compare for those. The retained event streams' pool is read here from the Redis the
 control plane and the workers share: its ``maxmemory`` now, sized as the worker sizes it
 (gpu_worker/stream_ledger.py ``StreamBudget``), so a plan whose ``stream_bytes_per_run`` is more
-than one account may hold of it is refused too; an unreachable Redis is nothing to compare."""
+than one account may hold of it is refused too; an unreachable Redis is nothing to compare.
+
+The database connections are a pool too, and not the web process's alone: each web process
+has its own pool of ``DATABASE_POOL_MAX_SIZE`` (the per-account share of api/services/db_share.py
+divides that one), and every process of the deploy draws from PostgreSQL's ``max_connections``.
+So the deploy says how many web processes it runs (``SYMPHONY_WEB_PROCESSES``, all hosts
+together) and how many connections everything else may hold (``SYMPHONY_OTHER_DB_CONNECTIONS``:
+Celery executors, beat, migrations, an operator's shell), and a sum larger than what the server,
+asked now, lets non-superusers open is an error (``api.E102``): past it a web process's pool
+would wait for connections PostgreSQL refuses, and the share would promise what no pool has."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import redis
 from django.conf import settings
 from django.core import checks
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 
 from gpu_worker.resource_model import PLAN_LIMIT_POOLS, Pool, PoolName, plan_problems
 from gpu_worker.stream_ledger import StreamBudget
 
 #: The check's id in ``manage.py check`` output (and ``SILENCED_SYSTEM_CHECKS``).
 PLAN_EXCEEDS_POOL = "api.E101"
+#: The web processes' pools and the other connections exceed PostgreSQL's ``max_connections``.
+CONNECTIONS_EXCEED_SERVER = "api.E102"
+#: The web process's pool when ``DATABASE_POOL_MAX_SIZE`` is not set (web/asgi.py sets it so).
+WEB_POOL_DEFAULT = 16
 
 
 def _smallest_pools() -> dict[PoolName, Pool]:
@@ -74,4 +88,53 @@ def plan_limits_fit_the_workers_pools(app_configs: Any = None, **kwargs: Any) ->
         )
         for plan in plans
         for problem in plan_problems(plan.name, {f: getattr(plan, f, None) for f in fields}, pools)
+    ]
+
+
+def web_pool_size() -> int:
+    """Connections one web process's pool may hold: ``DATABASE_POOL_MAX_SIZE`` as the web process
+    reads it (web/asgi.py defaults it to 16; ``manage.py`` runs without a pool of its own)."""
+    return int(os.environ.get("DATABASE_POOL_MAX_SIZE") or WEB_POOL_DEFAULT)
+
+
+def server_connection_limit() -> int | None:
+    """Connections PostgreSQL lets the deploy's role open now: ``max_connections`` less those
+    reserved for superusers (and, from PostgreSQL 16, ``reserved_connections``); ``None`` when
+    the server cannot be asked."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('max_connections')::int"
+                " - current_setting('superuser_reserved_connections')::int"
+                " - coalesce(current_setting('reserved_connections', true), '0')::int"
+            )
+            row = cursor.fetchone()
+    except DatabaseError:
+        return None
+    return int(row[0]) if row else None
+
+
+@checks.register(checks.Tags.database, deploy=True)
+def db_connections_fit_the_server(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """Every web process's pool, plus the deploy's other connections, within ``max_connections``."""
+    pool = web_pool_size()
+    if pool <= 0:  # a connection per request: nothing is pooled (or shared out) to compare
+        return []
+    limit = server_connection_limit()
+    if limit is None:
+        return []
+    processes, others = settings.SYMPHONY_WEB_PROCESSES, settings.SYMPHONY_OTHER_DB_CONNECTIONS
+    needed = processes * pool + others
+    if needed <= limit:
+        return []
+    return [
+        checks.Error(
+            f"{processes} web processes x {pool} pooled connections (DATABASE_POOL_MAX_SIZE) + {others} other"
+            f" connections (SYMPHONY_OTHER_DB_CONNECTIONS) = {needed}, more than the {limit} PostgreSQL allows"
+            " (max_connections less its reserved connections): the web processes' pools would wait for"
+            " connections the server refuses",
+            hint="raise max_connections, run fewer web processes (SYMPHONY_WEB_PROCESSES) or give each a"
+            " smaller pool (DATABASE_POOL_MAX_SIZE)",
+            id=CONNECTIONS_EXCEED_SERVER,
+        )
     ]

@@ -1,7 +1,9 @@
 """Where the per-account share of database connections (api/services/db_share.py) is enforced:
 DRF's throttle step admits an authenticated request against its account's share (429
 ``throttled`` past it, in the API's error envelope), and a middleware gives the place back when
-the view has answered, whatever it answered."""
+the view has answered, whatever it answered. A request with an API key already holds a place
+from before its key was looked up (api/authentication.py); the throttle moves it to the
+tenant's actual account when the one its key was remembered under differs."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from django.utils.decorators import sync_and_async_middleware
 from rest_framework import exceptions
 from rest_framework.throttling import BaseThrottle
 
-from api.services.db_share import AccountOverShare, web_share
+from api.services.db_share import AccountOverShare, DbShareLease, web_share
 
 #: Where the admitted request's lease is kept on the HttpRequest.
 LEASE_ATTR = "symphony_db_lease"
@@ -29,18 +31,28 @@ class AccountDbShareThrottle(BaseThrottle):
         share = web_share()
         if share is None or not (request.user and request.user.is_authenticated):
             return True
-        if getattr(request._request, LEASE_ATTR, None) is not None:
-            return True  # already admitted (a view that runs the throttles twice)
+        held: DbShareLease | None = getattr(request._request, LEASE_ATTR, None)
         try:
             tenant = active_tenant(request)
         except exceptions.PermissionDenied:
             return True
+        if held is not None and not held.released and held.account == tenant.account_key:
+            return True  # admitted with its key's lookup, or a view that runs the throttles twice
         try:
             lease = share.acquire(tenant.account_key)
         except AccountOverShare as over:
             raise exceptions.Throttled(wait=RETRY_AFTER_S, detail=str(over)) from None
-        setattr(request._request, LEASE_ATTR, lease)
+        # Replaces a place the key's lookup held in another share (unidentified, or stale).
+        keep_lease(request._request, lease)
         return True
+
+
+def keep_lease(request: HttpRequest, lease: DbShareLease) -> None:
+    """Keep ``lease`` on ``request`` until the view has answered (:func:`release_db_share`)."""
+    held: DbShareLease | None = getattr(request, LEASE_ATTR, None)
+    if held is not None and held is not lease:
+        held.release()
+    setattr(request, LEASE_ATTR, lease)
 
 
 def _release(request: HttpRequest) -> None:

@@ -114,6 +114,13 @@ if DATABASE_POOL_MAX_SIZE > 0:
         "max_idle": 60,  # an idle connection past min_size is closed after a minute
         "name": "web",
     }
+#: What the deploy runs against this database, for ``manage.py check --deploy`` (api/checks.py,
+#: ``api.E102``): its web processes (all hosts together), each with a pool of
+#: ``DATABASE_POOL_MAX_SIZE``, and the connections everything else may hold at once (Celery
+#: executors and their run threads, beat, migrations, an operator's shell). Together they must
+#: fit in PostgreSQL's ``max_connections``.
+SYMPHONY_WEB_PROCESSES = int(os.environ.get("SYMPHONY_WEB_PROCESSES", "1"))
+SYMPHONY_OTHER_DB_CONNECTIONS = int(os.environ.get("SYMPHONY_OTHER_DB_CONNECTIONS", "24"))
 # One test database per checkout, so two checkouts on one machine (a CI clone next to a working
 # tree) never collide on pytest-django's "test_<name>" database.
 DATABASES["default"]["TEST"] = {
@@ -228,6 +235,9 @@ SYMPHONY_REPLAY_STALL_S = float(os.environ.get("SYMPHONY_REPLAY_STALL_S", "10"))
 #: Event streams one tenant may hold open at once, unless its plan sets
 #: ``max_concurrent_streams`` (api/services/stream_leases.py); past it a 429 with Retry-After.
 SYMPHONY_STREAMS_PER_TENANT = int(os.environ.get("SYMPHONY_STREAMS_PER_TENANT", "32"))
+#: How long the cache remembers which account an API key belongs to (api/services/key_accounts.py):
+#: it only says whose share of the database connections the key's lookup waits in.
+SYMPHONY_KEY_ACCOUNT_CACHE_S = int(os.environ.get("SYMPHONY_KEY_ACCOUNT_CACHE_S", "600"))
 # How long an OpenAI request over its plan's concurrent-run limit waits for a slot before the
 # 429 (with Retry-After): clients that send a few requests at once are queued, not refused.
 SYMPHONY_OPENAI_QUEUE_S = float(os.environ.get("SYMPHONY_OPENAI_QUEUE_S", "10"))
@@ -341,9 +351,11 @@ REST_FRAMEWORK.update(
             "rest_framework.parsers.FormParser",
             "rest_framework.parsers.MultiPartParser",
         ],
-        # Each tenant's plan.api_requests_per_minute, shared by its keys and members (api/throttling.py);
-        # then a place in its account's share of the process's database connections (api/db_admission.py).
-        "DEFAULT_THROTTLE_CLASSES": ["api.throttling.TenantRateThrottle", "api.db_admission.AccountDbShareThrottle"],
+        # A place in the account's share of the process's database connections (api/db_admission.py;
+        # an API key's request has it from before its key was looked up), then each tenant's
+        # plan.api_requests_per_minute, shared by its keys and members (api/throttling.py), whose
+        # read of the plan is a database call too.
+        "DEFAULT_THROTTLE_CLASSES": ["api.db_admission.AccountDbShareThrottle", "api.throttling.TenantRateThrottle"],
         # Throttles key on REMOTE_ADDR, which api/client_address.py already resolved through the
         # trusted proxies; None would make DRF key on the raw X-Forwarded-For a client writes.
         "NUM_PROXIES": 0,

@@ -10,9 +10,17 @@ pool's size, read when the process starts: an account (a person's tenants,
 once, and the ``reserve`` stays for everyone else. Past it a request is refused at once (429)
 rather than queued for a connection.
 
-Counted per process, as the pool is: each web process has its own connections. With no pool
-(``DATABASE_POOL_MAX_SIZE=0``: a connection per request, bounded only by PostgreSQL) nothing is
-counted.
+A request with an API key is admitted before its key is looked up (the lookup takes a pooled
+connection too, which the request's thread then keeps): its account is known from a cache of key
+-> account (api/services/key_accounts.py), and a key not in it yet is looked up in the share of
+:data:`UNIDENTIFIED`, which every such lookup shares. So no flood of valid keys' requests takes
+more than a ceiling of the pool doing lookups (tests/reliability/test_db_share.py).
+
+Counted per process, as the pool is: each web process has its own connections. What they all
+draw from is PostgreSQL's ``max_connections``; ``manage.py check --deploy`` refuses a deploy whose
+web processes' pools and other connections do not fit in it (api/checks.py, ``api.E102``). With
+no pool (``DATABASE_POOL_MAX_SIZE=0``: a connection per request, bounded only by PostgreSQL)
+nothing is counted.
 """
 
 from __future__ import annotations
@@ -24,17 +32,21 @@ from django.conf import settings
 
 from gpu_worker.resource_model import Pool, PoolName
 
+#: The share that lookups of API keys whose account is not known yet count against.
+UNIDENTIFIED = "unidentified-keys"
+
 
 class AccountOverShare(Exception):
     """The account has its ceiling of requests using the database in this process."""
 
-    def __init__(self, held: int, pool: Pool) -> None:
+    def __init__(self, held: int, pool: Pool, account: str) -> None:
+        whose = "API keys not seen here recently have" if account == UNIDENTIFIED else "this account has"
         super().__init__(
-            f"this account has {held} requests using the database at once, the most one account may"
+            f"{whose} {held} requests using the database at once, the most one account may"
             f" (its share of the web process's {pool.capacity} database connections; {pool.reserve} are kept"
             " for others); retry in 1 s"
         )
-        self.held, self.pool = held, pool
+        self.held, self.pool, self.account = held, pool, account
 
 
 @dataclass
@@ -64,7 +76,7 @@ class DbShare:
         with self._lock:
             held = self._held.get(account, 0)
             if held >= self.pool.ceiling:
-                raise AccountOverShare(held, self.pool)
+                raise AccountOverShare(held, self.pool, account)
             self._held[account] = held + 1
         return DbShareLease(self, account)
 
@@ -95,3 +107,11 @@ def web_share() -> DbShare | None:
         if _share is None or _share.pool.capacity != capacity:
             _share = DbShare(capacity)
         return _share
+
+
+def admit_key_lookup(account: str | None) -> DbShareLease | None:
+    """A place for looking up an API key, in the share of ``account`` (its key's account as
+    last seen, api/services/key_accounts.py) or, unknown, of :data:`UNIDENTIFIED`;
+    :class:`AccountOverShare` when that share is full, ``None`` without a pool."""
+    share = web_share()
+    return None if share is None else share.acquire(account or UNIDENTIFIED)

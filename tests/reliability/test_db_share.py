@@ -12,6 +12,12 @@ once (api/services/db_share.py): the next get 429 ``throttled`` with Retry-After
 envelope at once, and the other tenant's ``/quota`` stays within ``QUOTA_BOUND_S`` (its idle
 median is printed beside it). When the lock goes, the waiting creations succeed and the share
 is whole again.
+
+The key's own lookup is inside the share too: it took a pooled connection before the share was
+checked, so one account's requests with a valid key held every connection while their lookups
+waited (here on the key's row, which the test locks while the key's ``last_used_at`` is due for
+its write). Now a request with a known key waits in its account's share before it is looked up
+(api/services/key_accounts.py), and revoking the key still refuses it on its next request.
 """
 
 from __future__ import annotations
@@ -24,11 +30,12 @@ from collections.abc import Iterator
 import httpx
 import psycopg
 import pytest
+from django.core.cache import cache
 from django.db import connection
 
-from api.models import Membership, Plan, Program, Tenant
-from api.services import programs
-from api.services.keys import issue_key
+from api.models import ApiKey, Membership, Plan, Program, Tenant
+from api.services import key_accounts, programs
+from api.services.keys import issue_key, revoke_key
 from api.tenancy import KEY_SCOPES
 from gpu_worker.resource_model import Pool, PoolName
 from tests.plugins.browser import child_env_for_test_db, start_uvicorn, stop
@@ -160,4 +167,90 @@ def test_one_account_at_its_share_of_db_connections_leaves_another_tenants_quota
     for t in after:
         t.join(timeout=30)
     assert results == [200] * POOL.ceiling, results
+    other.close()
+
+
+def _held_key_row(key_id: int, release: threading.Event, held: threading.Event) -> None:
+    """Hold the API key's row lock from a connection of the test's own until ``release``: a
+    lookup that writes the key's ``last_used_at`` waits for it, holding its pooled connection."""
+    params = connection.get_connection_params()
+    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}) as conn:
+        with conn.transaction():
+            conn.execute("SELECT id FROM api_apikey WHERE id = %s FOR UPDATE", [key_id])
+            held.set()
+            release.wait(HOLD_S + 30)
+
+
+def test_a_flood_of_one_accounts_valid_key_cannot_take_the_connections_with_its_lookups(
+    web, api_tenant_a, api_tenant_b
+) -> None:
+    key = ApiKey.objects.get(prefix=api_tenant_a.key_secret.split("_", 2)[1])
+    flooder = {"Authorization": f"Bearer {api_tenant_a.key_secret}"}
+    other = httpx.Client(base_url=web, headers={"Authorization": f"Bearer {api_tenant_b.key_secret}"}, timeout=30)
+    _quota(other)  # warm: the other tenant's key is known too
+    idle = [_quota(other)[0] for _ in range(SAMPLES)]
+    with httpx.Client(base_url=web, headers=flooder, timeout=30) as client:
+        assert client.get("/api/v1/quota").status_code == 200  # the key's account is remembered
+    assert cache.get(key_accounts.cache_name(key.prefix)) == api_tenant_a.tenant.account_key
+    # Every lookup of the key now writes its last_used_at, and waits on the locked row.
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=None)
+
+    release, held = threading.Event(), threading.Event()
+    locker = threading.Thread(target=_held_key_row, args=(key.pk, release, held))
+    locker.start()
+    assert held.wait(10)
+    stop_at = time.monotonic() + HOLD_S
+    codes: list[int] = []
+    refusals: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def flood() -> None:
+        with httpx.Client(base_url=web, headers=flooder, timeout=60) as client:
+            while time.monotonic() < stop_at:
+                r = client.get("/api/v1/quota")
+                with lock:
+                    codes.append(r.status_code)
+                    if r.status_code == 429 and len(refusals) < 3:
+                        refusals.append(r)
+                if r.status_code == 429:
+                    time.sleep(0.05)  # as a client honouring Retry-After would, only sooner
+
+    threads = [threading.Thread(target=flood) for _ in range(FLOOD_CLIENTS)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # the admitted lookups wait on the key's row, each on a connection
+    loaded = [_quota(other) for _ in range(SAMPLES)]
+    while time.monotonic() < stop_at:
+        time.sleep(0.1)
+    release.set()
+    locker.join(timeout=30)
+    for t in threads:
+        t.join(timeout=60)
+
+    times = [t for t, _ in loaded]
+    print(
+        f"\nkey lookups: pool {POOL_SIZE} (account ceiling {POOL.ceiling}); the key's requests: "
+        f"{codes.count(200)} x 200, {codes.count(429)} x 429, others {sorted(set(codes) - {200, 429})}; "
+        f"other /quota idle median {statistics.median(idle) * 1000:.0f} ms, while the lookups wait "
+        f"{statistics.median(times) * 1000:.0f} ms (max {max(times) * 1000:.0f} ms)"
+    )
+    assert [code for _, code in loaded] == [200] * SAMPLES, loaded
+    assert statistics.median(times) <= QUOTA_BOUND_S, (idle, times)
+    assert set(codes) <= {200, 429}, sorted(set(codes))
+    assert codes.count(200) >= POOL.ceiling and codes.count(429) > 0, codes
+    refused = refusals[0]
+    assert refused.headers["Retry-After"] == "1"
+    error = refused.json()["error"]
+    assert error["code"] == "throttled", error
+    assert f"{POOL.ceiling} requests using the database at once" in error["message"], error
+
+    # Revoked, the key is refused on its very next request, though its account is remembered.
+    revoke_key(ApiKey.objects.get(pk=key.pk))
+    assert cache.get(key_accounts.cache_name(key.prefix)) == api_tenant_a.tenant.account_key
+    with httpx.Client(base_url=web, headers=flooder, timeout=30) as client:
+        r = client.get("/api/v1/quota")
+    assert r.status_code == 401, r.text
+    assert r.json()["error"]["code"] == "authentication_failed", r.text
+    assert r.json()["error"]["message"] == "invalid, revoked or expired API key", r.text
+    assert _quota(other)[1] == 200
     other.close()
