@@ -228,7 +228,8 @@ def _execute(run: Run, launch: Launch = launch_sandbox, plan: PlanLimits | None 
         # A sandboxed program may spawn: this executor serves its spawns (ProcessBroker below).
         # The built-in program run in-process never does, and pays for no broker.
         spawns = launch is launch_sandbox
-        worker_limits = session_limits(run, plan)
+        # The month's tokens as start_run read them with the run (a run from elsewhere: read here).
+        worker_limits = session_limits(run, plan, getattr(run, "month_tokens", None))
         if spawns:
             worker_limits["spawn"] = True
         # The runs of one tree (a root and what it spawned) share channels on the worker.

@@ -5,11 +5,12 @@ shares of the KV tiers)."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from datetime import date
+from datetime import date, datetime
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import BigIntegerField, Count, Max, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from api.models import KVFile, Plan, Run, Tenant, UsageRecord
@@ -115,12 +116,27 @@ def next_period_start(today: date) -> date:
     return date(today.year + today.month // 12, today.month % 12 + 1, 1)
 
 
+def _month_start() -> datetime:
+    return timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+
+
 def tokens_this_month(tenant: Tenant) -> int:
-    start = timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
-    sums = UsageRecord.objects.filter(tenant=tenant, created_at__gte=start).aggregate(
+    sums = UsageRecord.objects.filter(tenant=tenant, created_at__gte=_month_start()).aggregate(
         p=Sum("prefill_tokens"), d=Sum("decode_tokens")
     )
     return int(sums["p"] or 0) + int(sums["d"] or 0)
+
+
+def tokens_this_month_of(tenant_id: OuterRef) -> Coalesce:
+    """:func:`tokens_this_month` as an expression of another query's row (``tenant_id``), so a
+    statement the path makes anyway reads the month's tokens with it (``runs.start_run``)."""
+    month = (
+        UsageRecord.objects.filter(tenant_id=tenant_id, created_at__gte=_month_start())
+        .values("tenant_id")
+        .annotate(tokens=Coalesce(Sum("prefill_tokens"), 0) + Coalesce(Sum("decode_tokens"), 0))
+        .values("tokens")
+    )
+    return Coalesce(Subquery(month, output_field=BigIntegerField()), 0)
 
 
 LIVE = ("queued", "running")
@@ -224,18 +240,20 @@ def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None
         raise QuotaExceeded(f"monthly token quota of {plan.tokens_per_month} is used up")
 
 
-def session_limits(run: Run, plan: PlanLimits | None = None) -> RunLimits:
+def session_limits(run: Run, plan: PlanLimits | None = None, tokens_used: int | None = None) -> RunLimits:
     """The limits the worker enforces for ``run``: the run's own (validated when it was created:
     api/serializers.py ``RunLimitsSerializer``), capped by the plan, with the monthly token
     allowance left as a further cap on tokens and the tenant's allowlist as the widest one.
     ``plan``: the tenant's plan as the request that created the run read it (read here when not
-    given)."""
+    given). ``tokens_used``: the tenant's tokens this month as the run's start read them
+    (``runs.start_run``, in its locking statement; read here when not given)."""
     tenant = run.tenant
     plan = plan or plan_limits(tenant)
     requested = run.limits
     max_tokens = min(int(requested.get("max_tokens") or plan.max_tokens_per_run), plan.max_tokens_per_run)
     if plan.tokens_per_month is not None:
-        max_tokens = max(0, min(max_tokens, plan.tokens_per_month - tokens_this_month(tenant)))
+        used = tokens_this_month(tenant) if tokens_used is None else tokens_used
+        max_tokens = max(0, min(max_tokens, plan.tokens_per_month - used))
     # A run that states no deadline gets its plan's (what the author's plan pays for).
     deadline = min(float(requested.get("deadline_s") or plan.max_run_seconds), float(plan.max_run_seconds))
     # A run may narrow the tenant's tool allowlist, never widen it.

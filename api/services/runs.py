@@ -23,7 +23,7 @@ from api.models import ApiKey, AuditLog, Program, ProgramVersion, Run, Tenant, U
 from api.services import cancellation, quota_alerts, routing, run_handoff, run_notices, run_traces, tool_hosts
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
-from api.services.quotas import PlanLimits, check_can_start, lock_account
+from api.services.quotas import PlanLimits, check_can_start, lock_account, tokens_this_month_of
 from api.services.run_args import default_run_name, storable_args
 from api.validators import make_storable
 from gpu_worker import contracts
@@ -380,11 +380,14 @@ def start_run(run_id: str, worker: str, target: str | None = None) -> Run | None
         # (each a query on the path of every run), and the tenant's ``closed_at`` is read fresh
         # here (a close committed before this statement is seen; one committed after it cancels
         # the run it finds running, api/services/tenant_closure.py). The program's bytes are
-        # left for the sandbox launcher to load; the in-process one never needs them.
+        # left for the sandbox launcher to load; the in-process one never needs them. The
+        # tenant's tokens this month too (``run.month_tokens``): the worker's token cap is what is
+        # left of the allowance when the run starts, counting runs that ended since its check.
         run = (
             Run.objects.select_for_update(of=("self",))
             .select_related("tenant", "program_version")
             .defer("program_version__content")
+            .annotate(month_tokens=tokens_this_month_of(OuterRef("tenant_id")))
             .filter(pk=run_id)
             .first()
         )
