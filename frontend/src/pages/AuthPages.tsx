@@ -2,6 +2,7 @@ import { useState, type FormEvent } from "react";
 import { Link, Navigate, useLocation, useNavigate } from "react-router";
 import { useAuth } from "../auth/AuthContext";
 import { fieldError } from "../api/errors";
+import { CredentialFields, useSignInForm } from "../components/CredentialFields";
 import { ErrorBanner, FieldError, Notice } from "../components/Status";
 
 export function AuthCard({ title, children }: { title: string; children: React.ReactNode }) {
@@ -34,59 +35,20 @@ export function LoginPage() {
   const { target, done } = useAfterAuth();
   // Set by a page that sends the user here with news, e.g. after a password reset.
   const notice = (useLocation().state as { notice?: string } | null)?.notice;
-  const [email, setEmail] = useState("");
-  const [password, setPassword] = useState("");
-  const [error, setError] = useState<unknown>(null);
-  const [busy, setBusy] = useState(false);
+  const form = useSignInForm(async (email, password) => {
+    await login(email, password);
+    done();
+  });
+  const { email } = form.credentials;
   // Signing in sets `me`, which re-renders this page before done() runs: go to the same place.
   if (me) return <Navigate to={target} replace />;
-  const submit = async (e: FormEvent) => {
-    e.preventDefault();
-    setBusy(true);
-    try {
-      await login(email, password);
-      done();
-    } catch (err) {
-      setError(err);
-      setBusy(false);
-    }
-  };
   return (
     <AuthCard title="Log in">
-      <form onSubmit={submit} className="form">
+      <form onSubmit={form.submit} className="form">
         {notice && <Notice tone="ok">{notice}</Notice>}
-        <ErrorBanner error={error} />
-        <label className="field">
-          Email or username
-          <input
-            type="text"
-            autoComplete="username"
-            autoCapitalize="none"
-            spellCheck={false}
-            required
-            autoFocus
-            value={email}
-            onChange={(e) => {
-              setEmail(e.target.value);
-              setError(null); // a refusal is about what was typed before
-            }}
-          />
-        </label>
-        <label className="field">
-          Password
-          <input
-            type="password"
-            autoComplete="current-password"
-            required
-            value={password}
-            onChange={(e) => {
-              setPassword(e.target.value);
-              setError(null);
-            }}
-          />
-        </label>
-        <button className="btn btn-primary" type="submit" disabled={busy}>
-          {busy ? "Logging in…" : "Log in"}
+        <CredentialFields {...form.fields} />
+        <button className="btn btn-primary" type="submit" disabled={form.busy}>
+          {form.busy ? "Logging in…" : "Log in"}
         </button>
       </form>
       <p>
