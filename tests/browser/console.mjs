@@ -90,6 +90,15 @@ async function noOverflow(page, what) {
   check(scroll <= width, `${what}: the page is ${scroll} px wide in a ${width} px viewport`);
 }
 
+/** The page as it is, at a phone's width: nothing overflows, and its screenshot `name`; then the
+ * desktop width again. */
+async function atPhoneWidth(page, what, name) {
+  await page.setViewportSize({ width: 390, height: 844 });
+  await noOverflow(page, `${what} at 390 px`);
+  await shot(page, name);
+  await page.setViewportSize({ width: 1280, height: 800 });
+}
+
 /** The element lies within the viewport's width (a row action one can reach without scrolling sideways). */
 async function withinWidth(page, locator, what) {
   await locator.scrollIntoViewIfNeeded();
@@ -563,6 +572,7 @@ const scenarios = {
     await page.getByRole("heading", { name: "Log in" }).waitFor({ timeout: T });
     out.tagline = ((await page.getByTestId("tagline").textContent()) ?? "").trim();
     await shot(page, "login");
+    await atPhoneWidth(page, "login page", "login-mobile");
     await page.getByRole("link", { name: "Sign up" }).click();
     await page.getByLabel("Email").fill(cfg.email);
     await page.getByLabel("Password").fill("password");
@@ -573,6 +583,7 @@ const scenarios = {
     out.passwordError = ((await pwError.textContent()) ?? "").trim();
     out.passwordInvalid = await page.getByLabel("Password").getAttribute("aria-invalid");
     await shot(page, "signup-weak-password");
+    await atPhoneWidth(page, "sign-up page", "signup-weak-password-mobile");
     await page.getByLabel("Password").fill(cfg.password);
     await page.getByRole("button", { name: "Sign up" }).click();
     await page.getByRole("heading", { level: 1, name: "Programs" }).waitFor({ timeout: T });
