@@ -34,22 +34,26 @@ function Editor({ initial, isOwner }: { initial: ToolHosts; isOwner: boolean }) 
     );
   }
   return (
-    <form onSubmit={onSubmit}>
+    <form className="card form" onSubmit={onSubmit} aria-labelledby="tool-hosts-title">
       <ErrorBanner error={error} />
-      <label htmlFor="tool-hosts-input">Hosts (one per line: host or host:port)</label>
-      <textarea
-        id="tool-hosts-input"
-        className="mono"
-        rows={Math.min(10, Math.max(3, entries.length + 1))}
-        value={text}
-        onChange={(e) => setText(e.target.value)}
-      />
-      <p className="muted" data-testid="tool-hosts-count">
-        {saved.hosts.length} of {saved.max_hosts} allowed by the plan
-      </p>
-      <button type="submit" className="btn" disabled={busy || entries.length > saved.max_hosts}>
-        {busy ? "Saving…" : "Save tool hosts"}
-      </button>
+      <label className="field">
+        Hosts (one per line: host or host:port)
+        <textarea
+          className="mono"
+          rows={Math.min(10, Math.max(3, entries.length + 1))}
+          value={text}
+          aria-describedby="tool-hosts-count"
+          onChange={(e) => setText(e.target.value)}
+        />
+        <span className="hint" id="tool-hosts-count" data-testid="tool-hosts-count">
+          {saved.hosts.length} of {saved.max_hosts} allowed by the plan
+        </span>
+      </label>
+      <div className="form-actions">
+        <button type="submit" className="btn" disabled={busy || entries.length > saved.max_hosts}>
+          {busy ? "Saving…" : "Save tool hosts"}
+        </button>
+      </div>
     </form>
   );
 }
