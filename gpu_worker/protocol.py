@@ -834,8 +834,9 @@ class SessionEnded(Reply):
     usage: dict[str, Any]
     result: Any
     error: str | None
-    #: Where the session's time went (``gpu_worker.tracing.WireTrace``): bounded spans.
-    trace: dict[str, Any] = {}
+    #: Where the session's time went (``gpu_worker.tracing.WireTrace``): bounded spans; ``None``
+    #: from a worker that records none (no shared mutable default).
+    trace: dict[str, Any] | None = None
 
 
 class TenantDeleted(Reply):
