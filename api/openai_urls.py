@@ -3,17 +3,17 @@ answered in OpenAI's error envelope (the last route), whatever DEBUG says."""
 
 from django.urls import path, re_path
 
-from api import openai_views, responses_views
+from api.views import openai, responses
 
 urlpatterns = [
-    path("chat/completions", openai_views.chat_completions, name="openai-chat-completions"),
-    path("completions", openai_views.completions, name="openai-completions"),
-    path("models", openai_views.models, name="openai-models"),
-    path("models/<path:model_id>", openai_views.model, name="openai-model"),
-    path("responses", responses_views.create, name="openai-responses"),
-    path("responses/<str:response_id>", responses_views.detail, name="openai-response"),
-    path("responses/<str:response_id>/cancel", responses_views.cancel, name="openai-response-cancel"),
-    path("responses/<str:response_id>/input_items", responses_views.input_items, name="openai-response-input-items"),
-    path("embeddings", openai_views.unsupported, {"what": "embeddings"}, name="openai-embeddings"),
-    re_path(r"^(?P<rest>.*)$", openai_views.not_found, name="openai-not-found"),
+    path("chat/completions", openai.chat_completions, name="openai-chat-completions"),
+    path("completions", openai.completions, name="openai-completions"),
+    path("models", openai.models, name="openai-models"),
+    path("models/<path:model_id>", openai.model, name="openai-model"),
+    path("responses", responses.create, name="openai-responses"),
+    path("responses/<str:response_id>", responses.detail, name="openai-response"),
+    path("responses/<str:response_id>/cancel", responses.cancel, name="openai-response-cancel"),
+    path("responses/<str:response_id>/input_items", responses.input_items, name="openai-response-input-items"),
+    path("embeddings", openai.unsupported, {"what": "embeddings"}, name="openai-embeddings"),
+    re_path(r"^(?P<rest>.*)$", openai.not_found, name="openai-not-found"),
 ]

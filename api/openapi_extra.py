@@ -1,6 +1,6 @@
 """OpenAPI operations of the plain Django views drf-spectacular cannot see.
 
-``/v1/*`` (api/openai_views.py) and the run events stream (api/run_events_view.py) are async Django
+``/v1/*`` (api/views/openai.py) and the run events stream (api/views/run_events.py) are async Django
 views, not DRF views, so the schema drf-spectacular generates has no trace of them. This postprocessing hook
 (``SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]``) adds their operations, written by hand from
 what those views accept and answer; docs/API.md has the prose.

@@ -2,8 +2,8 @@ from django.urls import path, re_path
 from rest_framework.routers import SimpleRouter
 
 from api.health import HealthView
-from api.run_events_view import run_events
 from api.views import auth, keys, kv, programs, run_trace, runs, staff, staff_tenants, team, tool_hosts, usage
+from api.views.run_events import run_events
 
 router = SimpleRouter(trailing_slash=False)
 router.register("api-keys", keys.ApiKeyViewSet, basename="api-key")

@@ -6,8 +6,8 @@ heartbeats, defined once for both sides.
   event's fields as JSON). The worker writes ``token``, ``message`` (a LIP's ``send_to_user``),
   ``channel`` (a message it sent to a run of its tree) and ``kv`` (its KV usage) through
   ``gpu_worker/events.py``; the control plane writes ``status`` and ``end``
-  (``api/services/runs.py``) and reads every type (``api/run_events_view.py`` for Server-Sent
-  Events, ``api/openai_views.py`` for OpenAI streaming). The SSE view passes ``data`` through as
+  (``api/services/runs.py``) and reads every type (``api/views/run_events.py`` for Server-Sent
+  Events, ``api/views/openai.py`` for OpenAI streaming). The SSE view passes ``data`` through as
   stored, so the JSON written here is what a browser or client parses.
 * **Worker heartbeats.** Each worker SETs ``symphony:worker:<name>`` to its ``health`` answer
   (JSON) every couple of seconds with a ``HEARTBEAT_TTL_S`` expiry; the control plane's routing

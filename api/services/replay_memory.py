@@ -3,7 +3,7 @@
 Why: a replay read its stream 100 entries at a time, and an entry may be 1 MiB, so one replay
 whose client stopped reading held ~100 MB of this process until the client went; 32 such
 replays held ~1 GB, and per-address caps let one person drive several tenants past that. Now a
-replay reads pages of at most ``PAGE_BYTES`` (api/run_events_view.py) and holds at most
+replay reads pages of at most ``PAGE_BYTES`` (api/views/run_events.py) and holds at most
 ``SLOT_BYTES`` (the page being sent, the next entry, the server's write buffer); the process's
 replays together are the pool ``PoolName.REPLAY_MEMORY_BYTES`` of ``SYMPHONY_REPLAY_MEMORY_BYTES``
 (by default 1/16 of the memory this process may use: its cgroup limit, else the machine's;

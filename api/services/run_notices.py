@@ -1,5 +1,5 @@
 """A Redis pub/sub notice for each run that ends, per tenant: what a ``/v1`` request queued
-behind its plan's concurrent-run limit waits on (api/openai_views.py).
+behind its plan's concurrent-run limit waits on (api/views/openai.py).
 
 Why: a request that tried starting its run again every 0.25 s, each try a transaction on
 PostgreSQL, would keep the web process's 16-connection pool busy with a few dozen queued (another

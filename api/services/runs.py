@@ -106,7 +106,7 @@ def publish_end(run: Run) -> None:
     """The run's closing ``status`` and ``end`` events, and its stream set to expire
     ``SYMPHONY_RUN_EVENTS_RETENTION_S`` later: without that every run's events (up to 10,000
     entries) would stay in Redis for good. The run's row keeps its result and output tails;
-    the event view answers a finished run whose stream is gone from that row (api/run_events_view.py).
+    the event view answers a finished run whose stream is gone from that row (api/views/run_events.py).
     The tenant's ended-run notice (api/services/run_notices.py) goes out with them: what a
     ``/v1`` request queued behind the tenant's concurrent-run limit waits on."""
     key = contracts.run_stream_key(run.pk)

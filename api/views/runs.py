@@ -1,4 +1,4 @@
-"""Runs: create (idempotent), list, cancel, logs. The event stream is api/run_events_view.py."""
+"""Runs: create (idempotent), list, cancel, logs. The event stream is api/views/run_events.py."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 from django.db import OperationalError
 
-from api import authentication, openai_views
+from api import authentication
+from api.views import openai as openai_views
 
 pytestmark = pytest.mark.django_db
 

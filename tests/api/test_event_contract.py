@@ -12,9 +12,9 @@ from contextlib import aclosing
 from django.conf import settings
 
 from api.models import Run
-from api.run_events_view import stream_entries
 from api.services import routing
 from api.services.runs import publish_end, publish_event
+from api.views.run_events import stream_entries
 from gpu_worker import contracts
 from gpu_worker.contracts import ChannelEvent, EndEvent, KvEvent, MessageEvent, StatusEvent, TokenEvent
 from gpu_worker.events import EventPublisher

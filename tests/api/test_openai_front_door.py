@@ -261,8 +261,8 @@ def test_a_request_reads_its_tenants_plan_once(api_tenant_a):
     from django.test import RequestFactory
     from django.test.utils import CaptureQueriesContext
 
-    from api import openai_views
     from api.openai_serializers import ChatCompletionSerializer
+    from api.views import openai as openai_views
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     request = RequestFactory().post(

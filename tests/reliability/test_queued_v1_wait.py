@@ -23,12 +23,12 @@ import pytest
 from django.db.backends.signals import connection_created
 from django.test import RequestFactory
 
-from api import openai_views
 from api.asyncdb import db_call
 from api.models import Plan, Program, Run
 from api.openai_serializers import ChatCompletionSerializer
 from api.services import programs
 from api.services.runs import cancel_run
+from api.views import openai as openai_views
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.timeout(60)]
 

@@ -33,7 +33,7 @@ CANARY_S = 5.0
 
 
 def _pages(key: str, after: str, until: str = "+", page: int = 100) -> list[list[str]]:
-    from api.run_events_view import entry_pages
+    from api.views.run_events import entry_pages
 
     async def read() -> list[list[str]]:
         client = aioredis.Redis.from_url(settings.REDIS_URL)

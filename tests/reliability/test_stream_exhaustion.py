@@ -280,7 +280,7 @@ def test_a_stream_ends_when_cancelled_even_if_redis_swallows_the_cancellation(mo
 
     import redis.asyncio as aioredis
 
-    from api.run_events_view import stream_entries
+    from api.views.run_events import stream_entries
 
     real_xread = aioredis.Redis.xread
     swallowed: list[bool] = []

@@ -14,9 +14,10 @@ import logging
 
 import pytest
 
-from api import authentication, openai_views
+from api import authentication
 from api.models import KVFile, Run
 from api.services import openai_compat, responses, trusted_runs
+from api.views import openai as openai_views
 
 # Imported at collection: its first import of web.asgi sets Django up again (logging included),
 # which would drop the log capture of the test that imported it.

@@ -1,5 +1,5 @@
 // Pure state of a run's live event stream (GET /api/v1/runs/<id>/events), so the reducer is
-// testable without EventSource. Event types and payloads (api/run_events_view.py, gpu_worker):
+// testable without EventSource. Event types and payloads (api/views/run_events.py, gpu_worker):
 //   token   {text}                         text the LIP sent with send_to_user(str)
 //   message {data}                         JSON the LIP sent with send_to_user(obj)
 //   kv      {run_pages, tenant_device_pages, tenant_host_pages, tokens}  this run's and its tenant's own

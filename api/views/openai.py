@@ -29,7 +29,6 @@ from api.asyncdb import db_call, db_call_before_next
 from api.authentication import KeyRefused, bearer_key
 from api.models import ApiKey, Run
 from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
-from api.run_events_view import sse_response, stream_entries
 from api.services import openai_compat, run_handoff, run_notices, server_errors, stream_leases
 from api.services.openai_compat import (
     CompletionRequest,
@@ -42,6 +41,7 @@ from api.services.openai_compat import (
 )
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded, plan_limits
 from api.throttling import TenantThrottled, check_tenant_rate, note_token_allowance
+from api.views.run_events import sse_response, stream_entries
 from gpu_worker import contracts
 from web.body_limit import too_large_body
 

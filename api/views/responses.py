@@ -1,6 +1,6 @@
 """``/v1/responses`` (OpenAI's Responses API): create, retrieve, delete, cancel.
 
-Async views like the chat endpoint's (api/openai_views.py, whose key check, concurrency queue,
+Async views like the chat endpoint's (api/views/openai.py, whose key check, concurrency queue,
 stream slots and disconnect handling they share): a response is a run of the built-in LIP,
 mapped by api/services/responses.py. A streamed response sends the Responses API's typed
 server-sent events (``response.created`` ... ``response.completed``) as the run's messages
@@ -24,13 +24,13 @@ from django.views.decorators.csrf import csrf_exempt
 from api import parsers
 from api.asyncdb import db_call, db_call_before_next
 from api.models import ApiKey, Run, StoredResponse
-from api.openai_views import _abandon, _allow, _key, _key_and_plan, _Refused, _start_leased
 from api.responses_serializers import ResponseCreateSerializer
-from api.run_events_view import sse_response, stream_entries
 from api.services import responses, run_handoff, run_notices, server_errors, stream_leases
 from api.services.openai_compat import error_body
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded
 from api.services.responses import Turn
+from api.views.openai import _abandon, _allow, _key, _key_and_plan, _Refused, _start_leased
+from api.views.run_events import sse_response, stream_entries
 from gpu_worker import contracts
 from web.body_limit import too_large_body
 
