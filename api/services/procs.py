@@ -139,8 +139,8 @@ def resolve_entry(version: ProgramVersion, entry: object) -> str:
 
 # -------------------------------------------------------------------------------- spawning
 def _clean_limits(tenant: Tenant, limits: object) -> dict:
-    """A child's limits checked like ``POST /runs``'s (api/serializers.py)."""
-    from api.serializers import RunLimitsSerializer
+    """A child's limits checked like ``POST /runs``'s (api/serializers/runs.py)."""
+    from api.serializers.runs import RunLimitsSerializer
     from api.services import tool_hosts
 
     if limits is None:

@@ -55,7 +55,7 @@ class PlanLimits:
 #: restrictive sensible defaults rather than unlimited.
 FALLBACK = PlanLimits(2, 4096, 120, 1_000_000, 256, 1 << 30)
 #: Sandbox resources a run may ask for in its limits, with their defaults and upper bounds (a
-#: run asking for more is refused when it is created: api/serializers.py, and
+#: run asking for more is refused when it is created: api/serializers/runs.py, and
 #: when spawned: api/services/procs.py; ``memory_mb`` is
 #: further capped by the plan's ``max_memory_mb``).
 SANDBOX_RESOURCES = {
@@ -242,7 +242,7 @@ def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None
 
 def session_limits(run: Run, plan: PlanLimits | None = None, tokens_used: int | None = None) -> RunLimits:
     """The limits the worker enforces for ``run``: the run's own (validated when it was created:
-    api/serializers.py ``RunLimitsSerializer``), capped by the plan, with the monthly token
+    api/serializers/runs.py ``RunLimitsSerializer``), capped by the plan, with the monthly token
     allowance left as a further cap on tokens and the tenant's allowlist as the widest one.
     ``plan``: the tenant's plan as the request that created the run read it (read here when not
     given). ``tokens_used``: the tenant's tokens this month as the run's start read them

@@ -36,7 +36,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from api.models import ApiKey, Plan, Run, StoredResponse, Tenant, UsageRecord
-from api.openai_serializers import DEFAULT_MAX_TOKENS, MAX_MESSAGES, MAX_PROMPT_CHARS
+from api.serializers.openai import DEFAULT_MAX_TOKENS, MAX_MESSAGES, MAX_PROMPT_CHARS
 from api.services import openai_compat
 from api.services.openai_compat import CompletionRequest, error_body
 from api.services.openai_tools import call_schema_text, render_messages

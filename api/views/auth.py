@@ -17,9 +17,19 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
-from api import serializers as s
 from api.csrf import CsrfTokenRequired
 from api.models import Membership
+from api.serializers.auth import (
+    EmailChangeConfirmSerializer,
+    EmailChangeSerializer,
+    LoginSerializer,
+    PasswordChangeSerializer,
+    PasswordResetConfirmSerializer,
+    PasswordResetRequestSerializer,
+    SignupSerializer,
+    SwitchTenantSerializer,
+    VerifyEmailSerializer,
+)
 from api.services import accounts, auth_failures, login_lockout, mail, members
 from api.tenancy import SESSION_TENANT_KEY
 from api.views._shared import _console_user, _me
@@ -30,10 +40,10 @@ class SignupView(APIView):
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "auth"
 
-    @extend_schema(request=s.SignupSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=SignupSerializer, responses=OpenApiTypes.OBJECT)
     @transaction.atomic
     def post(self, request):
-        data = s.SignupSerializer(data=request.data)
+        data = SignupSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         email = data.validated_data["email"].lower()
         users = get_user_model().objects
@@ -71,9 +81,9 @@ class LoginView(APIView):
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "auth"
 
-    @extend_schema(request=s.LoginSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=LoginSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
-        data = s.LoginSerializer(data=request.data)
+        data = LoginSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         account = data.validated_data["email"]  # the username it resolves to (LoginSerializer)
         try:
@@ -114,10 +124,10 @@ class MeView(APIView):
 
 
 class SwitchTenantView(APIView):
-    @extend_schema(request=s.SwitchTenantSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=SwitchTenantSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request):
         user = _console_user(request)  # an API key is bound to its one tenant
-        data = s.SwitchTenantSerializer(data=request.data)
+        data = SwitchTenantSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         membership = get_object_or_404(Membership, user=user, tenant_id=data.validated_data["tenant"])
         request.session[SESSION_TENANT_KEY] = membership.tenant_id
@@ -130,10 +140,10 @@ class PasswordChangeView(APIView):
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "auth"
 
-    @extend_schema(request=s.PasswordChangeSerializer, responses={204: None})
+    @extend_schema(request=PasswordChangeSerializer, responses={204: None})
     def post(self, request):
         user = _console_user(request)
-        data = s.PasswordChangeSerializer(data=request.data)
+        data = PasswordChangeSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         if not user.check_password(data.validated_data["current_password"]):
             raise ValidationError({"current_password": "wrong password"})
@@ -162,10 +172,10 @@ class EmailChangeView(APIView):
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "auth"
 
-    @extend_schema(request=s.EmailChangeSerializer, responses={202: OpenApiTypes.OBJECT})
+    @extend_schema(request=EmailChangeSerializer, responses={202: OpenApiTypes.OBJECT})
     def post(self, request):
         user = _console_user(request)
-        data = s.EmailChangeSerializer(data=request.data)
+        data = EmailChangeSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
             new_email = accounts.request_email_change(
@@ -182,9 +192,9 @@ class EmailChangeConfirmView(LinkCredentialView):
     old address is told. The token is the credential, so no session is needed (the link may be
     opened on another device)."""
 
-    @extend_schema(request=s.EmailChangeConfirmSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=EmailChangeConfirmSerializer, responses={200: OpenApiTypes.OBJECT})
     def post(self, request):
-        data = s.EmailChangeConfirmSerializer(data=request.data)
+        data = EmailChangeConfirmSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
             user = accounts.confirm_email_change(data.validated_data["token"])
@@ -199,9 +209,9 @@ class PasswordResetRequestView(LinkCredentialView):
     Always 202, whether or not such an account exists (no account enumeration), and at most one
     mail per address a minute."""
 
-    @extend_schema(request=s.PasswordResetRequestSerializer, responses={202: OpenApiTypes.OBJECT})
+    @extend_schema(request=PasswordResetRequestSerializer, responses={202: OpenApiTypes.OBJECT})
     def post(self, request):
-        data = s.PasswordResetRequestSerializer(data=request.data)
+        data = PasswordResetRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         mail.request_password_reset(data.validated_data["email"])
         message = "if an account uses this email, a link to reset its password is on its way"
@@ -215,9 +225,9 @@ class PasswordResetConfirmView(LinkCredentialView):
     unless the body says ``"revoke_api_keys": false``; the address counts as verified and the
     account's sign-in lockout ends (api/services/accounts.py)."""
 
-    @extend_schema(request=s.PasswordResetConfirmSerializer, responses={204: None})
+    @extend_schema(request=PasswordResetConfirmSerializer, responses={204: None})
     def post(self, request):
-        data = s.PasswordResetConfirmSerializer(data=request.data)
+        data = PasswordResetConfirmSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
             user = accounts.reset_password(
@@ -240,9 +250,9 @@ class VerifyEmailView(LinkCredentialView):
     keys, upload programs and start runs. The token is the credential (the link may be opened on
     another device), so no session is needed."""
 
-    @extend_schema(request=s.VerifyEmailSerializer, responses={200: OpenApiTypes.OBJECT})
+    @extend_schema(request=VerifyEmailSerializer, responses={200: OpenApiTypes.OBJECT})
     def post(self, request):
-        data = s.VerifyEmailSerializer(data=request.data)
+        data = VerifyEmailSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         try:
             user = accounts.verify_email(data.validated_data["token"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 from rest_framework import mixins, status
 from rest_framework.response import Response
 
-from api import serializers as s
 from api.models import ApiKey
+from api.serializers.keys import ApiKeySerializer
 from api.services import keys
 from api.tenancy import TenantScopedViewSet
 from api.views._shared import _console_user, _verified_user
@@ -14,14 +14,14 @@ from api.views._shared import _console_user, _verified_user
 
 class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     queryset = ApiKey.objects.order_by("-created_at")
-    serializer_class = s.ApiKeySerializer
+    serializer_class = ApiKeySerializer
 
     def get_queryset(self):
         return keys.manageable_keys(self.request.user, self.tenant).order_by("-created_at")
 
     def create(self, request):
         _verified_user(request)
-        data = s.ApiKeySerializer(data=request.data)
+        data = ApiKeySerializer(data=request.data)
         data.is_valid(raise_exception=True)
         issued = keys.create_key(
             _console_user(request),
@@ -30,7 +30,7 @@ class ApiKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
             data.validated_data["scopes"],
             data.validated_data.get("expires_at"),
         )
-        body = {**s.ApiKeySerializer(issued.key).data, "secret": issued.secret}
+        body = {**ApiKeySerializer(issued.key).data, "secret": issued.secret}
         return Response(body, status=status.HTTP_201_CREATED)
 
     def destroy(self, request, pk=None):

@@ -8,8 +8,8 @@ from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from api import serializers as s
 from api.models import KVFile
+from api.serializers.kv import KVFileSerializer, PinSerializer
 from api.services import kvfiles
 from api.tenancy import TenantScopedViewSet
 
@@ -23,7 +23,7 @@ class KVFileViewSet(mixins.RetrieveModelMixin, TenantScopedViewSet):
     returned with ``X-Symphony-Stale: 1``."""
 
     queryset = KVFile.objects.select_related("tenant").order_by("name")
-    serializer_class = s.KVFileSerializer
+    serializer_class = KVFileSerializer
     required_scope = "kv"
 
     def list(self, request):
@@ -47,10 +47,10 @@ class KVFileViewSet(mixins.RetrieveModelMixin, TenantScopedViewSet):
         kvfiles.delete(self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
 
-    @extend_schema(request=s.PinSerializer, responses=s.KVFileSerializer)
+    @extend_schema(request=PinSerializer, responses=KVFileSerializer)
     @action(detail=True, methods=["post"])
     def pin(self, request, pk=None):
         kv = self.get_object()
-        data = s.PinSerializer(data=request.data)
+        data = PinSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        return Response(s.KVFileSerializer(kvfiles.pin(kv, data.validated_data["pinned"])).data)
+        return Response(KVFileSerializer(kvfiles.pin(kv, data.validated_data["pinned"])).data)

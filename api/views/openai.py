@@ -28,7 +28,7 @@ from api import parsers
 from api.asyncdb import db_call, db_call_before_next
 from api.authentication import KeyRefused, bearer_key
 from api.models import ApiKey, Run
-from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
+from api.serializers.openai import ChatCompletionSerializer, CompletionSerializer
 from api.services import openai_compat, run_handoff, run_notices, server_errors, stream_leases
 from api.services.openai_compat import (
     CompletionRequest,

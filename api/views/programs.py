@@ -9,8 +9,8 @@ from rest_framework import mixins, status
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from api import serializers as s
 from api.models import Program
+from api.serializers.programs import ProgramSerializer, ProgramVersionSerializer, VersionUploadSerializer
 from api.services import programs
 from api.tenancy import TenantScopedViewSet
 from api.views._shared import _verified_user
@@ -18,7 +18,7 @@ from api.views._shared import _verified_user
 
 class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin, TenantScopedViewSet):
     queryset = Program.objects.order_by("-created_at")
-    serializer_class = s.ProgramSerializer
+    serializer_class = ProgramSerializer
     required_scope = "programs"
 
     def perform_destroy(self, instance: Program) -> None:
@@ -27,7 +27,7 @@ class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.De
     @transaction.atomic
     def create(self, request):
         _verified_user(request)
-        data = s.ProgramSerializer(data=request.data)
+        data = ProgramSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         upload = data.validated_data.pop("file")
         if Program.objects.filter(tenant=self.tenant, name=data.validated_data["name"]).exists():
@@ -36,20 +36,20 @@ class ProgramViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.De
             )
         program = Program.objects.create(tenant=self.tenant, **data.validated_data)
         programs.add_version(program, upload.name, upload.read())
-        return Response(s.ProgramSerializer(program).data, status=status.HTTP_201_CREATED)
+        return Response(ProgramSerializer(program).data, status=status.HTTP_201_CREATED)
 
     @action(detail=True, methods=["get", "post"])
     def versions(self, request, pk=None):
         program = self.get_object()
         if request.method == "POST":
             _verified_user(request)
-            data = s.VersionUploadSerializer(data=request.data)
+            data = VersionUploadSerializer(data=request.data)
             data.is_valid(raise_exception=True)
             upload = data.validated_data["file"]
             version, created = programs.add_version_if_changed(program, upload.name, upload.read())
             code = status.HTTP_201_CREATED if created else status.HTTP_200_OK
-            return Response(s.ProgramVersionSerializer(version).data, status=code)
-        return Response(s.ProgramVersionSerializer(program.versions.order_by("number"), many=True).data)
+            return Response(ProgramVersionSerializer(version).data, status=code)
+        return Response(ProgramVersionSerializer(program.versions.order_by("number"), many=True).data)
 
     @action(detail=True, methods=["get"], url_path=r"versions/(?P<number>\d+)/source")
     def source(self, request, pk=None, number=None):

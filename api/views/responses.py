@@ -24,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 from api import parsers
 from api.asyncdb import db_call, db_call_before_next
 from api.models import ApiKey, Run, StoredResponse
-from api.responses_serializers import ResponseCreateSerializer
+from api.serializers.responses import ResponseCreateSerializer
 from api.services import responses, run_handoff, run_notices, server_errors, stream_leases
 from api.services.openai_compat import error_body
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded

@@ -14,7 +14,7 @@ from rest_framework.views import APIView
 from api.models import Run
 from api.services import run_traces
 from api.tenancy import IsTenantMember, active_tenant
-from api.trace_serializers import TRACE_FORMATS, RunTraceQuerySerializer, RunTraceSerializer
+from api.serializers.run_trace import TRACE_FORMATS, RunTraceQuerySerializer, RunTraceSerializer
 
 
 class ChromeTraceRenderer(JSONRenderer):

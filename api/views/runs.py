@@ -9,17 +9,23 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 
-from api import serializers as s
 from api.models import ApiKey, Program, Run
+from api.serializers.runs import (
+    IdempotencyKeySerializer,
+    RunCreateSerializer,
+    RunFilterSerializer,
+    RunLogsSerializer,
+    RunSerializer,
+)
 from api.services import quotas, runs
 from api.tenancy import TenantScopedViewSet
 from api.views._shared import _verified_user
 
 
 @extend_schema_view(
-    list=extend_schema(parameters=[s.RunFilterSerializer]),
+    list=extend_schema(parameters=[RunFilterSerializer]),
     create=extend_schema(
-        request=s.RunCreateSerializer,
+        request=RunCreateSerializer,
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
@@ -29,12 +35,12 @@ from api.views._shared import _verified_user
                 " (201); the same key with another body is a 422 idempotency_mismatch.",
             )
         ],
-        responses={201: s.RunSerializer, 200: s.RunSerializer},
+        responses={201: RunSerializer, 200: RunSerializer},
     ),
 )
 class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedViewSet):
     queryset = Run.objects.select_related("program_version__program")
-    serializer_class = s.RunSerializer
+    serializer_class = RunSerializer
     required_scope = "runs"
 
     def get_queryset(self):
@@ -44,7 +50,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
         qs = qs.defer("stdout", "stderr")  # up to 2 x 64 KiB a run, served by `logs` only
         if self.action != "list":
             return qs
-        filters = s.RunFilterSerializer(data=self.request.query_params)
+        filters = RunFilterSerializer(data=self.request.query_params)
         filters.is_valid(raise_exception=True)
         if status_filter := filters.validated_data.get("status"):
             qs = qs.filter(status=status_filter)
@@ -56,10 +62,10 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
 
     def create(self, request):
         _verified_user(request)
-        data = s.RunCreateSerializer(data=request.data, context={"plan": quotas.plan_limits(self.tenant)})
+        data = RunCreateSerializer(data=request.data, context={"plan": quotas.plan_limits(self.tenant)})
         data.is_valid(raise_exception=True)
         header = request.headers.get("Idempotency-Key")
-        idempotency = s.IdempotencyKeySerializer(data={} if header is None else {"key": header})
+        idempotency = IdempotencyKeySerializer(data={} if header is None else {"key": header})
         if not idempotency.is_valid():
             raise ValidationError({"Idempotency-Key": idempotency.errors["key"]})
         program = get_object_or_404(Program, pk=data.validated_data["program"], tenant=self.tenant)
@@ -73,16 +79,16 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             api_key=request.auth if isinstance(request.auth, ApiKey) else None,
             name=data.validated_data["name"],
         )
-        return Response(s.RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         key = request.auth if isinstance(request.auth, ApiKey) else None
         person = request.user if key is None and request.user.is_authenticated else None
-        return Response(s.RunSerializer(runs.cancel_run(self.get_object(), actor=person, api_key=key)).data)
+        return Response(RunSerializer(runs.cancel_run(self.get_object(), actor=person, api_key=key)).data)
 
-    @extend_schema(responses=s.RunLogsSerializer)
+    @extend_schema(responses=RunLogsSerializer)
     @action(detail=True, methods=["get"])
     def logs(self, request, pk=None):
         """What the program printed: the tail of its stdout and stderr, once the run has ended."""
-        return Response(s.RunLogsSerializer(self.get_object()).data)
+        return Response(RunLogsSerializer(self.get_object()).data)

@@ -11,8 +11,8 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api import serializers as s
 from api.models import KVFile, Tenant
+from api.serializers.kv import KVFileSerializer
 from api.services import kvfiles, routing
 
 
@@ -62,7 +62,7 @@ class StaffKVFileViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
 
     permission_classes = [IsAdminUser]
     queryset = KVFile.objects.select_related("tenant").order_by("tenant__slug", "name")
-    serializer_class = s.KVFileSerializer
+    serializer_class = KVFileSerializer
 
     @extend_schema(request=None, responses=OpenApiTypes.OBJECT)
     @action(detail=True, methods=["post"])

@@ -12,8 +12,9 @@ from rest_framework.permissions import IsAdminUser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api import serializers as s
 from api.models import Tenant
+from api.serializers.staff_tenants import StaffTenantPlanSerializer
+from api.serializers.team import TenantCloseSerializer
 from api.services import staff_tenants, tenant_closure
 
 
@@ -40,9 +41,9 @@ class StaffTenantView(APIView):
 
     permission_classes = [IsAdminUser]
 
-    @extend_schema(request=s.StaffTenantPlanSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=StaffTenantPlanSerializer, responses=OpenApiTypes.OBJECT)
     def patch(self, request, tenant_id: int):
-        data = s.StaffTenantPlanSerializer(data=request.data)
+        data = StaffTenantPlanSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         tenant = get_object_or_404(Tenant, pk=tenant_id)
         try:
@@ -57,9 +58,9 @@ class StaffTenantCloseView(APIView):
 
     permission_classes = [IsAdminUser]
 
-    @extend_schema(request=s.TenantCloseSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=TenantCloseSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, tenant_id: int):
-        data = s.TenantCloseSerializer(data=request.data)
+        data = TenantCloseSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         tenant = get_object_or_404(Tenant, pk=tenant_id)
         try:

@@ -12,8 +12,17 @@ from rest_framework.response import Response
 from rest_framework.throttling import ScopedRateThrottle
 from rest_framework.views import APIView
 
-from api import serializers as s
 from api.models import AuditLog, Invitation, Membership
+from api.serializers.team import (
+    AuditLogSerializer,
+    InvitationPreviewSerializer,
+    InvitationSerializer,
+    MemberRoleSerializer,
+    MemberSerializer,
+    NewInvitationSerializer,
+    TenantCloseSerializer,
+    TenantCreateSerializer,
+)
 from api.services import mail, members, tenant_closure
 from api.tenancy import SESSION_TENANT_KEY, TenantScopedViewSet
 from api.views._shared import _console_user, _me
@@ -22,10 +31,10 @@ from api.views._shared import _console_user, _me
 class TenantCreateView(APIView):
     """A new tenant owned by the signed-in user, who is switched to it."""
 
-    @extend_schema(request=s.TenantCreateSerializer, responses={201: OpenApiTypes.OBJECT})
+    @extend_schema(request=TenantCreateSerializer, responses={201: OpenApiTypes.OBJECT})
     def post(self, request):
         user = _console_user(request)
-        data = s.TenantCreateSerializer(data=request.data)
+        data = TenantCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         tenant = members.create_tenant(user, data.validated_data["name"])
         request.session[SESSION_TENANT_KEY] = tenant.pk
@@ -36,10 +45,10 @@ class TenantCloseView(APIView):
     """An owner closes a tenant: it stops at once (keys, runs, members) and its programs, runs
     and KV files are deleted in the background (api/services/tenant_closure.py)."""
 
-    @extend_schema(request=s.TenantCloseSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=TenantCloseSerializer, responses=OpenApiTypes.OBJECT)
     def post(self, request, tenant_id: int):
         user = _console_user(request)  # never an API key, even an owner's
-        data = s.TenantCloseSerializer(data=request.data)
+        data = TenantCloseSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         membership = get_object_or_404(Membership.objects.select_related("tenant"), user=user, tenant_id=tenant_id)
         try:
@@ -58,9 +67,9 @@ class InvitationPreviewView(APIView):
     throttle_classes = [ScopedRateThrottle]
     throttle_scope = "auth"
 
-    @extend_schema(request=None, responses=s.InvitationPreviewSerializer)
+    @extend_schema(request=None, responses=InvitationPreviewSerializer)
     def get(self, request, token: str):
-        return Response(s.InvitationPreviewSerializer(members.find(token)).data)
+        return Response(InvitationPreviewSerializer(members.find(token)).data)
 
 
 class InvitationAcceptView(APIView):
@@ -80,14 +89,14 @@ class MemberViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScop
     """The active tenant's members. Owners change roles and remove members; anyone may leave."""
 
     queryset = Membership.objects.select_related("user", "tenant").order_by("joined_at", "id")
-    serializer_class = s.MemberSerializer
+    serializer_class = MemberSerializer
 
-    @extend_schema(request=s.MemberRoleSerializer, responses=s.MemberSerializer)
+    @extend_schema(request=MemberRoleSerializer, responses=MemberSerializer)
     def partial_update(self, request, pk=None):
-        data = s.MemberRoleSerializer(data=request.data)
+        data = MemberRoleSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         membership = members.change_role(_console_user(request), self.get_object(), data.validated_data["role"])
-        return Response(s.MemberSerializer(membership).data)
+        return Response(MemberSerializer(membership).data)
 
     def destroy(self, request, pk=None):
         members.remove(_console_user(request), self.get_object())
@@ -98,20 +107,20 @@ class InvitationViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     """Pending invitations of the active tenant; owners create (token shown once) and revoke."""
 
     queryset = Invitation.objects.select_related("invited_by", "tenant")
-    serializer_class = s.InvitationSerializer
+    serializer_class = InvitationSerializer
 
     def get_queryset(self):
         return members.pending(self.tenant).select_related("invited_by", "tenant")
 
-    @extend_schema(request=s.InvitationSerializer, responses={201: s.NewInvitationSerializer})
+    @extend_schema(request=InvitationSerializer, responses={201: NewInvitationSerializer})
     def create(self, request):
-        data = s.InvitationSerializer(data=request.data)
+        data = InvitationSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         issued = members.invite(
             _console_user(request), self.tenant, data.validated_data["email"], data.validated_data["role"]
         )
         emailed = mail.queue_invitation(issued.invitation, issued.token)
-        body = {**s.InvitationSerializer(issued.invitation).data, "token": issued.token, "emailed": emailed}
+        body = {**InvitationSerializer(issued.invitation).data, "token": issued.token, "emailed": emailed}
         return Response(body, status=status.HTTP_201_CREATED)
 
     def destroy(self, request, pk=None):
@@ -123,7 +132,7 @@ class AuditLogViewSet(mixins.ListModelMixin, TenantScopedViewSet):
     """Owners: what happened to the tenant (team changes, operator KV evictions), newest first."""
 
     queryset = AuditLog.objects.select_related("actor").order_by("-created_at", "-id")
-    serializer_class = s.AuditLogSerializer
+    serializer_class = AuditLogSerializer
 
     def list(self, request, *args, **kwargs):
         members.require_owner(_console_user(request), self.tenant)

@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from api import serializers as s
+from api.serializers.tool_hosts import ToolHostsSerializer
 from api.services import tool_hosts
 from api.tenancy import IsTenantMember, active_tenant
 from api.views._shared import _console_user
@@ -24,9 +24,9 @@ class ToolHostsView(APIView):
     def get(self, request):
         return Response(tool_hosts.view(active_tenant(request)))
 
-    @extend_schema(request=s.ToolHostsSerializer, responses=OpenApiTypes.OBJECT)
+    @extend_schema(request=ToolHostsSerializer, responses=OpenApiTypes.OBJECT)
     def put(self, request):
-        data = s.ToolHostsSerializer(data=request.data)
+        data = ToolHostsSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         tenant = active_tenant(request)
         tool_hosts.set_hosts(_console_user(request), tenant, data.validated_data["hosts"])

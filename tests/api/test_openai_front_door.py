@@ -165,7 +165,7 @@ def test_malformed_messages_are_a_400(api_tenant_a, message, why):
 
 
 def _request(serializer_class, body):
-    from api.openai_serializers import ChatCompletionSerializer  # noqa: F401
+    from api.serializers.openai import ChatCompletionSerializer  # noqa: F401
 
     serializer = serializer_class(data=body)
     assert serializer.is_valid(), serializer.errors
@@ -173,7 +173,7 @@ def _request(serializer_class, body):
 
 
 def test_tools_rendered_in_the_system_prompt_and_their_schema_keeps_its_key_order():
-    from api.openai_serializers import ChatCompletionSerializer
+    from api.serializers.openai import ChatCompletionSerializer
 
     messages = [
         {"role": "developer", "content": "Be brief."},
@@ -220,7 +220,7 @@ def test_tools_rendered_in_the_system_prompt_and_their_schema_keeps_its_key_orde
 
 
 def test_sampling_parameters_reach_the_program_and_response_schema_keeps_key_order():
-    from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
+    from api.serializers.openai import ChatCompletionSerializer, CompletionSerializer
 
     schema = {"type": "object", "properties": {"zeta": {"type": "string"}, "alpha": {"type": "string"}}}
     parsed = _request(
@@ -261,7 +261,7 @@ def test_a_request_reads_its_tenants_plan_once(api_tenant_a):
     from django.test import RequestFactory
     from django.test.utils import CaptureQueriesContext
 
-    from api.openai_serializers import ChatCompletionSerializer
+    from api.serializers.openai import ChatCompletionSerializer
     from api.views import openai as openai_views
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}

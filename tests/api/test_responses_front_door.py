@@ -112,7 +112,7 @@ def test_a_follow_up_renders_the_stored_chain_and_keeps_its_kv_file(api_tenant_a
     body = responses.body(settled)
     assert body["usage"]["input_tokens"] == 30 and body["usage"]["input_tokens_details"] == {"cached_tokens": 0}
 
-    from api.responses_serializers import ResponseCreateSerializer
+    from api.serializers.responses import ResponseCreateSerializer
 
     request = {
         "model": "m",
@@ -200,7 +200,7 @@ def test_input_items_pages(api_tenant_a):
 
 
 def test_a_background_turn_that_ended_unseen_can_be_continued(api_tenant_a):
-    from api.responses_serializers import ResponseCreateSerializer
+    from api.serializers.responses import ResponseCreateSerializer
 
     tenant = api_tenant_a.tenant
     result = {"choices": [{"index": 0, "text": "Paris.", "finish_reason": "stop"}], "usage": {"prompt_tokens": 5}}

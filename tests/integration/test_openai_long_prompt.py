@@ -1,7 +1,7 @@
 """A chat within the request bounds whose prompt still does not fit what the run may process,
 through the whole real stack (uvicorn, Celery, gVisor sandbox, the worker on the tiny model).
 
-900 short messages pass the serializer's bounds (api/openai_serializers.py) but tokenize to
+900 short messages pass the serializer's bounds (api/serializers/openai.py) but tokenize to
 more than the run's token budget (the plan's ``max_tokens_per_run``); the built-in LIP's first
 ``pred`` was refused (EDQUOT), the run failed, and the client got a 500 ``server_error`` with a
 traceback. The LIP now reports the refusal and the API answers 400 ``context_length_exceeded``

@@ -25,7 +25,7 @@ from django.test import RequestFactory
 
 from api.asyncdb import db_call
 from api.models import Plan, Program, Run
-from api.openai_serializers import ChatCompletionSerializer
+from api.serializers.openai import ChatCompletionSerializer
 from api.services import programs
 from api.services.runs import cancel_run
 from api.views import openai as openai_views

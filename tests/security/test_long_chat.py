@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from api.models import Run
-from api.openai_serializers import MAX_MESSAGES, MAX_PROMPT_CHARS, ChatCompletionSerializer
+from api.serializers.openai import MAX_MESSAGES, MAX_PROMPT_CHARS, ChatCompletionSerializer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration, pytest.mark.timeout(120)]
 

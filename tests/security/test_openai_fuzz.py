@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 
 from api import parsers
 from api.models import Plan, Program
-from api.openai_serializers import ChatCompletionSerializer, CompletionSerializer
+from api.serializers.openai import ChatCompletionSerializer, CompletionSerializer
 from api.services import openai_compat, programs
 from api.services.runs import create_run
 

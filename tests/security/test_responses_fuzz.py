@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from api import parsers
-from api.responses_serializers import ResponseCreateSerializer
+from api.serializers.responses import ResponseCreateSerializer
 from api.services import responses
 from tests.security.test_openai_fuzz import (  # noqa: F401
     ANY_JSON,

@@ -1,6 +1,6 @@
 """Validation of ``POST /v1/responses`` bodies (OpenAI's Responses API).
 
-Like the chat endpoint's (api/openai_serializers.py), every parameter is honoured or refused
+Like the chat endpoint's (api/serializers/openai.py), every parameter is honoured or refused
 with a 400 naming it; ``null`` counts as not given. ``input`` is a string or a list of items:
 messages (roles ``user``, ``assistant``, ``system``, ``developer``; content a string or
 ``input_text`` / ``output_text`` parts), ``function_call`` and ``function_call_output`` items.
@@ -14,7 +14,7 @@ import json
 
 from rest_framework import serializers
 
-from api.openai_serializers import (
+from api.serializers.openai import (
     MAX_CONTENT_CHARS,
     MAX_MESSAGES,
     MAX_TOOLS,
