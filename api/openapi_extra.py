@@ -213,7 +213,7 @@ def _paths() -> dict[str, Any]:
 _RESPONSE_REQUEST = {
     "type": "object",
     "description": (
-        "OpenAI's Responses API request (api/responses_serializers.py). Parameters not listed are "
+        "OpenAI's Responses API request (api/serializers/responses.py). Parameters not listed are "
         "refused with a 400 naming them (never silently ignored)."
     ),
     "properties": {
