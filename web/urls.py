@@ -44,7 +44,7 @@ def _api_error(
             error["request_id"] = request_id
         return JsonResponse({"error": error}, status=status, headers=headers)
     if request.path.startswith("/v1/"):
-        from api.services.openai_compat import error_body
+        from api.services.openai_requests import error_body
 
         return JsonResponse(error_body(*openai, request_id=request_id), status=status, headers=headers)
     return None

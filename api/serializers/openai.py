@@ -1,7 +1,7 @@
 """Validation of OpenAI-style request bodies; produces :class:`CompletionRequest`.
 
 Every parameter a request carries is either honoured (implemented by the built-in LIP,
-api/builtin_lips/openai_compat.py) or refused with a 400 naming it: nothing is silently
+api/builtin_lips/openai_lip.py) or refused with a 400 naming it: nothing is silently
 ignored. ``null`` counts as not given, as OpenAI treats it. ``user`` is accepted (an end-user
 identifier OpenAI uses for abuse monitoring; it changes nothing in the answer).
 """
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from rest_framework import serializers
 
-from api.services.openai_compat import CompletionRequest, model_name
+from api.services.openai_requests import CompletionRequest, model_name
 from api.services.openai_tools import call_schema_text, render_messages
 from api.validators import reject_nul, storable_json
 

@@ -1,6 +1,6 @@
 """OpenAI's Responses API (``/v1/responses``) on the built-in LIP's runs.
 
-A response is one run of the tenant's built-in program (api/services/openai_compat.py), with
+A response is one run of the tenant's built-in program (api/services/openai_requests.py), with
 the conversation rendered by the chat endpoint's machinery (api/services/openai_tools.py:
 roles, function calls and their outputs, tools in the prompt and calls under a grammar). What
 this module adds:
@@ -37,8 +37,8 @@ from django.utils import timezone
 
 from api.models import ApiKey, Plan, Run, StoredResponse, Tenant, UsageRecord
 from api.serializers.openai import DEFAULT_MAX_TOKENS, MAX_MESSAGES, MAX_PROMPT_CHARS
-from api.services import openai_compat
-from api.services.openai_compat import CompletionRequest, error_body
+from api.services import openai_requests
+from api.services.openai_requests import CompletionRequest, error_body
 from api.services.openai_tools import call_schema_text, render_messages
 from api.services.quotas import PlanLimits, plan_limits
 from api.services.runs import RunConflict, cancel_run
@@ -245,7 +245,7 @@ def prepare(tenant: Tenant, serializer: Any) -> Turn:
         chat=True,
         args=args,
         stream=turn.stream,
-        model=openai_compat.model_name(),
+        model=openai_requests.model_name(),
         run_max_tokens=prompt_chars + 64 + max_tokens,
     )
     return turn
@@ -270,7 +270,7 @@ def start(tenant: Tenant, api_key: ApiKey | None, turn: Turn, plan: PlanLimits |
     # One transaction for the run and a stored turn's row; an unstored turn's run is created in
     # create_run's own (an outer one only added a savepoint around it).
     with transaction.atomic() if turn.store else contextlib.nullcontext():
-        turn.run = openai_compat.start(tenant, api_key, turn.completion, plan)
+        turn.run = openai_requests.start(tenant, api_key, turn.completion, plan)
         if turn.store:
             ttl = turn.kv_ttl_s
             expires = timezone.now() + timedelta(seconds=ttl + plan.max_run_seconds) if ttl else None
@@ -350,7 +350,7 @@ def outcome(run: Run, metered: int | None = None) -> dict:
     """What a finished run makes of a response: status, output, usage, error, incomplete.
     ``metered``: as :func:`usage` takes it."""
     if run.status == "succeeded":
-        refused = openai_compat.refusal(openai_compat_request(), run)
+        refused = openai_requests.refusal(openai_compat_request(), run)
         if refused is not None:
             param = refused["error"].get("param")
             error = {
@@ -374,8 +374,8 @@ def outcome(run: Run, metered: int | None = None) -> dict:
 
 
 def openai_compat_request() -> CompletionRequest:
-    """The chat-shaped request :func:`openai_compat.refusal` reads (only ``chat`` matters)."""
-    return CompletionRequest(chat=True, args={}, stream=False, model=openai_compat.model_name(), run_max_tokens=0)
+    """The chat-shaped request :func:`openai_requests.refusal` reads (only ``chat`` matters)."""
+    return CompletionRequest(chat=True, args={}, stream=False, model=openai_requests.model_name(), run_max_tokens=0)
 
 
 def settle(row: StoredResponse, ended: Run | None = None, metered: int | None = None) -> StoredResponse:
@@ -445,7 +445,7 @@ def body(
         "background": background,
         "error": result["error"],
         "incomplete_details": {"reason": result["incomplete"]} if result["incomplete"] else None,
-        "model": openai_compat.model_name(),
+        "model": openai_requests.model_name(),
         "output": result["output"],
         **echo,
         "store": store,

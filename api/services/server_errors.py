@@ -1,7 +1,7 @@
 """What a 5xx answer tells its client: a generic message and a request id, never the cause.
 
 A failed built-in /v1 run's error text (``Type: message`` and the program's last frames, with
-``.../api/builtin_lips/openai_compat.py``) went into the 500 body as it was, and a worker that
+``.../api/builtin_lips/openai_lip.py``) went into the 500 body as it was, and a worker that
 could not be reached put its socket error in a 503: server paths, tracebacks and exception text,
 to anyone. The cause is logged here instead, with its traceback, under an id the body carries,
 so an operator finds it from what the client quotes.

@@ -1,7 +1,7 @@
 """The built-in OpenAI program run in this process: no Celery hop, no sandbox start.
 
 Why: a ``/v1/chat/completions`` request is a run of the built-in LIP
-(api/builtin_lips/openai_compat.py). Through the ordinary path it pays, every time, for an
+(api/builtin_lips/openai_lip.py). Through the ordinary path it pays, every time, for an
 enqueue, a Celery worker picking the task up, and a gVisor container (warm or cold) importing
 the SDK and connecting: hundreds of milliseconds of fixed cost that ``vllm serve`` does not
 have. That program is the project's own code, and what a tenant sends it (messages, schemas,
@@ -66,7 +66,7 @@ from gpu_worker.protocol import RunLimits
 
 log = logging.getLogger(__name__)
 
-BUILTIN_SOURCE = Path(__file__).resolve().parent.parent / "builtin_lips" / "openai_compat.py"
+BUILTIN_SOURCE = Path(__file__).resolve().parent.parent / "builtin_lips" / "openai_lip.py"
 #: The SDK is a top-level package inside the sandbox image; here it is imported from its source.
 SDK_DIR = Path(__file__).resolve().parent.parent.parent / "sandbox"
 #: Exit codes as the sandbox's runner reports them (sandbox/symphony/run.py).
@@ -231,7 +231,7 @@ def _load(code: types.CodeType, facade: types.ModuleType) -> types.ModuleType:
             return facade
         return real_import(name, globals_, locals_, fromlist, level)
 
-    module = types.ModuleType("openai_compat_builtin")
+    module = types.ModuleType("openai_lip")
     module.__dict__["__builtins__"] = {**builtins.__dict__, "__import__": import_}
     module.__dict__["__file__"] = str(BUILTIN_SOURCE)
     exec(code, module.__dict__)  # noqa: S102 - our own file's code, checked by digest (module docstring)

@@ -1,7 +1,7 @@
 """``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` for OpenAI clients.
 
 Async Django views (served by the ASGI app): a request becomes a run of the built-in LIP
-(api/services/openai_compat.py); the response waits on the run's Redis stream, so a streaming
+(api/services/openai_requests.py); the response waits on the run's Redis stream, so a streaming
 client receives each token as the worker publishes it and nothing holds a thread meanwhile.
 Authentication is an API key with the ``runs`` scope; errors use OpenAI's error envelope.
 Like the run events endpoint, a request waiting on its run holds no database connection
@@ -29,8 +29,8 @@ from api.asyncdb import db_call, db_call_before_next
 from api.authentication import KeyRefused, bearer_key
 from api.models import ApiKey, Run
 from api.serializers.openai import ChatCompletionSerializer, CompletionSerializer
-from api.services import openai_compat, run_handoff, run_notices, server_errors, stream_leases
-from api.services.openai_compat import (
+from api.services import openai_requests, run_handoff, run_notices, server_errors, stream_leases
+from api.services.openai_requests import (
     CompletionRequest,
     chunk_body,
     completion_body,
@@ -114,7 +114,7 @@ def _admit(request: HttpRequest, serializer_class: type) -> tuple[ApiKey, Comple
 def _start_once(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Run | None:
     """The run, or ``None`` while the tenant is at its concurrent-run limit."""
     try:
-        return openai_compat.start(key.tenant, key, parsed, plan)
+        return openai_requests.start(key.tenant, key, parsed, plan)
     except ConcurrencyLimitReached:
         return None
     except QuotaExceeded as exc:
@@ -170,7 +170,7 @@ async def _abandon(run: Run) -> None:
     """The client disconnected before the answer was complete (Django cancels the view, or
     closes the streaming generator): stop the run instead of generating for nobody."""
     try:
-        await db_call(openai_compat.abandon, run.pk)
+        await db_call(openai_requests.abandon, run.pk)
     except Exception:  # the disconnect is being handled: log, never mask it
         log.exception("openai_abandon_failed run=%s", run.pk)
 
@@ -314,7 +314,7 @@ async def completions(request: HttpRequest):
 
 
 def _model_object() -> dict:
-    return {"id": openai_compat.model_name(), "object": "model", "created": 0, "owned_by": "symphony"}
+    return {"id": openai_requests.model_name(), "object": "model", "created": 0, "owned_by": "symphony"}
 
 
 @csrf_exempt
@@ -335,8 +335,8 @@ async def model(request: HttpRequest, model_id: str):
         await db_call(_key, request)
     except _Refused as refused:
         return refused.response()
-    if model_id != openai_compat.model_name():
-        message = f"The model '{model_id}' does not exist; this deployment serves '{openai_compat.model_name()}'"
+    if model_id != openai_requests.model_name():
+        message = f"The model '{model_id}' does not exist; this deployment serves '{openai_requests.model_name()}'"
         return JsonResponse(error_body(message, "invalid_request_error", "model_not_found", "model"), status=404)
     return JsonResponse(_model_object())
 

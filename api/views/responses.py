@@ -26,7 +26,7 @@ from api.asyncdb import db_call, db_call_before_next
 from api.models import ApiKey, Run, StoredResponse
 from api.serializers.responses import ResponseCreateSerializer
 from api.services import responses, run_handoff, run_notices, server_errors, stream_leases
-from api.services.openai_compat import error_body
+from api.services.openai_requests import error_body
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded
 from api.services.responses import Turn
 from api.views.openai import _abandon, _allow, _key, _key_and_plan, _Refused, _start_leased

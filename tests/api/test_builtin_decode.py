@@ -19,7 +19,7 @@ MESSAGES = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 def _builtin_program():
     """A fresh module of the built-in program (as the in-process launcher loads it)."""
-    spec = importlib.util.spec_from_file_location("builtin_openai_compat", ROOT / "api/builtin_lips/openai_compat.py")
+    spec = importlib.util.spec_from_file_location("builtin_openai_lip", ROOT / "api/builtin_lips/openai_lip.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -12,7 +12,7 @@ import pytest
 from api.models import Plan, Program, Run
 from api.services import programs
 from api.services.billing import PRICE_SHEET
-from api.services.openai_compat import usage_body
+from api.services.openai_requests import usage_body
 from api.services.runs import RunOutcome, create_run, finish_run
 
 pytestmark = pytest.mark.django_db

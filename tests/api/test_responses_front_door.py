@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from api.models import Plan, Run, StoredResponse, UsageRecord
-from api.services import openai_compat, responses
+from api.services import openai_requests, responses
 
 pytestmark = pytest.mark.django_db
 
@@ -76,7 +76,7 @@ def test_unknown_foreign_and_malformed_ids_are_404(api_tenant_a, api_tenant_b):
 
 
 def _run(tenant, result: dict, status: str = "succeeded") -> Run:
-    program = openai_compat.builtin_program(tenant)
+    program = openai_requests.builtin_program(tenant)
     version = program.versions.order_by("-number").first()
     return Run.objects.create(tenant=tenant, program_version=version, status=status, result=result)
 

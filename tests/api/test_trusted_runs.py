@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from api.models import Run
-from api.services import openai_compat, programs, trusted_runs
+from api.services import openai_requests, programs, trusted_runs
 from api.services.runs import create_run
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +49,7 @@ def test_available_only_when_on_and_the_local_worker_is_reachable(settings, tmp_
 def test_with_every_thread_busy_a_builtin_run_takes_the_celery_path(
     api_tenant_a, local_worker, django_capture_on_commit_callbacks
 ):
-    program = openai_compat.builtin_program(api_tenant_a.tenant)
+    program = openai_requests.builtin_program(api_tenant_a.tenant)
     assert trusted_runs.is_builtin(program.versions.order_by("-number").first())
     _, slots = trusted_runs._executor()
     assert slots.acquire(blocking=False)  # the one thread is taken
@@ -64,8 +64,8 @@ def test_with_every_thread_busy_a_builtin_run_takes_the_celery_path(
 def test_a_tenants_own_version_of_openai_compat_never_runs_in_process(
     api_tenant_a, local_worker, django_capture_on_commit_callbacks
 ):
-    program = openai_compat.builtin_program(api_tenant_a.tenant)
-    mine = programs.add_version(program, "openai_compat.py", b"def main(args):\n    return 'mine'\n")
+    program = openai_requests.builtin_program(api_tenant_a.tenant)
+    mine = programs.add_version(program, "openai_lip.py", b"def main(args):\n    return 'mine'\n")
     assert not trusted_runs.is_builtin(mine)
     run = _create(api_tenant_a.tenant, program, django_capture_on_commit_callbacks)
     assert run.program_version_id == mine.pk

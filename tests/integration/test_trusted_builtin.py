@@ -98,7 +98,7 @@ def test_fast_path_runs_without_celery_and_records_the_same_run_usage_billing_an
 ):
     from api.models import Program, Run, UsageRecord
     from api.services import billing, programs
-    from api.services.openai_compat import BUILTIN_SOURCE
+    from api.services.openai_requests import BUILTIN_SOURCE
     from api.services.runs import create_run
 
     _stop_celery(stack)  # nothing may depend on a Celery hop now
@@ -123,7 +123,7 @@ def test_fast_path_runs_without_celery_and_records_the_same_run_usage_billing_an
 
     # The same program pushed as a tenant's own and run the ordinary way (Celery + sandbox).
     own = Program.objects.create(tenant=api_tenant_a.tenant, name="my-openai-compat")
-    programs.add_version(own, "openai_compat.py", BUILTIN_SOURCE.read_bytes())
+    programs.add_version(own, "openai_lip.py", BUILTIN_SOURCE.read_bytes())
     with celery_worker(stack.queue, stack.env):
         sandboxed, _ = create_run(api_tenant_a.tenant, own, None, fast.args, fast.limits)
         slow = _wait_finished(str(sandboxed.pk), timeout=240)

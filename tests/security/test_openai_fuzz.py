@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 from api import parsers
 from api.models import Plan, Program
 from api.serializers.openai import ChatCompletionSerializer, CompletionSerializer
-from api.services import openai_compat, programs
+from api.services import openai_requests, programs
 from api.services.runs import create_run
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db, pytest.mark.timeout(300)]
@@ -206,7 +206,7 @@ def _store_as_run(path: str, body: bytes, tenant) -> None:
     assert serializer.is_valid(), (body, serializer.errors)
     try:
         with transaction.atomic():
-            openai_compat.start(tenant, None, serializer.to_completion_request())
+            openai_requests.start(tenant, None, serializer.to_completion_request())
             raise _RolledBack
     except _RolledBack:
         pass

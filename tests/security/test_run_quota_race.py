@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from api.models import Program, Run
-from api.services import openai_compat, programs
+from api.services import openai_requests, programs
 from api.services.quotas import QuotaExceeded, plan_limits
 from api.services.runs import create_run
 from tests.conftest import at_once
@@ -66,7 +66,7 @@ def test_one_idempotency_key_sent_at_once_makes_one_run(api_tenant_a):
 def test_a_burst_over_http_on_both_routes_starts_at_most_the_plans_runs(api_asgi_server, api_tenant_a, api_tenant_b):
     tenant = api_tenant_a.tenant
     prog = _program(tenant)
-    openai_compat.builtin_program(tenant)  # as after the tenant's first /v1 request
+    openai_requests.builtin_program(tenant)  # as after the tenant's first /v1 request
     limit = plan_limits(tenant).max_concurrent_runs
     auth = {"Authorization": f"Bearer {api_tenant_a.key_secret}"}
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}

@@ -2,7 +2,7 @@
 the body returns (api/services/server_errors.py).
 
 A failed built-in /v1 run put its error text (the program's frames, with the path of
-``api/builtin_lips/openai_compat.py``) in the 500 body, and a worker that could not be reached
+``api/builtin_lips/openai_lip.py``) in the 500 body, and a worker that could not be reached
 put its socket error in the REST API's 503; an unhandled error's 500 said nothing, but logged
 nothing a client could point at either. The requests here go through the
 real ASGI application (web/asgi.py) in-process, on the test database."""
@@ -16,7 +16,7 @@ import pytest
 
 from api import authentication
 from api.models import KVFile, Run
-from api.services import openai_compat, responses, trusted_runs
+from api.services import openai_requests, responses, trusted_runs
 from api.views import openai as openai_views
 
 # Imported at collection: its first import of web.asgi sets Django up again (logging included),
@@ -94,7 +94,7 @@ def _failed_builtin_run(tenant) -> Run:
     except ValueError as exc:
         error = trusted_runs._error_summary(exc)
     assert str(trusted_runs.BUILTIN_SOURCE) in error and "Traceback" in error
-    version = openai_compat.builtin_program(tenant).versions.order_by("-number").first()
+    version = openai_requests.builtin_program(tenant).versions.order_by("-number").first()
     return Run.objects.create(tenant=tenant, program_version=version, status="failed", error=error)
 
 

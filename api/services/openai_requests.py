@@ -78,7 +78,7 @@ def builtin_version(tenant: Tenant) -> ProgramVersion:
         )
         latest = program.versions.order_by("-number").first()
         if latest is None or latest.sha256 != digest:
-            latest = programs.add_version(program, "openai_compat.py", source)
+            latest = programs.add_version(program, "openai_lip.py", source)
     latest.program = program
     return latest
 

@@ -4,7 +4,7 @@ It is a run of the tenant's ``openai-compat`` program with the same worker sessi
 billing as any other, but executed in the web process, not a sandbox (docs/ARCHITECTURE.md §3a,
 ``api/services/trusted_runs.py``; with every thread busy, through Celery and the sandbox like
 any program): the API turns an OpenAI request into ``args`` (api/serializers/openai.py) and this program's result
-into the response (api/services/openai_compat.py). ``n`` choices share a prompt's KV through
+into the response (api/services/openai_requests.py). ``n`` choices share a prompt's KV through
 ``kv_fork`` and decode in threads, so the worker batches them.
 
 args: ``messages`` (chat: already ``{role, content}`` strings, tools rendered) or ``prompts``
