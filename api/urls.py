@@ -43,8 +43,8 @@ urlpatterns = [
     path("runs/<uuid:run_id>/events", run_events, name="run-events"),
     path("runs/<uuid:run_id>/trace", run_trace.RunTraceView.as_view(), name="run-trace"),
     path("usage", usage.UsageView.as_view(), name="usage"),
-    path("admin/tenants", staff.StaffTenantsView.as_view(), name="admin-tenants"),
-    path("admin/tenants/<int:tenant_id>", staff_tenants.StaffTenantView.as_view(), name="admin-tenant"),
+    path("admin/tenants", staff.StaffTenantListView.as_view(), name="admin-tenants"),
+    path("admin/tenants/<int:tenant_id>", staff_tenants.StaffTenantDetailView.as_view(), name="admin-tenant"),
     path(
         "admin/tenants/<int:tenant_id>/close",
         staff_tenants.StaffTenantCloseView.as_view(),

@@ -27,7 +27,7 @@ class StaffWorkersView(APIView):
         return Response(sorted((w.health for w in routing.live_workers()), key=lambda h: str(h.get("name"))))
 
 
-class StaffTenantsView(APIView):
+class StaffTenantListView(APIView):
     """Staff only: every tenant with its member, program and active-run counts."""
 
     permission_classes = [IsAdminUser]

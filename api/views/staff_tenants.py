@@ -36,7 +36,7 @@ class StaffPlansView(APIView):
         return Response({"plans": staff_tenants.plan_names()})
 
 
-class StaffTenantView(APIView):
+class StaffTenantDetailView(APIView):
     """``PATCH {"plan": name}``: move the tenant to another plan."""
 
     permission_classes = [IsAdminUser]
