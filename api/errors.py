@@ -16,14 +16,14 @@ from api.services.kvfiles import WorkerUnavailable
 from api.services.mail import MailUnavailable
 from api.services.members import InvitationInvalid, MembershipConflict, NotAllowed, TooManyTenants
 from api.services.programs import ProgramInvalid
-from api.services.quotas import QuotaExceeded
+from api.services.quotas import PlanQuotaExceeded
 from api.services.runs import IdempotencyMismatch, RunConflict
 from api.services.tenant_closure import TenantClosed
 from api.services.tool_hosts import ToolHostsInvalid
 
 DOMAIN_ERRORS = {
     ProgramInvalid: (status.HTTP_400_BAD_REQUEST, "invalid_program"),
-    QuotaExceeded: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
+    PlanQuotaExceeded: (status.HTTP_429_TOO_MANY_REQUESTS, "quota_exceeded"),
     RunConflict: (status.HTTP_409_CONFLICT, "conflict"),
     IdempotencyMismatch: (status.HTTP_422_UNPROCESSABLE_ENTITY, "idempotency_mismatch"),
     ProtectedError: (status.HTTP_409_CONFLICT, "conflict"),

@@ -27,7 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from api.models import AuditLog, KVFile, Tenant
-from api.services.quotas import QuotaExceeded, kv_quota, plan_limits
+from api.services.quotas import PlanQuotaExceeded, kv_quota, plan_limits
 from gpu_worker import protocol
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def _on_worker(worker: str, args: protocol.Args, timeout: float) -> dict[str, An
 
 def _call(args: protocol.Args, worker: str | None = None) -> Any:
     """One admin op, given as its typed arguments (``gpu_worker.protocol.ADMIN_OPS``), on
-    ``worker`` (default: this host's); raises :class:`QuotaExceeded` for the tenant's plan
+    ``worker`` (default: this host's); raises :class:`PlanQuotaExceeded` for the tenant's plan
     share, :class:`FileGone` for no such file, else :class:`WorkerUnavailable`."""
     op = args.OP
     target = worker or settings.SYMPHONY_WORKER_NAME
@@ -114,7 +114,7 @@ def _call(args: protocol.Args, worker: str | None = None) -> Any:
         return answer["result"]
     code, message = answer["error"], answer.get("message", "")
     if code == protocol.ErrorCode.QUOTA:  # the tenant's plan share: its request, not the worker
-        raise QuotaExceeded(message)
+        raise PlanQuotaExceeded(message)
     log.warning("worker_call_failed op=%s worker=%s code=%s error=%s", op, target, code, message)
     if code == protocol.ErrorCode.NOT_FOUND:
         raise FileGone(f"gpu_worker {target!r} has no such file: {message}")
@@ -225,7 +225,7 @@ def delete_all(tenant: Tenant) -> int:
 def pin(kv: KVFile, pinned: bool) -> KVFile:
     """Pin or unpin on the worker, which checks the pin against the tenant's plan share
     (sent along: the worker may not have run anything of this tenant yet); past it
-    :class:`QuotaExceeded`."""
+    :class:`PlanQuotaExceeded`."""
     _call(
         protocol.AdminKvPin(tenant=kv.tenant.slug, name=kv.name, pinned=pinned, quota=kv_quota(plan_limits(kv.tenant))),
         worker=kv.worker,

@@ -84,7 +84,7 @@ def builtin_version(tenant: Tenant) -> ProgramVersion:
 
 
 def start(tenant: Tenant, api_key: ApiKey | None, request: CompletionRequest, plan: PlanLimits | None = None) -> Run:
-    """Create the run (quota-checked like any other); raises ``QuotaExceeded``. ``plan``: the
+    """Create the run (quota-checked like any other); raises ``PlanQuotaExceeded``. ``plan``: the
     tenant's plan as the request read it (read here when not given)."""
     plan = plan or plan_limits(tenant)
     version = builtin_version(tenant)

@@ -40,7 +40,7 @@ from django.db import close_old_connections, connection, transaction
 from rest_framework import serializers as drf
 
 from api.models import ProgramVersion, Run, Tenant
-from api.services.quotas import QuotaExceeded, check_can_start, live_descendants, plan_limits
+from api.services.quotas import PlanQuotaExceeded, check_can_start, live_descendants, plan_limits
 from gpu_worker import contracts
 from gpu_worker.protocol import ErrorCode
 
@@ -212,7 +212,7 @@ def create_child(parent_id: str, entry: object, args: object, limits: object, re
             )
         try:
             check_can_start(tenant, child_limits, plan, child=True)
-        except QuotaExceeded as exc:
+        except PlanQuotaExceeded as exc:
             raise SpawnRefused(ErrorCode.QUOTA, f"spawn refused: {exc}") from None
         child = Run.objects.create(
             tenant=tenant,

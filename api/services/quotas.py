@@ -65,11 +65,13 @@ SANDBOX_RESOURCES = {
 }
 
 
-class QuotaExceeded(Exception):
-    """The run would exceed the tenant's plan; the message says which limit."""
+class PlanQuotaExceeded(Exception):
+    """The run would exceed the tenant's plan; the message says which limit. The control plane's
+    refusal (a 429 ``quota_exceeded``, api/errors.py), not the SDK's ``symphony.QuotaExceeded``
+    that a program catches."""
 
 
-class ConcurrencyLimitReached(QuotaExceeded):
+class ConcurrencyLimitReached(PlanQuotaExceeded):
     """The tenant already runs as many runs as its plan allows: unlike the other limits, this
     one passes by itself when a run ends, so a caller may wait a little and try again."""
 
@@ -233,11 +235,11 @@ def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None
             " (the best of their plans' max_concurrent_runs); wait for one to finish"
         )
     if int(limits.get("max_tokens", 0)) > plan.max_tokens_per_run:
-        raise QuotaExceeded(f"max_tokens above plan limit {plan.max_tokens_per_run}")
+        raise PlanQuotaExceeded(f"max_tokens above plan limit {plan.max_tokens_per_run}")
     if float(limits.get("deadline_s", 0)) > plan.max_run_seconds:
-        raise QuotaExceeded(f"deadline_s above plan limit {plan.max_run_seconds}")
+        raise PlanQuotaExceeded(f"deadline_s above plan limit {plan.max_run_seconds}")
     if plan.tokens_per_month is not None and tokens_this_month(tenant) >= plan.tokens_per_month:
-        raise QuotaExceeded(f"monthly token quota of {plan.tokens_per_month} is used up")
+        raise PlanQuotaExceeded(f"monthly token quota of {plan.tokens_per_month} is used up")
 
 
 def session_limits(run: Run, plan: PlanLimits | None = None, tokens_used: int | None = None) -> RunLimits:

@@ -262,7 +262,7 @@ def _kv_ttl(tenant: Tenant) -> int:
 
 
 def start(tenant: Tenant, api_key: ApiKey | None, turn: Turn, plan: PlanLimits | None = None) -> Turn:
-    """Create the run (raises ``QuotaExceeded`` / ``ConcurrencyLimitReached`` as the chat
+    """Create the run (raises ``PlanQuotaExceeded`` / ``ConcurrencyLimitReached`` as the chat
     endpoint's start does) and, for a stored turn, its row in the same breath. ``plan``: the
     tenant's plan as the request read it (read here when not given)."""
     assert turn.completion is not None

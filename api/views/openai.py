@@ -39,7 +39,7 @@ from api.services.openai_requests import (
     refusal_status,
     usage_chunk,
 )
-from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded, plan_limits
+from api.services.quotas import ConcurrencyLimitReached, PlanLimits, PlanQuotaExceeded, plan_limits
 from api.throttling import TenantThrottled, check_tenant_rate, note_token_allowance
 from api.views.run_events import sse_response, stream_entries
 from gpu_worker import contracts
@@ -117,7 +117,7 @@ def _start_once(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Run
         return openai_requests.start(key.tenant, key, parsed, plan)
     except ConcurrencyLimitReached:
         return None
-    except QuotaExceeded as exc:
+    except PlanQuotaExceeded as exc:
         raise _Refused(429, error_body(str(exc), "insufficient_quota", "quota_exceeded")) from None
 
 

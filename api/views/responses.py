@@ -27,7 +27,7 @@ from api.models import ApiKey, Run, StoredResponse
 from api.serializers.responses import ResponseCreateSerializer
 from api.services import responses, run_handoff, run_notices, server_errors, stream_leases
 from api.services.openai_requests import error_body
-from api.services.quotas import ConcurrencyLimitReached, PlanLimits, QuotaExceeded
+from api.services.quotas import ConcurrencyLimitReached, PlanLimits, PlanQuotaExceeded
 from api.services.responses import Turn
 from api.views.openai import _abandon, _allow, _key, _key_and_plan, _Refused, _start_leased
 from api.views.run_events import sse_response, stream_entries
@@ -64,7 +64,7 @@ def _start_once(key: ApiKey, turn: Turn, plan: PlanLimits) -> Turn | None:
         return responses.start(key.tenant, key, turn, plan)
     except ConcurrencyLimitReached:
         return None
-    except QuotaExceeded as exc:
+    except PlanQuotaExceeded as exc:
         raise _Refused(429, error_body(str(exc), "insufficient_quota", "quota_exceeded")) from None
 
 

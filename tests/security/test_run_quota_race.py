@@ -15,7 +15,7 @@ import pytest
 
 from api.models import Program, Run
 from api.services import openai_requests, programs
-from api.services.quotas import QuotaExceeded, plan_limits
+from api.services.quotas import PlanQuotaExceeded, plan_limits
 from api.services.runs import create_run
 from tests.conftest import at_once
 
@@ -39,7 +39,7 @@ def test_simultaneous_creations_never_exceed_the_concurrent_runs_limit(api_tenan
         try:
             create_run(tenant, prog, None, {}, {})
             return "created"
-        except QuotaExceeded:
+        except PlanQuotaExceeded:
             return "refused"
 
     outcomes = at_once([create] * BURST)
