@@ -10,11 +10,11 @@ from gpu_worker.kvfs.errors import (
     Exists,
     InvalidArgument,
     KVFSError,
+    KVQuotaExceeded,
     NoSpace,
     NotFound,
     PermissionDenied,
     PoolFull,
-    QuotaExceeded,
     StoreFull,
 )
 from gpu_worker.kvfs.files import Owner, validate_name
@@ -33,6 +33,7 @@ __all__ = [
     "KVFSError",
     "KVFSLimits",
     "KVFileInfo",
+    "KVQuotaExceeded",
     "KVStats",
     "KVStore",
     "LocalKVStore",
@@ -42,7 +43,6 @@ __all__ = [
     "PageIO",
     "PermissionDenied",
     "PoolFull",
-    "QuotaExceeded",
     "S3KVStore",
     "StoreFull",
     "TenantQuota",

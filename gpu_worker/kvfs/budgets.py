@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from gpu_worker.kvfs.accounts import Accounts, DeviceShares
 from gpu_worker.kvfs.catalogue import Catalogue
-from gpu_worker.kvfs.errors import NoSpace, QuotaExceeded
+from gpu_worker.kvfs.errors import KVQuotaExceeded, NoSpace
 from gpu_worker.kvfs.files import KVFile, Owner
 from gpu_worker.kvfs.pages import PageAllocator
 from gpu_worker.kvfs.quota import TenantQuota, share_pages
@@ -111,7 +111,7 @@ class Budgets:
             return
         have = self.catalogue.file_count(tenant)
         if have >= cap:
-            raise QuotaExceeded(f"the tenant has {have} named KV files (its plan allows {cap}); remove some first")
+            raise KVQuotaExceeded(f"the tenant has {have} named KV files (its plan allows {cap}); remove some first")
 
     def check_pinned(self, tenant: str, adding: int, what: str) -> None:
         """Refuse ``adding`` more pinned pages past the tenant's device share or the worker's
@@ -122,7 +122,7 @@ class Budgets:
         cap = share_pages(quota.pinned_device_share, self.alloc.usable)
         held = self.catalogue.pinned_pages(tenant) if cap is not None else 0
         if cap is not None and held + adding > cap:
-            raise QuotaExceeded(
+            raise KVQuotaExceeded(
                 f"{what}: the tenant's pinned KV files would hold {held + adding} pages, past its plan's "
                 f"share of the device pool ({quota.pinned_device_share:g} of {self.alloc.usable} = {cap} pages); "
                 "unpin or remove a pinned file first"
@@ -131,7 +131,7 @@ class Budgets:
         worker_cap = share_pages(fraction, self.alloc.usable)
         everyone = self.catalogue.pinned_pages(None) if worker_cap is not None else 0
         if worker_cap is not None and everyone + adding > worker_cap:
-            raise QuotaExceeded(
+            raise KVQuotaExceeded(
                 f"{what}: the pinned KV files of all tenants on this worker would hold {everyone + adding} pages, "
                 f"past the {fraction:g} of its {self.alloc.usable}-page device pool ({worker_cap} pages) they may "
                 "hold; keep the file unpinned or retry later"

@@ -34,8 +34,9 @@ class StoreFull(NoSpace):
     """The KV store (disk) has no room for a file's bytes; the previous copy is left intact."""
 
 
-class QuotaExceeded(KVFSError):
-    """A tenant's plan share of a tier (pinned pages, named files) would be exceeded."""
+class KVQuotaExceeded(KVFSError):
+    """A tenant's plan share of a tier (pinned pages, named files) would be exceeded. KVFS's
+    error; a program sees it as EDQUOT, the SDK's ``symphony.QuotaExceeded``."""
 
 
 class Exists(KVFSError):

@@ -16,7 +16,7 @@ _CODES: tuple[tuple[type[Exception], str], ...] = (
     (kvfs.NotFound, ErrorCode.NOT_FOUND),
     (kvfs.PermissionDenied, ErrorCode.PERMISSION),
     (kvfs.NoSpace, ErrorCode.NO_SPACE),
-    (kvfs.QuotaExceeded, ErrorCode.QUOTA),
+    (kvfs.KVQuotaExceeded, ErrorCode.QUOTA),
     (kvfs.Exists, ErrorCode.EXISTS),
     (kvfs.InvalidArgument, ErrorCode.BAD_ARGS),
     (kvfs.Busy, ErrorCode.BUSY),

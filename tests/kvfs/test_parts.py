@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from gpu_worker.kvfs import KVFSLimits, LocalKVStore, NoSpace, NotFound, Owner, QuotaExceeded, TenantQuota
+from gpu_worker.kvfs import KVFSLimits, KVQuotaExceeded, LocalKVStore, NoSpace, NotFound, Owner, TenantQuota
 from gpu_worker.kvfs.budgets import Budgets
 from gpu_worker.kvfs.catalogue import Catalogue
 from gpu_worker.kvfs.coherence import Coherence
@@ -95,7 +95,7 @@ def test_budgets_refuse_past_each_bound_with_its_own_error(tmp_path):
     parts.budgets.set_tenant_quota("acme", TenantQuota(stored_bytes=500, pinned_device_share=0.25, max_files=2))
     doc = parts.named("doc", list(range(12)))  # 3 pages, 300 bytes at 100 bytes a page
     parts.named("notes", [1])
-    with pytest.raises(QuotaExceeded, match="2 named KV files"):
+    with pytest.raises(KVQuotaExceeded, match="2 named KV files"):
         parts.budgets.check_file_count("acme")
     parts.budgets.check_growth(doc, 1)  # 500 bytes: the budget exactly
     with pytest.raises(NoSpace, match="stored KV budget"):
@@ -103,7 +103,7 @@ def test_budgets_refuse_past_each_bound_with_its_own_error(tmp_path):
     # 0.25 of the 15 usable pages is 3: pinning the 3-page file fits, a fourth page does not.
     parts.budgets.check_pinned("acme", 3, "pin doc")
     doc.pinned = True
-    with pytest.raises(QuotaExceeded, match="share of the device pool"):
+    with pytest.raises(KVQuotaExceeded, match="share of the device pool"):
         parts.budgets.check_pinned("acme", 1, "grow doc")
     # A session capped at 4 pages holding doc's 3 may take one more, not two.
     parts.budgets.join(A, 4, account=None, weight=1.0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_worker.kvfs import KVFS, NoSpace, Owner, QuotaExceeded, TenantQuota
+from gpu_worker.kvfs import KVFS, KVQuotaExceeded, NoSpace, Owner, TenantQuota
 from gpu_worker.ops.errors import wire_error
 from gpu_worker.protocol import ErrorCode
 from tests.kvfs.memio import BLOCK, MemPageIO, append, make_fs
@@ -32,7 +32,7 @@ def test_pin_past_the_device_share_is_edquot_and_changes_nothing(tmp_path):
         _named(fs, io, A, name, 2)
     fs.pin("acme", "a", True)
     fs.pin("acme", "b", True)
-    with pytest.raises(QuotaExceeded) as refused:
+    with pytest.raises(KVQuotaExceeded) as refused:
         fs.pin("acme", "c", True)
     assert wire_error(refused.value, "kv", "s").code == ErrorCode.QUOTA == "EDQUOT"
     assert "share of the device pool (0.25 of 16 = 4 pages)" in refused.value.message
@@ -51,12 +51,12 @@ def test_a_pinned_file_cannot_grow_past_the_share_and_a_spilled_one_still_counts
     fs.pin("acme", "doc", True)
     h = fs.open(A, "doc", "w")
     append(fs, io, A, h, list(range(BLOCK)))  # 4 pages: at the share
-    with pytest.raises(QuotaExceeded):
+    with pytest.raises(KVQuotaExceeded):
         fs.plan_append(A, h, [1])
     fs.close(A, h)
     fs.evict("acme", "doc")  # explicitly to disk: still pinned, still counted
     _named(fs, io, A, "more", 1)
-    with pytest.raises(QuotaExceeded):
+    with pytest.raises(KVQuotaExceeded):
         fs.pin("acme", "more", True)
     fs.check()
 
@@ -71,7 +71,7 @@ def test_another_tenants_prefill_spills_unpinned_files_and_only_the_share_stays(
         try:
             fs.pin("acme", f"f{i}", True)
             pinned += 2
-        except QuotaExceeded:
+        except KVQuotaExceeded:
             pass
     assert pinned == 4 and fs.stats().free_pages == 0
     h = fs.create(B)
@@ -103,12 +103,12 @@ def test_the_plan_share_overrides_the_worker_default_per_tenant(tmp_path):
     _named(fs, io, A, "big", 6)
     fs.pin("acme", "big", True)
     _named(fs, io, B, "big", 3)
-    with pytest.raises(QuotaExceeded):
+    with pytest.raises(KVQuotaExceeded):
         fs.pin("bravo", "big", True)
     fs.set_tenant_quota("acme", None)  # back to the default; the pin already made stays
     assert [r.pinned for r in fs.list_files("acme")] == [True]
     _named(fs, io, A, "small", 1)
-    with pytest.raises(QuotaExceeded):
+    with pytest.raises(KVQuotaExceeded):
         fs.pin("acme", "small", True)
     fs.check()
 
@@ -136,7 +136,7 @@ def test_named_files_per_tenant_are_bounded(tmp_path):
     fs, _io = make_fs(tmp_path, max_files_per_tenant=3)
     for name in ("a", "b", "c"):
         fs.close(A, fs.create(A, name))
-    with pytest.raises(QuotaExceeded) as refused:
+    with pytest.raises(KVQuotaExceeded) as refused:
         fs.create(A, "d")
     assert wire_error(refused.value, "kv", "s").code == "EDQUOT"
     assert "3 named KV files (its plan allows 3)" in refused.value.message
@@ -172,7 +172,7 @@ def test_the_pinned_files_of_all_tenants_together_stay_within_the_worker_bound(t
         _named(fs, io, Owner(tenant, "s"), "doc", 4)
         fs.pin(tenant, "doc", True)
     _named(fs, io, Owner("t3", "s"), "doc", 1)
-    with pytest.raises(QuotaExceeded) as refused:
+    with pytest.raises(KVQuotaExceeded) as refused:
         fs.pin("t3", "doc", True)
     assert "pinned KV files of all tenants on this worker would hold 9 pages" in refused.value.message
     fs.pin("t1", "doc", False)

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invariant, precondition, rule
 
-from gpu_worker.kvfs import Busy, NoSpace, Owner, QuotaExceeded
+from gpu_worker.kvfs import Busy, KVQuotaExceeded, NoSpace, Owner
 from tests.kvfs.memio import expected_kv, make_fs
 
 OWNERS = [Owner("acme", "s1"), Owner("acme", "s2"), Owner("bravo", "s1")]
@@ -117,7 +117,7 @@ class KVFSMachine(RuleBasedStateMachine):
             return
         try:
             plan = self.fs.plan_append(owner, h, toks)
-        except (NoSpace, QuotaExceeded):
+        except (NoSpace, KVQuotaExceeded):
             return
         if not commit:
             self.fs.abort_append(plan)
@@ -202,7 +202,7 @@ class KVFSMachine(RuleBasedStateMachine):
         before = self.fs._named[key].pinned
         try:
             self.fs.pin(*key, pinned)
-        except QuotaExceeded:
+        except KVQuotaExceeded:
             assert pinned and not before and not self.fs._named[key].pinned
 
     @precondition(lambda self: self.names)
