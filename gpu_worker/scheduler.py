@@ -50,8 +50,9 @@ class PredError(Exception):
         self.message = message
 
 
-class SessionEnded(PredError):
-    """The call's session ended while the call was queued."""
+class SessionEndedError(PredError):
+    """The call's session ended while the call was queued (not ``protocol.SessionEnded``, the
+    ``end_session`` reply)."""
 
 
 class ShuttingDown(PredError):
@@ -700,7 +701,7 @@ class Scheduler:
                 if call.session.session_id == session_id:
                     call.cut = True
         for call in removed:
-            self._fail(call, SessionEnded("session ended"))
+            self._fail(call, SessionEndedError("session ended"))
         return len(removed)
 
     def session_busy(self, session_id: str) -> bool:

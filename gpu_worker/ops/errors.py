@@ -24,7 +24,7 @@ _CODES: tuple[tuple[type[Exception], str], ...] = (
     (StoreUnavailable, ErrorCode.IO),
     (LeaseLost, ErrorCode.IO),
     (kvfs.KVFSError, ErrorCode.INTERNAL),
-    (scheduler.SessionEnded, ErrorCode.TIMEOUT),
+    (scheduler.SessionEndedError, ErrorCode.TIMEOUT),
     (scheduler.ShuttingDown, ErrorCode.BUSY),
     (scheduler.ContextFull, ErrorCode.NO_SPACE),
     (scheduler.ForwardFailed, ErrorCode.INTERNAL),
