@@ -12,9 +12,9 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.models import Run
+from api.serializers.run_trace import TRACE_FORMATS, RunTraceQuerySerializer, RunTraceSerializer
 from api.services import run_traces
 from api.tenancy import IsTenantMember, active_tenant
-from api.serializers.run_trace import TRACE_FORMATS, RunTraceQuerySerializer, RunTraceSerializer
 
 
 class ChromeTraceRenderer(JSONRenderer):
