@@ -43,8 +43,10 @@ from django.utils.decorators import sync_and_async_middleware
 from rest_framework import exceptions
 from rest_framework.throttling import BaseThrottle
 
+from api.db_admission import LEASE_ATTR, RETRY_AFTER_S, keep_lease
 from api.models import Tenant
 from api.services import shared_counters
+from api.services.db_share import AccountOverShare, DbShareLease, web_share
 from api.services.quotas import PlanLimits, next_period_start, plan_limits, tokens_this_month
 
 log = logging.getLogger(__name__)
@@ -232,3 +234,31 @@ def rate_limit_headers(get_response):
             return add_headers(request, get_response(request))
 
     return middleware
+
+
+class AccountDbShareThrottle(BaseThrottle):
+    """DEFAULT_THROTTLE_CLASSES: one place in the request's account's share of the process's
+    database connections. Requests without a tenant (anonymous, or a user in none) are left to
+    the views' own checks."""
+
+    def allow_request(self, request, view) -> bool:
+        # Here, not at the top: api.tenancy imports DRF's views (see TenantRateThrottle).
+        from api.tenancy import active_tenant
+
+        share = web_share()
+        if share is None or not (request.user and request.user.is_authenticated):
+            return True
+        held: DbShareLease | None = getattr(request._request, LEASE_ATTR, None)
+        try:
+            tenant = active_tenant(request)
+        except exceptions.PermissionDenied:
+            return True
+        if held is not None and not held.released and held.account == tenant.account_key:
+            return True  # admitted with its key's lookup, or a view that runs the throttles twice
+        try:
+            lease = share.acquire(tenant.account_key)
+        except AccountOverShare as over:
+            raise exceptions.Throttled(wait=RETRY_AFTER_S, detail=str(over)) from None
+        # Replaces a place the key's lookup held in another share (unidentified, or stale).
+        keep_lease(request._request, lease)
+        return True

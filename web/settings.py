@@ -355,7 +355,7 @@ REST_FRAMEWORK.update(
         # an API key's request has it from before its key was looked up), then each tenant's
         # plan.api_requests_per_minute, shared by its keys and members (api/throttling.py), whose
         # read of the plan is a database call too.
-        "DEFAULT_THROTTLE_CLASSES": ["api.db_admission.AccountDbShareThrottle", "api.throttling.TenantRateThrottle"],
+        "DEFAULT_THROTTLE_CLASSES": ["api.throttling.AccountDbShareThrottle", "api.throttling.TenantRateThrottle"],
         # Throttles key on REMOTE_ADDR, which api/client_address.py already resolved through the
         # trusted proxies; None would make DRF key on the raw X-Forwarded-For a client writes.
         "NUM_PROXIES": 0,
