@@ -76,8 +76,19 @@ def cli(tmp_path, settings):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     ) -> subprocess.Popen:
-        """The CLI left running (a follow), for the test to feed events and signal it."""
-        return subprocess.Popen(command(argv, key, url), env=env, stdin=stdin, stdout=stdout, stderr=stderr, text=True)
+        """The CLI left running (a follow), for the test to feed events and signal it. SIGINT is
+        reset to its default in the child: a test run started in the background by a
+        non-interactive shell ignores SIGINT, the child would inherit that, and Python installs
+        no KeyboardInterrupt handler for a signal ignored at its start."""
+        return subprocess.Popen(
+            command(argv, key, url),
+            env=env,
+            stdin=stdin,
+            stdout=stdout,
+            stderr=stderr,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
 
     run.config = config
     run.start = start
