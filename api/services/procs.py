@@ -26,6 +26,7 @@ serves them with the database:
 from __future__ import annotations
 
 import ast
+import contextlib
 import io
 import keyword
 import logging
@@ -39,6 +40,7 @@ from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from rest_framework import serializers as drf
 
+from api import redis_client
 from api.models import ProgramVersion, Run, Tenant
 from api.services.quotas import PlanQuotaExceeded, check_can_start, live_descendants, plan_limits
 from gpu_worker import contracts
@@ -48,6 +50,8 @@ log = logging.getLogger(__name__)
 
 #: How long a parent's executor waits for its cancelled children to record their outcomes.
 CHILD_JOIN_S = 30.0
+#: How long a broker's wake-up entry may outlive a broker that never read it.
+WAKE_KEY_TTL_S = 60
 #: A spawn with less time than this left to its parent is refused (the child could not start).
 MIN_CHILD_SECONDS = 1.0
 #: Entry words meaning "the program itself".
@@ -299,6 +303,7 @@ class ProcessBroker:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self._wake()
         self._thread.join(timeout=CHILD_JOIN_S)  # a spawn being served finishes first
         if not self._children:
             return
@@ -315,19 +320,36 @@ class ProcessBroker:
                 log.warning("child_still_running run=%s child=%s", self.run_id, child_id)
         log.info("children_ended run=%s children=%d cancelled=%d", self.run_id, len(self._children), ended)
 
+    def _wake_key(self) -> str:
+        return f"{contracts.proc_requests_key(self.run_id)}:wake"
+
+    def _wake(self) -> None:
+        """Wake the serving thread out of its blocking pop. Without it the run's end waited for
+        the pop's timeout: every sandboxed run ended on the next whole second after its start
+        (a run whose program took 1.1 s finished after 2 s), and any slowdown of a run was
+        rounded up to a whole second more. On a Redis error the pop's timeout still ends it."""
+        try:
+            client = redis_client.shared(settings.REDIS_URL)
+            pipe = client.pipeline(transaction=True)
+            pipe.rpush(self._wake_key(), "1")
+            pipe.expire(self._wake_key(), WAKE_KEY_TTL_S)
+            pipe.execute()
+        except redis.RedisError as exc:
+            log.warning("proc_broker_wake_failed run=%s error=%s", self.run_id, exc)
+
     def _serve(self) -> None:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=2)
         key = contracts.proc_requests_key(self.run_id)
         try:
             while not self._stop.is_set():
                 try:
-                    got = client.blpop([key], timeout=1)
+                    got = client.blpop([key, self._wake_key()], timeout=1)
                 except redis.RedisError as exc:
                     log.warning("proc_broker_redis run=%s error=%s", self.run_id, exc)
                     self._stop.wait(1)
                     continue
-                if got is None:
-                    continue
+                if got is None or got[0].decode() != key:
+                    continue  # the pop's timeout, or ``_wake``: the loop checks ``_stop``
                 try:
                     request = contracts.ProcRequest.decode(got[1])
                 except ValueError as exc:
@@ -342,6 +364,8 @@ class ProcessBroker:
                 except redis.RedisError as exc:
                     log.warning("proc_reply_lost run=%s request=%s error=%s", self.run_id, request.id, exc)
         finally:
+            with contextlib.suppress(redis.RedisError):
+                client.delete(self._wake_key())
             client.close()
             connection.close()
 

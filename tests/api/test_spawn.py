@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import threading
+import time
 import uuid
 import zipfile
 
@@ -250,6 +251,21 @@ def test_the_broker_answers_relayed_requests_and_runs_children_with_its_executor
         stranger = ask(op="cancel", child=str(uuid.uuid4()))
         assert (stranger.ok, stranger.code) == (False, ErrorCode.PERMISSION)
     assert Run.objects.get(pk=spawned.child).status == "cancelled"
+
+
+def test_the_broker_ends_with_its_run_not_at_its_next_poll(api_tenant_a, plan):
+    """Found by the account soak: the broker's blocking pop (1 s timeout) held the end of every
+    sandboxed run until the next whole second after its start. Its exit wakes the pop now, and
+    leaves no wake-up entry behind."""
+    parent = _running(api_tenant_a.tenant)
+    ends = []
+    for _ in range(3):
+        with procs.ProcessBroker(str(parent.pk), 60, lambda child_id: None):
+            time.sleep(0.1)  # the pop is blocking
+            exit_at = time.perf_counter()
+        ends.append(time.perf_counter() - exit_at)
+    assert max(ends) < 0.3, ends
+    assert not redis.Redis.from_url(settings.REDIS_URL).exists(f"{contracts.proc_requests_key(parent.pk)}:wake")
 
 
 @pytest.mark.django_db(transaction=True)
