@@ -211,13 +211,15 @@ class FairQueue:
     others at once (and that forward is slower for every tenant in it); with it, a contended
     prompt is served in small chunks over several forwards, the way VTC charges token by token.
 
-    While another tenant has queued a call within ``idle_reset_s``, one tenant takes no more
-    seats of a forward than the widest other such tenant (calls queued, or seats in its last
-    forward), and at least ``contended_seats`` (``None``: no cap). Every tenant's next token
-    waits for the forward in progress, and on CPU a forward costs about the same per sequence:
-    a LIP with 64 threads of one-token calls otherwise filled every forward, and another
-    tenant's small completion waited for 64 sequences at each of its steps (3.4x slower).
-    Tenants of similar width still fill the batch together, and a tenant alone fills it.
+    While another account has queued a call within ``idle_reset_s``, one account (all its
+    tenants together) takes no more seats of a forward than the widest other such account
+    (calls queued, or seats in its last forward), and at least ``contended_seats`` (``None``: no
+    cap). Every tenant's next token waits for the forward in progress, and on CPU a forward
+    costs about the same per sequence: a LIP with 64 threads of one-token calls otherwise filled
+    every forward, and another tenant's small completion waited for 64 sequences at each of its
+    steps (3.4x slower). Per account, because two tenants of one person 16 calls wide each
+    otherwise justified each other's width and took 32 seats beside a 1-wide canary. Accounts of
+    similar width still fill the batch together, and an account alone fills it.
 
     While more than one *account* (the person behind tenants: ``SessionView.account``) has
     queued a call within ``idle_reset_s``, the forward is *contended*: ``select`` is given a
@@ -334,8 +336,9 @@ class FairQueue:
         Without that seat, decodes that fill every seat would starve a least-served tenant whose
         only runnable call is its prompt (as in B7's mix of tenants)."""
         decodes = {t: [c for c in self.queues[t] if c.remaining == 1 and not skip(c)] for t in tenants}
-        for tenant, cap in (caps or {}).items():
-            del decodes[tenant][cap:]
+        for account, cap in (caps or {}).items():
+            mine = [t for t in tenants if self.account_of.get(t, t) == account]
+            self._cap_account_decodes(mine, decodes, cap, skip)
         if sum(len(v) for v in decodes.values()) <= seats:
             return [c for t in tenants for c in decodes[t]], {}
         prefill_only = {
@@ -359,6 +362,32 @@ class FairQueue:
         # ``counters`` now holds the tenants left with runnable calls unseated, at their
         # counters after this forward's seats: a seated prefill is bounded against them.
         return chosen, {t: self._contended_chunk(t, counters) for t in reserved}
+
+    def _cap_account_decodes(
+        self, tenants: list[str], decodes: dict[str, list[PredCall]], cap: int, skip: Callable[[PredCall], bool]
+    ) -> None:
+        """Cut the decode calls of one account's ``tenants`` to its ``cap`` of seats, less the
+        seats its oldest runnable calls need for prefill chunks, taken one per tenant in turn so
+        the account's tenants share its seats. Which kind gets the seats goes by age (the
+        ``cap`` oldest runnable calls of the account): decodes first would starve the account's
+        own prompts while it has ``cap`` decodes queued (16 threads of one-token calls beside a
+        long prompt, capped at one seat, never ran the prompt)."""
+        runnable = [c for t in tenants for c in self.queues[t] if not skip(c)]
+        if len(runnable) <= cap:
+            return
+        oldest = sorted(runnable, key=lambda c: c.enqueued)[:cap]
+        left = cap - sum(1 for c in oldest if c.remaining > 1)
+        kept = dict.fromkeys(tenants, 0)
+        while left > 0:
+            before = left
+            for t in tenants:
+                if left > 0 and kept[t] < len(decodes[t]):
+                    kept[t] += 1
+                    left -= 1
+            if left == before:
+                break
+        for t in tenants:
+            del decodes[t][kept[t] :]
 
     def _contended_chunk(self, tenant: str, left_out: dict[str, float]) -> int:
         """Most prefill tokens ``tenant`` may take in this forward: enough to bring its counter
@@ -405,30 +434,43 @@ class FairQueue:
         return sum(c.remaining for q in self.queues.values() for c in q)
 
     def seat_caps(self, tenants: list[str]) -> dict[str, int]:
-        """Most seats each tenant may take in the next forward (see ``contended_seats``)."""
+        """Most seats each *account* of ``tenants`` may take in the next forward, all its tenants
+        together (see ``contended_seats``): the widest other active account's width, at least
+        ``contended_seats``. Per account, so one person's tenants cannot justify each other's
+        width: two tenants of one account, 16 calls wide each, otherwise took 32 seats of every
+        forward beside a 1-wide tenant of another account."""
         if self.contended_seats is None:
             return {}
         recent = time.monotonic() - self.idle_reset_s
         active = {t for t, at in self.last_queued.items() if at >= recent} | set(tenants)
         # A tenant's width: calls queued now, or seats it took in its last forward (its next
-        # calls may not be back yet).
-        width = {t: max(len(self.queues.get(t, ())), self.last_seats.get(t, 0)) for t in active}
+        # calls may not be back yet); an account's: its active tenants' together.
+        width: dict[str, int] = collections.defaultdict(int)
+        for t in active:
+            width[self.account_of.get(t, t)] += max(len(self.queues.get(t, ())), self.last_seats.get(t, 0))
         caps = {}
-        for tenant in tenants:
-            others = [width[t] for t in active if t != tenant]
+        for account in {self.account_of.get(t, t) for t in tenants}:
+            others = [w for a, w in width.items() if a != account]
             if others:
-                caps[tenant] = max(self.contended_seats, max(others))
+                caps[account] = max(self.contended_seats, max(others))
         return caps
 
+    def _queued_per_account(self) -> dict[str, int]:
+        queued: dict[str, int] = collections.defaultdict(int)
+        for tenant, q in self.queues.items():
+            queued[self.account_of.get(tenant, tenant)] += len(q)
+        return queued
+
     def seatable(self, max_seqs: int) -> int:
-        """How many queued calls the next forward could seat (each tenant up to its cap)."""
+        """How many queued calls the next forward could seat (each account up to its cap)."""
         caps = self.seat_caps(list(self.queues))
-        return sum(min(len(q), caps.get(t, max_seqs)) for t, q in self.queues.items())
+        return sum(min(n, caps.get(a, max_seqs)) for a, n in self._queued_per_account().items())
 
     def capped_backlog(self) -> bool:
-        """Whether a tenant has more calls queued than its cap lets into the next forward."""
+        """Whether an account has more calls queued than its cap lets into the next forward."""
         caps = self.seat_caps(list(self.queues))
-        return any(len(self.queues[t]) > cap for t, cap in caps.items())
+        queued = self._queued_per_account()
+        return any(queued[a] > cap for a, cap in caps.items())
 
     def select(
         self, budget: int, max_seqs: int, skip: Callable[[PredCall], bool], step_tokens: int | None = None
@@ -440,10 +482,11 @@ class FairQueue:
         room = self.account_prefill_room(budget, step_tokens)
         tenants = list(self.queues)
         caps = self.seat_caps(tenants)
-        seats_left = {t: caps.get(t, max_seqs) for t in tenants}
+        seats_left = {self.account_of.get(t, t): caps.get(self.account_of.get(t, t), max_seqs) for t in tenants}
+        seats_taken: dict[str, int] = collections.defaultdict(int)
 
         def seatless(c: PredCall) -> bool:
-            return skip(c) or seats_left[c.tenant] <= 0
+            return skip(c) or seats_left[c.account] <= 0
 
         # Decode first: latency-bound, one token each.
         decode_calls, prefill_seats = self._decode_seats(tenants, min(max_seqs, budget), skip, caps)
@@ -453,7 +496,8 @@ class FairQueue:
         for call in decode_calls:
             picked.append((call, 1))
             taken.add(id(call))
-            seats_left[call.tenant] -= 1
+            seats_left[call.account] -= 1
+            seats_taken[call.tenant] += 1
             budget -= 1
             self.deficit[call.tenant] -= 1
             self._charge(call, 1)
@@ -474,11 +518,12 @@ class FairQueue:
                         prefill_seats.get(tenant, UNBOUNDED),
                         room.get(call.account, UNBOUNDED),
                     )
-                    if n <= 0 or len(picked) >= max_seqs or seats_left[tenant] <= 0:
+                    if n <= 0 or len(picked) >= max_seqs or seats_left[call.account] <= 0:
                         break
                     picked.append((call, n))
                     taken.add(id(call))
-                    seats_left[tenant] -= 1
+                    seats_left[call.account] -= 1
+                    seats_taken[tenant] += 1
                     budget -= n
                     self.deficit[tenant] -= n
                     if call.account in room:
@@ -491,7 +536,7 @@ class FairQueue:
                         break
         for tenant in tenants:
             if self.contended_seats is not None:
-                self.last_seats[tenant] = caps.get(tenant, max_seqs) - seats_left[tenant]
+                self.last_seats[tenant] = seats_taken[tenant]
             self.queues[tenant] = collections.deque(c for c in self.queues[tenant] if id(c) not in taken)
             if not self.queues[tenant]:
                 self.deficit[tenant] = 0.0
@@ -550,6 +595,11 @@ class Metrics:
     #: the token budget; ``Scheduler.contended_step_tokens`` sizes contended forwards from them.
     decode_forward_s_ema: float = 0.0
     token_s_ema: float = 0.0
+    #: Per tenant: seconds its settled calls spent in the worker from queued to settled (queue
+    #: waits plus the forwards they rode in), and the forwards they rode in. Read against the
+    #: tenant's end-to-end time, they say how much of it the engine took.
+    pred_s_per_tenant: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))
+    forwards_per_tenant: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
 
     def to_dict(self, max_num_batched_tokens: int) -> dict[str, Any]:
         f = max(self.forwards, 1)
@@ -578,6 +628,8 @@ class Metrics:
             "prefix_cached_tokens": self.prefix_cached_tokens,
             "decode_forward_ms_ema": 1000 * self.decode_forward_s_ema,
             "token_us_ema": 1e6 * self.token_s_ema,
+            "pred_s_per_tenant": {t: round(v, 4) for t, v in self.pred_s_per_tenant.items()},
+            "forwards_per_tenant": dict(self.forwards_per_tenant),
         }
 
 
@@ -1058,6 +1110,8 @@ class Scheduler:
         sessions = set(widths)
         for session in {id(c.session): c.session for c, _, _ in plans}.values():
             session.usage.forwards += 1  # only this (engine) thread writes the counter
+        for tenant in {c.tenant for c, _, _ in plans}:
+            m.forwards_per_tenant[tenant] += 1
         with self._cond:
             # A session's width is what it had in this forward plus what it already queued
             # meanwhile: a LIP whose N threads fell into two alternating half-batches is N wide,
@@ -1110,6 +1164,8 @@ class Scheduler:
                 else:
                     self.queue.push(call, front=True)
             self._running = []
+        settled = time.monotonic()
         for call, result in finished:
             m.calls += 1
+            m.pred_s_per_tenant[call.tenant] += settled - call.enqueued
             self._settle(call, result)

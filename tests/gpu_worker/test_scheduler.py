@@ -199,6 +199,56 @@ def test_a_tenant_takes_at_most_its_contended_seats_while_another_is_served() ->
     assert picked.count("flood") == 32 and picked.count("wide") == 32, picked
 
 
+def test_two_tenants_of_one_account_share_its_contended_seats() -> None:
+    """Found by the account soak: two tenants of one person, 16 one-token calls wide each,
+    justified each other's width and took 32 seats of every forward beside another account's
+    1-wide canary. The cap is per account: they take ``contended_seats`` in all, shared between
+    them, while the canary's account is active; another account as wide still fills the batch
+    beside them."""
+    q = FairQueue(quantum=256, idle_reset_s=5.0, contended_seats=8)
+    one = FakeSession("s1", "one", account="person")
+    two = FakeSession("s2", "two", account="person")
+    canary = FakeSession("sc", "canary")
+    for _ in range(16):
+        q.push(_call(one, 1))
+        q.push(_call(two, 1))
+    q.push(_call(canary, 1))
+    picked = [c.tenant for c, _ in q.select(budget=2048, max_seqs=64, skip=lambda c: False)]
+    assert picked.count("one") == 4 and picked.count("two") == 4 and picked.count("canary") == 1, picked
+    assert q.capped_backlog() and q.seatable(64) == 8
+    wide = FakeSession("sw", "wide")
+    q = FairQueue(quantum=256, idle_reset_s=5.0, contended_seats=8)
+    for _ in range(16):
+        q.push(_call(one, 1))
+        q.push(_call(two, 1))
+    for _ in range(32):
+        q.push(_call(wide, 1))
+    picked = [c.tenant for c, _ in q.select(budget=2048, max_seqs=64, skip=lambda c: False)]
+    assert picked.count("one") + picked.count("two") == 32 and picked.count("wide") == 32, picked
+
+
+def test_an_accounts_capped_seats_go_to_its_oldest_calls_so_its_prompt_is_not_starved() -> None:
+    """Capped at one seat beside a 1-wide canary, an account with a long prompt queued before
+    16 one-token calls runs the prompt (its decodes wait their turn): decodes first would give
+    every seat to the decodes and the prompt would never run."""
+    q = FairQueue(quantum=256, idle_reset_s=5.0, contended_seats=1)
+    one = FakeSession("s1", "one", account="person")
+    two = FakeSession("s2", "two", account="person")
+    canary = FakeSession("sc", "canary")
+    prompt = _call(two, 300)
+    q.push(prompt)
+    for _ in range(16):
+        q.push(_call(one, 1))
+    q.push(_call(canary, 1))
+    picked = q.select(budget=2048, max_seqs=64, skip=lambda c: False)
+    assert [(c.tenant, n) for c, n in picked if c.account == "person"] == [("two", 256)], picked
+    assert [c.tenant for c, _ in picked if c.tenant == "canary"] == ["canary"]
+    # With no older prompt queued, the account's seat goes to its oldest decode.
+    q.push(_call(canary, 1))
+    picked = q.select(budget=2048, max_seqs=64, skip=lambda c: False)
+    assert sorted(c.tenant for c, _ in picked) == ["canary", "one"], picked
+
+
 def test_a_prefill_only_tenant_gets_a_seat_when_decodes_fill_them() -> None:
     """Found by B7: two tenants' decodes alone fill every seat; a third tenant, no more served
     than they are, whose only call is its prompt must still get a seat for a prefill chunk."""
