@@ -348,7 +348,7 @@ class ProcessBroker:
                     log.warning("proc_broker_redis run=%s error=%s", self.run_id, exc)
                     self._stop.wait(1)
                     continue
-                if got is None or got[0].decode() != key:
+                if got is None or got[0] not in (key, key.encode()):
                     continue  # the pop's timeout, or ``_wake``: the loop checks ``_stop``
                 try:
                     request = contracts.ProcRequest.decode(got[1])
