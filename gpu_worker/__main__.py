@@ -162,7 +162,8 @@ def _parser() -> argparse.ArgumentParser:
         "--contended-seats",
         type=_count_or_off(1),
         default=SchedulerConfig.contended_seats_per_tenant,
-        help="while other tenants are served, most calls one tenant takes in a forward ('off': no cap)",
+        help="while other accounts are served, one account takes no more calls of a forward than the "
+        "widest of them, and at least this many ('off': no cap)",
     )
     p.add_argument(
         "--contended-step-tokens",

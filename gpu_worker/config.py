@@ -40,9 +40,10 @@ class SchedulerConfig:
     #: tenant's virtual token counter at most this many tokens (per unit of weight) above the
     #: lowest counter of the other contending tenants; ``None``: chunks sized by DRR alone.
     contended_prefill_slack: int | None = 32
-    #: While other tenants are being served, one tenant takes no more seats (calls) of a
-    #: forward than the widest of them, and at least this many; ``None``: no cap. Keeps the
-    #: forward every tenant's next token waits for short.
+    #: While other accounts are being served, one account (its tenants together; the name is
+    #: older than that) takes no more seats (calls) of a forward than the widest of them, and at
+    #: least this many; ``None``: no cap. Keeps the forward every tenant's next token waits for
+    #: short.
     contended_seats_per_tenant: int | None = 1
     #: While more than one account has queued a call within the idle second, the prefill tokens
     #: one forward carries, all accounts together; each account takes at most its weighted fair
