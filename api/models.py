@@ -251,6 +251,9 @@ class Run(models.Model):
     #: What a spawned run executes of its program's bundle: ``module[:function]`` ("" or
     #: "self": the program's own ``main``); always "" for a run a client started.
     entry = models.CharField(max_length=200, blank=True, default="")
+    #: The W3C ``traceparent`` the client sent with the request that created the run, validated
+    #: (api/services/trace_context.py; "" when none or malformed): the exported run span's parent.
+    traceparent = models.CharField(max_length=55, blank=True, default="")
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["tenant", "idempotency_key"], name="run_idempotency_per_tenant")]

@@ -209,6 +209,11 @@ FILE_UPLOAD_HANDLERS = [
 #: Bytes of each of a run's stdout/stderr kept in the database (the tail; the sandbox's own
 #: output limit, 1 MiB by default, bounds what is captured at all).
 SYMPHONY_RUN_OUTPUT_KEEP_BYTES = int(os.environ.get("SYMPHONY_RUN_OUTPUT_KEEP_BYTES", str(64 * 1024)))
+#: OpenTelemetry export of each finished run's trace (api/services/otel_export.py): the OTLP/HTTP
+#: collector's base URL ("/v1/traces" is appended); empty (the default), nothing is exported and
+#: the SDK is never loaded. OTEL_SERVICE_NAME, OTEL_EXPORTER_OTLP_HEADERS and the OTEL_BSP_*
+#: batch settings are read by the SDK itself.
+OTEL_EXPORTER_OTLP_ENDPOINT = os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
 #: Seconds a run's event stream stays in Redis after the run ends (replays, reconnects, the
 #: console's live view of a finished run); afterwards its events endpoint sends the closing
 #: status and end from the run's row.

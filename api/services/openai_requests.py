@@ -41,6 +41,9 @@ class CompletionRequest:
     run_max_tokens: int
     #: ``stream_options.include_usage``: a last chunk with the usage and no choices.
     include_usage: bool = False
+    #: The client's W3C ``traceparent`` header as sent ("" when none): kept with the run when
+    #: valid (api/services/trace_context.py), never a reason to refuse the request.
+    traceparent: str = ""
 
 
 def model_name() -> str:
@@ -104,6 +107,7 @@ def start(tenant: Tenant, api_key: ApiKey | None, request: CompletionRequest, pl
         send=send,
         plan=plan,
         program_version=version,
+        traceparent=request.traceparent,
     )
     return run
 

@@ -20,7 +20,17 @@ from django.utils import timezone
 
 from api import dispatch, redis_client
 from api.models import ApiKey, AuditLog, Program, ProgramVersion, Run, Tenant, UsageRecord
-from api.services import cancellation, quota_alerts, routing, run_handoff, run_notices, run_traces, tool_hosts
+from api.services import (
+    cancellation,
+    otel_export,
+    quota_alerts,
+    routing,
+    run_handoff,
+    run_notices,
+    run_traces,
+    tool_hosts,
+    trace_context,
+)
 from api.services.executor_liveness import TTL_S as EXECUTOR_TTL_S
 from api.services.executor_liveness import executor_alive
 from api.services.quotas import PlanLimits, check_can_start, lock_account, tokens_this_month_of
@@ -183,6 +193,7 @@ def create_run(
     plan: PlanLimits | None = None,
     name: str = "",
     program_version: ProgramVersion | None = None,
+    traceparent: str = "",
 ) -> tuple[Run, bool]:
     """Create a queued run (or return the earlier one with the same Idempotency-Key).
 
@@ -198,6 +209,8 @@ def create_run(
     the tenant's plan as the caller's request already read it (read again here when not given).
     ``name``: what to call the run; empty, its program's name and first argument.
     ``program_version``: the row of ``version`` of ``program`` when the caller read it already.
+    ``traceparent``: the client's W3C ``traceparent`` header as sent (kept only when valid,
+    api/services/trace_context.py), written with the run's own insert.
     """
     digest = _request_digest(program, version, args, limits) if idempotency_key else ""
     if idempotency_key:
@@ -232,6 +245,7 @@ def create_run(
                 idempotency_key=idempotency_key or None,
                 idempotency_digest=digest,
                 api_key=api_key,
+                traceparent=trace_context.kept(traceparent),
             )
     except IntegrityError:
         if not idempotency_key:
@@ -511,6 +525,8 @@ def finish_run(run_id: str, outcome: RunOutcome, plan: PlanLimits | None = None)
     publish_end(run)
     quota_alerts.after_usage(run.tenant, plan)
     log.info("run_finished run=%s tenant=%s status=%s", run.pk, run.tenant.slug, run.status)
+    if otel_export.enabled():  # after the commit and the run's end event; sent from the SDK's thread
+        otel_export.export(run)
     return run
 
 

@@ -12,6 +12,7 @@ before the run is created: past the cap a 429 ``rate_limit_exceeded`` and no run
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -102,7 +103,7 @@ def _parse(request: HttpRequest, serializer_class: type) -> CompletionRequest:
     if not serializer.is_valid():
         field, problems = next(iter(serializer.errors.items()))
         raise _Refused(400, error_body(f"{field}: {json.dumps(problems)}", "invalid_request_error", param=field))
-    return serializer.to_completion_request()
+    return dataclasses.replace(serializer.to_completion_request(), traceparent=request.headers.get("traceparent", ""))
 
 
 def _admit(request: HttpRequest, serializer_class: type) -> tuple[ApiKey, CompletionRequest, PlanLimits]:

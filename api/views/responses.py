@@ -10,6 +10,7 @@ arrive; a ``background`` one answers at once and is settled when retrieved.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -56,6 +57,8 @@ def _prepare(request: HttpRequest) -> tuple[ApiKey, Turn, PlanLimits]:
         raise _Refused(404, responses.not_found_body(str(missing))) from None
     except responses.Refused as refused:
         raise _Refused(400, refused.body) from None
+    if turn.completion is not None:
+        turn.completion = dataclasses.replace(turn.completion, traceparent=request.headers.get("traceparent", ""))
     return key, turn, plan
 
 
