@@ -27,7 +27,8 @@ from api.models import Run
 from api.services import run_traces, trace_context
 
 if TYPE_CHECKING:
-    from opentelemetry.sdk.trace import Tracer, TracerProvider
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Tracer
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,14 @@ from api.views._shared import _verified_user
                 OpenApiParameter.HEADER,
                 description="Same key and body within a tenant returns the first run (200) instead of a new one"
                 " (201); the same key with another body is a 422 idempotency_mismatch.",
-            )
+            ),
+            OpenApiParameter(
+                "traceparent",
+                str,
+                OpenApiParameter.HEADER,
+                description="W3C trace context of the caller's span: with OpenTelemetry export on, the run's span"
+                " is its child. Kept only in the exact version-00 form; anything else is ignored.",
+            ),
         ],
         responses={201: RunSerializer, 200: RunSerializer},
     ),
@@ -78,6 +85,7 @@ class RunViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, TenantScopedV
             idempotency_key=idempotency.validated_data.get("key"),
             api_key=request.auth if isinstance(request.auth, ApiKey) else None,
             name=data.validated_data["name"],
+            traceparent=request.headers.get("traceparent", ""),
         )
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 

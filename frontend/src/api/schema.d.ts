@@ -2708,6 +2708,8 @@ export interface operations {
             header?: {
                 /** @description Same key and body within a tenant returns the first run (200) instead of a new one (201); the same key with another body is a 422 idempotency_mismatch. */
                 "Idempotency-Key"?: string;
+                /** @description W3C trace context of the caller's span: with OpenTelemetry export on, the run's span is its child. Kept only in the exact version-00 form; anything else is ignored. */
+                traceparent?: string;
             };
             path?: never;
             cookie?: never;
