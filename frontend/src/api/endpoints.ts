@@ -20,6 +20,7 @@ import type {
   Role,
   Run,
   RunLogs,
+  RunTrace,
   ServiceHealth,
   UsageDay,
   UsageGroup,
@@ -238,6 +239,14 @@ export async function cancelRun(id: string): Promise<Run> {
 }
 export async function getRunLogs(id: string): Promise<RunLogs> {
   return unwrap(http.GET("/api/v1/runs/{id}/logs", { params: { path: { id } } }));
+}
+/** The run's span tree (docs/ARCHITECTURE.md, "Traces"); `complete` is false until it ended. */
+export async function getRunTrace(id: string): Promise<RunTrace> {
+  return unwrap(http.GET("/api/v1/runs/{run_id}/trace", { params: { path: { run_id: id } } }));
+}
+/** The same trace as Chrome trace events, the file Perfetto and chrome://tracing open. */
+export function runTraceChromeUrl(id: string): string {
+  return `/api/v1/runs/${id}/trace?format=chrome`;
 }
 export function runEventsUrl(id: string): string {
   return `/api/v1/runs/${id}/events`;

@@ -13,6 +13,8 @@ export const KEY_SCOPES: readonly KeyScope[] = ["programs", "runs", "kv", "usage
 export type Program = Schemas["Program"];
 export type Run = Schemas["Run"];
 export type RunLogs = Schemas["RunLogs"];
+export type RunTrace = Schemas["RunTrace"];
+export type RunTraceSpan = Schemas["RunTraceSpan"];
 export type KVFile = Schemas["KVFile"];
 
 export type Role = Schemas["RoleEnum"];

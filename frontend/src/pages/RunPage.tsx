@@ -7,6 +7,7 @@ import { ConfirmButton } from "../components/ConfirmButton";
 import { CopyButton } from "../components/CopyButton";
 import { KVUsagePanel } from "../components/KVUsagePanel";
 import { RunUsagePanel } from "../components/RunUsagePanel";
+import { TraceWaterfall } from "../components/TraceWaterfall";
 import { PageHeader } from "../components/PageHeader";
 import { AsyncBlock, ErrorBanner, Notice } from "../components/Status";
 import { StatusBadge } from "../components/StatusBadge";
@@ -329,6 +330,7 @@ function RunBody({ initial }: { initial: Run }) {
       </div>
       <RunTree run={run} />
       <RunUsagePanel run={run} />
+      <TraceWaterfall runId={run.id} finished={terminal} />
       <KVUsagePanel
         samples={stream.kv}
         origin={run.started_at ? Date.parse(run.started_at) : (stream.kv[0]?.t ?? 0)}
