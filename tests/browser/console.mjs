@@ -925,6 +925,82 @@ const scenarios = {
     await shot(page, "run-example-streamed");
     return out;
   },
+
+  /** A real run that sleeps between two generations: once it has ended, the run page's trace
+   * waterfall ranks the sleep as the slowest operation with the longest bar of them, zooms to a
+   * span on a click (and from the keyboard), resets, links the Chrome format and fits a phone. */
+  async traceWaterfall(page) {
+    const out = {};
+    await login(page, cfg.email, cfg.password);
+    await page.getByRole("link", { name: cfg.programName }).click();
+    await page.getByRole("heading", { level: 1, name: cfg.programName }).waitFor({ timeout: T });
+    await page.getByRole("button", { name: "Run program" }).click();
+    await page.getByRole("heading", { level: 1, name: /^Run / }).waitFor({ timeout: T });
+    out.runId = page.url().split("/runs/")[1];
+    const card = page.getByTestId("trace");
+    out.whileRunning = (await card.textContent()) ?? "";
+    const deadline = Date.now() + (cfg.runTimeoutMs ?? 180000);
+    while (Date.now() < deadline) {
+      const status = (await page.getByTestId("run-status").textContent()) ?? "";
+      if (/succeeded|failed|timed out|cancelled/.test(status)) {
+        out.status = status.trim();
+        break;
+      }
+      await page.waitForTimeout(100);
+    }
+    const rows = page.getByTestId("trace-rows");
+    await rows.waitFor({ timeout: T });
+    // Bars of the program's operations, by name and pixel width, widest first.
+    const operationBars = () =>
+      rows.evaluate((list) =>
+        Array.from(list.querySelectorAll("li"))
+          .filter((li) => ["syscall", "io", "wait", "kv_move"].includes(li.dataset.kind))
+          .map((li) => ({ name: li.dataset.span, rank: li.dataset.slowRank ?? null, width: li.querySelector(".wf-bar").getBoundingClientRect().width }))
+          .sort((a, b) => b.width - a.width),
+      );
+    out.bars = await operationBars();
+    out.slowest = await rows.locator('li[data-slow-rank="1"]').getAttribute("data-span");
+    out.slowestText = (await page.getByTestId("trace-slowest").textContent()) ?? "";
+    out.rowsWhole = await rows.locator("li").count();
+    await shot(page, "run-trace");
+
+    // Zoom by clicking the sleep: the axis spans it, its bar fills the track, fewer rows remain.
+    const sleepRow = rows.locator('li[data-span="sleep"]').first();
+    await sleepRow.getByRole("button").click();
+    out.zoomedLabel = (await page.getByTestId("trace-window").textContent()) ?? "";
+    out.sleepFill = await sleepRow.evaluate((li) => li.querySelector(".wf-bar").getBoundingClientRect().width / li.querySelector(".wf-track").getBoundingClientRect().width);
+    out.rowsZoomed = await rows.locator("li").count();
+    await page.getByRole("button", { name: "Show the whole run" }).click();
+    out.rowsReset = await rows.locator("li").count();
+    out.resetLabel = (await page.getByTestId("trace-window").textContent()) ?? "";
+
+    // From the keyboard: Tab reaches a row, arrows move, Enter zooms, Escape resets.
+    const first = rows.getByRole("button").first();
+    await first.focus();
+    await page.keyboard.press("ArrowDown");
+    out.focusedAfterArrow = await page.evaluate(() => document.activeElement?.closest("li")?.dataset.span ?? null);
+    await page.keyboard.press("Enter");
+    out.keyboardZoom = (await page.getByTestId("trace-window").textContent()) ?? "";
+    await page.keyboard.press("Escape");
+    out.keyboardReset = (await page.getByTestId("trace-window").textContent()) ?? "";
+
+    // The download is the Chrome trace-event JSON Perfetto opens.
+    const link = page.getByTestId("trace-download");
+    out.downloadText = (await link.textContent()) ?? "";
+    out.downloadHref = await link.getAttribute("href");
+    out.chrome = await page.evaluate(async (href) => {
+      const res = await fetch(href, { credentials: "same-origin" });
+      const body = await res.json();
+      return { status: res.status, events: body.traceEvents.length, sleep: body.traceEvents.some((e) => e.name === "sleep"), unit: body.displayTimeUnit };
+    }, out.downloadHref);
+
+    await card.scrollIntoViewIfNeeded();
+    await atPhoneWidth(page, "run page with its trace", "run-trace-mobile");
+    await page.setViewportSize({ width: 390, height: 844 });
+    await withinWidth(page, sleepRow.locator(".wf-track"), "the sleep's track");
+    await page.setViewportSize({ width: 1280, height: 800 });
+    return out;
+  },
 };
 
 // A persistent context is how Playwright takes a fresh --user-data-dir (a new temp dir per run).

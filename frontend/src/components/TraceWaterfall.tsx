@@ -118,7 +118,7 @@ export function Waterfall({ spans }: { spans: RunTraceSpan[] }) {
       </div>
       <ol className="waterfall" ref={listRef} onKeyDown={onKeyDown} aria-label="Spans of the run, in tree order" data-testid="trace-rows">
         {rows.map(({ span, depth, left, width, slowRank }) => (
-          <li key={span.id} className={slowRank ? "wf-row wf-slow" : "wf-row"} data-span={span.name} data-slow-rank={slowRank ?? undefined}>
+          <li key={span.id} className={slowRank ? "wf-row wf-slow" : "wf-row"} data-span={span.name} data-kind={span.kind} data-slow-rank={slowRank ?? undefined}>
             <button
               type="button"
               className="wf-span"
