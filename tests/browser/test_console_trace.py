@@ -67,7 +67,7 @@ def test_the_run_page_draws_the_runs_trace_as_a_waterfall(symphony_stack, browse
     assert result["slowest"] == "sleep", bars
     assert bars[0]["name"] == "sleep" and bars[0]["rank"] == "1", bars
     assert bars[0]["width"] > bars[1]["width"], bars
-    assert result["slowestText"].strip().startswith("Slowest 3 operations: sleep") and "sleep" in result["slowestText"], result["slowestText"]
+    assert result["slowestText"].strip().startswith("Slowest 3 operations: sleep"), result["slowestText"]
 
     # A click zooms the axis to the sleep (its bar then nearly fills the track); reset restores.
     assert result["zoomedLabel"].startswith("Zoomed to sleep"), result["zoomedLabel"]
