@@ -988,11 +988,10 @@ const scenarios = {
     const link = page.getByTestId("trace-download");
     out.downloadText = (await link.textContent()) ?? "";
     out.downloadHref = await link.getAttribute("href");
-    out.chrome = await page.evaluate(async (href) => {
-      const res = await fetch(href, { credentials: "same-origin" });
-      const body = await res.json();
-      return { status: res.status, events: body.traceEvents.length, sleep: body.traceEvents.some((e) => e.name === "sleep"), unit: body.displayTimeUnit };
-    }, out.downloadHref);
+    const [download] = await Promise.all([page.waitForEvent("download", { timeout: T }), link.click()]);
+    out.downloadName = download.suggestedFilename();
+    const body = JSON.parse(readFileSync(await download.path(), "utf8"));
+    out.chrome = { events: body.traceEvents.length, sleep: body.traceEvents.some((e) => e.name === "sleep"), unit: body.displayTimeUnit };
 
     await card.scrollIntoViewIfNeeded();
     await atPhoneWidth(page, "run page with its trace", "run-trace-mobile");

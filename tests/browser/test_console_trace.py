@@ -79,8 +79,9 @@ def test_the_run_page_draws_the_runs_trace_as_a_waterfall(symphony_stack, browse
     assert result["keyboardZoom"].startswith("Zoomed to queued"), result["keyboardZoom"]
     assert result["keyboardReset"].startswith("Whole run"), result["keyboardReset"]
 
-    # The download is the Chrome trace-event JSON of this run.
+    # The link downloads the Chrome trace-event JSON of this run (what Perfetto opens).
     assert result["downloadText"] == "Download trace (Chrome format)"
     assert result["downloadHref"] == f"/api/v1/runs/{run.pk}/trace?format=chrome"
-    assert result["chrome"]["status"] == 200 and result["chrome"]["sleep"], result["chrome"]
+    assert result["downloadName"] == f"run-{run.pk}-trace.json", result["downloadName"]
+    assert result["chrome"]["sleep"] and result["chrome"]["unit"] == "ms", result["chrome"]
     assert result["chrome"]["events"] > len(bars), result["chrome"]
