@@ -1,26 +1,6 @@
-import { fireEvent, render, screen, within } from "@testing-library/react";
 import { describe, expect, it } from "vitest";
-import type { RunTraceSpan } from "../api/types";
-import { Waterfall } from "../components/TraceWaterfall";
+import { span, SPANS } from "../test/traceFixtures";
 import { formatSeconds, fullWindow, layoutRows, slowestOperations, tickStep, ticks, treeOrder, zoomWindow } from "./waterfall";
-
-function span(id: number, parent: number | null, name: string, kind: string, start: number, end: number, attrs = {}): RunTraceSpan {
-  return { id, parent, name, kind, start_s: start, end_s: end, duration_s: end - start, attrs };
-}
-
-// The shape of a real run's trace: run > queued, execute > (sandbox.start, worker.session >
-// pred, sleep, pred), end. Listed out of order, as nothing promises the server's order.
-const SPANS = [
-  span(1, null, "run", "run", 0, 4),
-  span(6, 5, "sleep", "io", 1.5, 3.0),
-  span(3, 1, "execute", "control", 0.5, 3.9),
-  span(2, 1, "queued", "control", 0, 0.5),
-  span(5, 3, "worker.session", "worker", 0.8, 3.8),
-  span(4, 3, "sandbox.start", "sandbox", 0.5, 0.8, { warm: true }),
-  span(7, 5, "pred", "syscall", 1.0, 1.4),
-  span(8, 5, "pred", "syscall", 3.0, 3.2),
-  span(9, 1, "end", "control", 4, 4),
-];
 
 describe("waterfall layout", () => {
   it("orders spans as a tree, children by start, with their depth", () => {
@@ -74,33 +54,5 @@ describe("waterfall layout", () => {
     expect(formatSeconds(0.000042)).toBe("42 µs");
     expect(formatSeconds(0.0123)).toBe("12.3 ms");
     expect(formatSeconds(1.5)).toBe("1.5 s");
-  });
-});
-
-describe("Waterfall", () => {
-  it("highlights the slowest operation, zooms on a click and resets", () => {
-    render(<Waterfall spans={SPANS} />);
-    const list = screen.getByRole("list", { name: /Spans of the run/ });
-    expect(within(list).getAllByRole("listitem")).toHaveLength(SPANS.length);
-    const sleep = screen.getByRole("button", { name: /^sleep, 1\.5 s, .*slowest operation number 1/ });
-    fireEvent.click(sleep);
-    expect(screen.getByTestId("trace-window").textContent).toContain("Zoomed to sleep");
-    expect(within(list).getAllByRole("listitem")).toHaveLength(5);
-    expect(sleep.getAttribute("aria-current")).toBe("true");
-    fireEvent.click(screen.getByRole("button", { name: "Show the whole run" }));
-    expect(within(list).getAllByRole("listitem")).toHaveLength(SPANS.length);
-  });
-  it("moves between rows with the arrow keys and resets the zoom with Escape", () => {
-    render(<Waterfall spans={SPANS} />);
-    const rows = screen.getAllByRole("button", { name: /, from / });
-    rows[0].focus();
-    fireEvent.keyDown(rows[0], { key: "ArrowDown" });
-    expect(document.activeElement).toBe(rows[1]);
-    fireEvent.keyDown(rows[1], { key: "End" });
-    expect(document.activeElement).toBe(rows[rows.length - 1]);
-    fireEvent.click(rows[1]);
-    expect(screen.getByTestId("trace-window").textContent).toContain("Zoomed to queued");
-    fireEvent.keyDown(rows[1], { key: "Escape" });
-    expect(screen.getByTestId("trace-window").textContent).toContain("Whole run");
   });
 });
