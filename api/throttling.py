@@ -105,8 +105,14 @@ class TokenAllowance:
     it in OpenAI's token headers; the window is the calendar month (UTC), not a minute."""
 
     limit: int
-    remaining: int
+    #: The tokens used this month as the request read them: the run-creation check of the
+    #: request's first attempt takes this figure rather than reading it again.
+    used: int
     reset_s: int
+
+    @property
+    def remaining(self) -> int:
+        return max(0, self.limit - self.used)
 
     def headers(self) -> dict[str, str]:
         return {
@@ -118,17 +124,23 @@ class TokenAllowance:
 
 def note_token_allowance(tenant: Tenant, request: HttpRequest, plan: PlanLimits) -> TokenAllowance | None:
     """Leave the tenant's :class:`TokenAllowance` on ``request`` for the token headers (as it
-    stands when the request starts); ``None`` when its plan has no monthly allowance."""
+    stands when the request starts); ``None`` when its plan has no monthly allowance. Its
+    ``used`` serves the request's first run-creation check too (:func:`noted_tokens_used`)."""
     if plan.tokens_per_month is None:
         return None
     now = timezone.now()
     reset = datetime.combine(next_period_start(now.date()), datetime.min.time(), tzinfo=now.tzinfo)
     used = tokens_this_month(tenant)
-    allowance = TokenAllowance(
-        plan.tokens_per_month, max(0, plan.tokens_per_month - used), max(1, math.ceil((reset - now).total_seconds()))
-    )
+    allowance = TokenAllowance(plan.tokens_per_month, used, max(1, math.ceil((reset - now).total_seconds())))
     request.symphony_tokens = allowance  # type: ignore[attr-defined]
     return allowance
+
+
+def noted_tokens_used(request: HttpRequest) -> int | None:
+    """The tokens used this month as :func:`note_token_allowance` read them for ``request``;
+    ``None`` when it read none (a plan with no monthly allowance)."""
+    allowance: TokenAllowance | None = getattr(request, "symphony_tokens", None)
+    return None if allowance is None else allowance.used
 
 
 def openai_duration(seconds: int) -> str:

@@ -86,9 +86,17 @@ def builtin_version(tenant: Tenant) -> ProgramVersion:
     return latest
 
 
-def start(tenant: Tenant, api_key: ApiKey | None, request: CompletionRequest, plan: PlanLimits | None = None) -> Run:
+def start(
+    tenant: Tenant,
+    api_key: ApiKey | None,
+    request: CompletionRequest,
+    plan: PlanLimits | None = None,
+    tokens_used: int | None = None,
+) -> Run:
     """Create the run (quota-checked like any other); raises ``PlanQuotaExceeded``. ``plan``: the
-    tenant's plan as the request read it (read here when not given)."""
+    tenant's plan as the request read it (read here when not given). ``tokens_used``: the
+    tenant's tokens this month as the request read them for its token headers, for the monthly
+    check (read by the check when not given)."""
     plan = plan or plan_limits(tenant)
     version = builtin_version(tenant)
     # The worker meters the real count; the estimate only must not ask for more than the plan.
@@ -108,6 +116,7 @@ def start(tenant: Tenant, api_key: ApiKey | None, request: CompletionRequest, pl
         plan=plan,
         program_version=version,
         traceparent=request.traceparent,
+        tokens_used=tokens_used,
     )
     return run
 

@@ -212,10 +212,22 @@ def _active_runs_with_account(tenant: Tenant) -> tuple[int, int]:
     return int(counts["own"]), int(counts["account"])
 
 
-def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None, *, child: bool = False) -> None:
+def check_can_start(
+    tenant: Tenant,
+    limits: dict,
+    plan: PlanLimits | None = None,
+    *,
+    child: bool = False,
+    tokens_used: int | None = None,
+) -> None:
     """Refuse a run the plan does not allow; the message names the limit. ``plan``: the
     tenant's plan when the caller has read it already. ``child``: a spawned run, which counts
-    within its tree (``create_child``), not against the tenant's concurrent runs."""
+    within its tree (``create_child``), not against the tenant's concurrent runs.
+    ``tokens_used``: the tenant's tokens this month as the caller's request read them already
+    (a /v1 request's token headers, on its first creation attempt); read here when not given.
+    Either is a reading at one instant: no usage write takes the locks the creation holds, so a
+    read under them is no more exact than one just before, and the worker's token cap is what
+    is left at the run's start (``runs.start_run``) either way."""
     plan = plan or plan_limits(tenant)
     # Only what is checked here is counted (not current_use's KV sums): every run creation,
     # each /v1 request included, runs this under its tenant's row lock.
@@ -238,8 +250,10 @@ def check_can_start(tenant: Tenant, limits: dict, plan: PlanLimits | None = None
         raise PlanQuotaExceeded(f"max_tokens above plan limit {plan.max_tokens_per_run}")
     if float(limits.get("deadline_s", 0)) > plan.max_run_seconds:
         raise PlanQuotaExceeded(f"deadline_s above plan limit {plan.max_run_seconds}")
-    if plan.tokens_per_month is not None and tokens_this_month(tenant) >= plan.tokens_per_month:
-        raise PlanQuotaExceeded(f"monthly token quota of {plan.tokens_per_month} is used up")
+    if plan.tokens_per_month is not None:
+        used = tokens_this_month(tenant) if tokens_used is None else tokens_used
+        if used >= plan.tokens_per_month:
+            raise PlanQuotaExceeded(f"monthly token quota of {plan.tokens_per_month} is used up")
 
 
 def session_limits(run: Run, plan: PlanLimits | None = None, tokens_used: int | None = None) -> RunLimits:

@@ -261,16 +261,23 @@ def _kv_ttl(tenant: Tenant) -> int:
     return DEFAULT_KV_TTL_S if ttl is None else int(ttl)
 
 
-def start(tenant: Tenant, api_key: ApiKey | None, turn: Turn, plan: PlanLimits | None = None) -> Turn:
+def start(
+    tenant: Tenant,
+    api_key: ApiKey | None,
+    turn: Turn,
+    plan: PlanLimits | None = None,
+    tokens_used: int | None = None,
+) -> Turn:
     """Create the run (raises ``PlanQuotaExceeded`` / ``ConcurrencyLimitReached`` as the chat
     endpoint's start does) and, for a stored turn, its row in the same breath. ``plan``: the
-    tenant's plan as the request read it (read here when not given)."""
+    tenant's plan as the request read it (read here when not given). ``tokens_used``: as
+    ``openai_requests.start``'s."""
     assert turn.completion is not None
     plan = plan or plan_limits(tenant)
     # One transaction for the run and a stored turn's row; an unstored turn's run is created in
     # create_run's own (an outer one only added a savepoint around it).
     with transaction.atomic() if turn.store else contextlib.nullcontext():
-        turn.run = openai_requests.start(tenant, api_key, turn.completion, plan)
+        turn.run = openai_requests.start(tenant, api_key, turn.completion, plan, tokens_used)
         if turn.store:
             ttl = turn.kv_ttl_s
             expires = timezone.now() + timedelta(seconds=ttl + plan.max_run_seconds) if ttl else None

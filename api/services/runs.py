@@ -194,6 +194,7 @@ def create_run(
     name: str = "",
     program_version: ProgramVersion | None = None,
     traceparent: str = "",
+    tokens_used: int | None = None,
 ) -> tuple[Run, bool]:
     """Create a queued run (or return the earlier one with the same Idempotency-Key).
 
@@ -210,7 +211,9 @@ def create_run(
     ``name``: what to call the run; empty, its program's name and first argument.
     ``program_version``: the row of ``version`` of ``program`` when the caller read it already.
     ``traceparent``: the client's W3C ``traceparent`` header as sent (kept only when valid,
-    api/services/trace_context.py), written with the run's own insert.
+    api/services/trace_context.py), written with the run's own insert. ``tokens_used``: the
+    tenant's tokens this month as the caller's request read them already, for the monthly check
+    (``quotas.check_can_start``; read there when not given).
     """
     digest = _request_digest(program, version, args, limits) if idempotency_key else ""
     if idempotency_key:
@@ -235,7 +238,7 @@ def create_run(
                 existing = Run.objects.filter(tenant=tenant, idempotency_key=idempotency_key).first()
                 if existing is not None:
                     return _replay(existing, idempotency_key, digest)
-            check_can_start(locked, limits, plan)
+            check_can_start(locked, limits, plan, tokens_used=tokens_used)
             run = Run.objects.create(
                 tenant=tenant,
                 program_version=pv,

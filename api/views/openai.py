@@ -41,7 +41,7 @@ from api.services.openai_requests import (
     usage_chunk,
 )
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, PlanQuotaExceeded, plan_limits
-from api.throttling import TenantThrottled, check_tenant_rate, note_token_allowance
+from api.throttling import TenantThrottled, check_tenant_rate, note_token_allowance, noted_tokens_used
 from api.views.run_events import sse_response, stream_entries
 from gpu_worker import contracts
 from web.body_limit import too_large_body
@@ -112,24 +112,35 @@ def _admit(request: HttpRequest, serializer_class: type) -> tuple[ApiKey, Comple
     return key, _parse(request, serializer_class), plan
 
 
-def _start_once(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Run | None:
-    """The run, or ``None`` while the tenant is at its concurrent-run limit."""
+def _start_once(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits, tokens_used: int | None = None) -> Run | None:
+    """The run, or ``None`` while the tenant is at its concurrent-run limit. ``tokens_used``:
+    the month's tokens as the request's token headers read them (:func:`_first_try_only`)."""
     try:
-        return openai_requests.start(key.tenant, key, parsed, plan)
+        return openai_requests.start(key.tenant, key, parsed, plan, tokens_used)
     except ConcurrencyLimitReached:
         return None
     except PlanQuotaExceeded as exc:
         raise _Refused(429, error_body(str(exc), "insufficient_quota", "quota_exceeded")) from None
 
 
-async def _start(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits) -> Run:
+def _first_try_only(tokens_used: int | None) -> Callable[[], int | None]:
+    """``tokens_used`` (the month's tokens the request's token headers read) for its first
+    creation attempt, then ``None``: a try after waiting for a slot comes after runs ended and
+    used tokens, so its check reads the month's tokens afresh."""
+    figures = iter([tokens_used])
+    return lambda: next(figures, None)
+
+
+async def _start(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits, tokens_used: int | None = None) -> Run:
     """Start the run; over the plan's concurrent-run limit the request waits (holding no
     database connection) up to ``SYMPHONY_OPENAI_QUEUE_S`` for a run of its tenant to end, as
     a serving system queues a burst, then gets a 429 with ``Retry-After``. It waits on the
     tenant's ended-run notices (api/services/run_notices.py), trying again once per run that
-    ended (and once at its deadline), never polling the database."""
+    ended (and once at its deadline), never polling the database. ``tokens_used``: the month's
+    tokens as the request's token headers read them, checked by its first try."""
+    month = _first_try_only(tokens_used)
     run = await run_notices.start_when_a_slot_frees(
-        key.tenant_id, lambda: db_call(_start_once, key, parsed, plan), settings.SYMPHONY_OPENAI_QUEUE_S
+        key.tenant_id, lambda: db_call(_start_once, key, parsed, plan, month()), settings.SYMPHONY_OPENAI_QUEUE_S
     )
     if run is None:
         message = (
@@ -259,7 +270,8 @@ async def _complete(request: HttpRequest, serializer_class: type):
         key, parsed, plan = await db_call_before_next(_admit, request, serializer_class)
     except _Refused as refused:
         return refused.response()
-    started = await _start_leased(key.tenant_id, plan.max_concurrent_streams, lambda: _start(key, parsed, plan))
+    start = functools.partial(_start, key, parsed, plan, noted_tokens_used(request))
+    started = await _start_leased(key.tenant_id, plan.max_concurrent_streams, start)
     if isinstance(started, JsonResponse):
         return started
     lease, run = started

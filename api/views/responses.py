@@ -30,7 +30,8 @@ from api.services import responses, run_handoff, run_notices, server_errors, str
 from api.services.openai_requests import error_body
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, PlanQuotaExceeded
 from api.services.responses import Turn
-from api.views.openai import _abandon, _allow, _key, _key_and_plan, _Refused, _start_leased
+from api.throttling import noted_tokens_used
+from api.views.openai import _abandon, _allow, _first_try_only, _key, _key_and_plan, _Refused, _start_leased
 from api.views.run_events import sse_response, stream_entries
 from gpu_worker import contracts
 from web.body_limit import too_large_body
@@ -62,21 +63,23 @@ def _prepare(request: HttpRequest) -> tuple[ApiKey, Turn, PlanLimits]:
     return key, turn, plan
 
 
-def _start_once(key: ApiKey, turn: Turn, plan: PlanLimits) -> Turn | None:
+def _start_once(key: ApiKey, turn: Turn, plan: PlanLimits, tokens_used: int | None = None) -> Turn | None:
     try:
-        return responses.start(key.tenant, key, turn, plan)
+        return responses.start(key.tenant, key, turn, plan, tokens_used)
     except ConcurrencyLimitReached:
         return None
     except PlanQuotaExceeded as exc:
         raise _Refused(429, error_body(str(exc), "insufficient_quota", "quota_exceeded")) from None
 
 
-async def _start(key: ApiKey, turn: Turn, plan: PlanLimits) -> Turn:
+async def _start(key: ApiKey, turn: Turn, plan: PlanLimits, tokens_used: int | None = None) -> Turn:
     """As the chat endpoint: over the plan's concurrent-run limit, wait a bounded time on the
     tenant's ended-run notices (api/services/run_notices.py), trying again once per run that
-    ended, never polling the database."""
+    ended, never polling the database. ``tokens_used``: the month's tokens as the request's
+    token headers read them, checked by its first try only."""
+    month = _first_try_only(tokens_used)
     started = await run_notices.start_when_a_slot_frees(
-        key.tenant_id, lambda: db_call(_start_once, key, turn, plan), settings.SYMPHONY_OPENAI_QUEUE_S
+        key.tenant_id, lambda: db_call(_start_once, key, turn, plan, month()), settings.SYMPHONY_OPENAI_QUEUE_S
     )
     if started is None:
         message = "this API key's tenant already runs as many requests as its plan allows: retry later"
@@ -132,14 +135,14 @@ async def create(request: HttpRequest):
         return refused.response()
     if turn.background:
         try:
-            turn = await _start(key, turn, plan)
+            turn = await _start(key, turn, plan, noted_tokens_used(request))
         except _Refused as refused:
             return refused.response()
         assert turn.run is not None
         response = JsonResponse(responses.body(turn, status="queued"))
         response["X-Symphony-Run-Id"] = str(turn.run.pk)
         return response
-    start = functools.partial(_start, key, turn, plan)
+    start = functools.partial(_start, key, turn, plan, noted_tokens_used(request))
     started = await _start_leased(key.tenant_id, plan.max_concurrent_streams, start)
     if isinstance(started, JsonResponse):
         return started

@@ -254,6 +254,42 @@ def test_sampling_parameters_reach_the_program_and_response_schema_keeps_key_ord
     assert _request(CompletionSerializer, {"model": "m", "prompt": "x", "top_k": -1}).args["top_k"] == 0
 
 
+def test_a_request_reads_the_months_tokens_once_for_its_headers_and_first_check(api_tenant_a):
+    """The token headers' figure is the monthly check of the request's first creation attempt
+    (one read, not two); a try after waiting for a slot reads it afresh, and an allowance used
+    up by then refuses the run."""
+    from django.db import connection
+    from django.test import RequestFactory
+    from django.test.utils import CaptureQueriesContext
+
+    from api.models import UsageRecord
+    from api.serializers.openai import ChatCompletionSerializer
+    from api.throttling import noted_tokens_used
+    from api.views import openai as openai_views
+
+    Plan.objects.filter(name=api_tenant_a.tenant.plan).update(tokens_per_month=100, max_concurrent_runs=10)
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    request = RequestFactory().post(
+        "/v1/chat/completions",
+        json.dumps(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {api_tenant_a.key_secret}",
+    )
+    with CaptureQueriesContext(connection) as queries:
+        key, parsed, plan = openai_views._admit(request, ChatCompletionSerializer)
+        month = openai_views._first_try_only(noted_tokens_used(request))
+        run = openai_views._start_once(key, parsed, plan, month())
+    assert run is not None and request.symphony_tokens.remaining == 100
+    month_reads = [q["sql"] for q in queries.captured_queries if 'FROM "api_usagerecord"' in q["sql"]]
+    assert len(month_reads) == 1, month_reads
+
+    # Tokens used while the request waited: its next try reads them and is refused.
+    UsageRecord.objects.create(tenant=api_tenant_a.tenant, prefill_tokens=60, decode_tokens=40)
+    with pytest.raises(openai_views._Refused) as refused:
+        openai_views._start_once(key, parsed, plan, month())
+    assert refused.value.status == 429 and "monthly token quota" in str(refused.value.body)
+
+
 def test_a_request_reads_its_tenants_plan_once(api_tenant_a):
     """Admission (stream cap), the token limit and the concurrency check under the tenant's lock
     all use the plan the request read first: each read was a query on the path of every answer."""
