@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import psycopg
@@ -69,6 +69,40 @@ def _quota(client: httpx.Client) -> tuple[float, int]:
     started = time.perf_counter()
     r = client.get("/api/v1/quota")
     return time.perf_counter() - started, r.status_code
+
+
+def _flood_and_sample(
+    flood: Callable[[int], None],
+    other: httpx.Client,
+    stop_at: float,
+    release: threading.Event,
+    locker: threading.Thread,
+) -> list[tuple[float, int]]:
+    """Start ``FLOOD_CLIENTS`` threads of ``flood``, give them a second to take their places,
+    time ``SAMPLES`` of the other account's ``/quota`` meanwhile, hold until ``stop_at``, then
+    release the held row and wait for everyone."""
+    threads = [threading.Thread(target=flood, args=(i,)) for i in range(FLOOD_CLIENTS)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    loaded = [_quota(other) for _ in range(SAMPLES)]
+    while time.monotonic() < stop_at:
+        time.sleep(0.1)
+    release.set()
+    locker.join(timeout=30)
+    for t in threads:
+        t.join(timeout=60)
+    return loaded
+
+
+def _throttled(refused: httpx.Response) -> dict:
+    """A refusal past the share: 429 ``throttled`` in the API's envelope with Retry-After 1,
+    naming the account's ceiling. Returns the error."""
+    assert refused.headers["Retry-After"] == "1"
+    error = refused.json()["error"]
+    assert error["code"] == "throttled", error
+    assert f"{POOL.ceiling} requests using the database at once" in error["message"], error
+    return error
 
 
 def _held_lock(user_id: int, release: threading.Event, held: threading.Event) -> None:
@@ -122,18 +156,8 @@ def test_one_account_at_its_share_of_db_connections_leaves_another_tenants_quota
                     if r.status_code == 429 and len(refusals) < 3:
                         refusals.append(r)
 
-    threads = [threading.Thread(target=flood, args=(i,)) for i in range(FLOOD_CLIENTS)]
-    for t in threads:
-        t.start()
-    time.sleep(1.0)  # the account's admitted creations wait on its lock, each on a connection
-    loaded = [_quota(other) for _ in range(SAMPLES)]
-    while time.monotonic() < stop_at:
-        time.sleep(0.1)
-    release.set()
-    locker.join(timeout=30)
-    for t in threads:
-        t.join(timeout=60)
-
+    # The account's admitted creations wait on its lock, each on a connection.
+    loaded = _flood_and_sample(flood, other, stop_at, release, locker)
     times = [t for t, _ in loaded]
     print(
         f"\ndb share: pool {POOL_SIZE} (account ceiling {POOL.ceiling}); the account's creations: "
@@ -145,12 +169,8 @@ def test_one_account_at_its_share_of_db_connections_leaves_another_tenants_quota
     assert statistics.median(times) <= QUOTA_BOUND_S, (idle, times)
     assert set(codes) <= {201, 429}, sorted(set(codes))
     assert codes.count(201) >= POOL.ceiling and codes.count(429) > 0, codes
-    refused = refusals[0]
-    assert refused.headers["Retry-After"] == "1"
-    error = refused.json()["error"]
-    assert error["code"] == "throttled", error
+    error = _throttled(refusals[0])
     assert f"of the web process's {POOL_SIZE} database connections" in error["message"], error
-    assert f"{POOL.ceiling} requests using the database at once" in error["message"], error
 
     # The share is whole again: the account's ceiling of requests at once all get through.
     results: list[int] = []
@@ -215,18 +235,8 @@ def test_a_flood_of_one_accounts_valid_key_cannot_take_the_connections_with_its_
                 if r.status_code == 429:
                     time.sleep(0.05)  # as a client honouring Retry-After would, only sooner
 
-    threads = [threading.Thread(target=flood) for _ in range(FLOOD_CLIENTS)]
-    for t in threads:
-        t.start()
-    time.sleep(1.0)  # the admitted lookups wait on the key's row, each on a connection
-    loaded = [_quota(other) for _ in range(SAMPLES)]
-    while time.monotonic() < stop_at:
-        time.sleep(0.1)
-    release.set()
-    locker.join(timeout=30)
-    for t in threads:
-        t.join(timeout=60)
-
+    # The admitted lookups wait on the key's row, each on a connection.
+    loaded = _flood_and_sample(lambda _: flood(), other, stop_at, release, locker)
     times = [t for t, _ in loaded]
     print(
         f"\nkey lookups: pool {POOL_SIZE} (account ceiling {POOL.ceiling}); the key's requests: "
@@ -238,11 +248,7 @@ def test_a_flood_of_one_accounts_valid_key_cannot_take_the_connections_with_its_
     assert statistics.median(times) <= QUOTA_BOUND_S, (idle, times)
     assert set(codes) <= {200, 429}, sorted(set(codes))
     assert codes.count(200) >= POOL.ceiling and codes.count(429) > 0, codes
-    refused = refusals[0]
-    assert refused.headers["Retry-After"] == "1"
-    error = refused.json()["error"]
-    assert error["code"] == "throttled", error
-    assert f"{POOL.ceiling} requests using the database at once" in error["message"], error
+    _throttled(refusals[0])
 
     # Revoked, the key is refused on its very next request, though its account is remembered.
     revoke_key(ApiKey.objects.get(pk=key.pk))
