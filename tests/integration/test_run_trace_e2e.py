@@ -125,3 +125,47 @@ def test_a_runs_trace_shows_its_calls_its_sleep_and_its_phases(stack, api_tenant
         f"{stack}/api/v1/runs/{run['id']}/trace", headers={"Authorization": f"Bearer {api_tenant_b.key_secret}"}
     )
     assert other.status_code == 404 and other.json()["error"]["code"] == "not_found"
+
+
+TREE = b"""
+import symphony as sy
+
+
+def waiter(args):
+    sy.channel("ready").send(1)
+    return sy.channel("go").recv(timeout=60)
+
+
+def main(args):
+    child = sy.spawn("self:waiter", {})
+    sy.channel("ready").recv(timeout=60)
+    sy.sleep(1.0)
+    sy.channel("go").send("now")
+    return {"child": child.id, "got": child.wait(timeout=60)}
+"""
+
+
+def test_a_child_waiting_on_a_channel_is_recognisable_from_the_traces(stack, api_tenant_a, tmp_path):
+    """The parent's trace shows its child as a span and its own wait for it; the child's trace
+    shows where its time went: a ``channel_recv`` wait of the second its parent slept."""
+    from symphony_client import Client
+
+    lip = tmp_path / "tree.py"
+    lip.write_bytes(TREE)
+    client = Client(stack, api_tenant_a.key_secret, timeout=60)
+    program = client.upload_program(lip, name="tree")
+    run = client.wait(client.create_run(program["id"], limits={"deadline_s": 90})["id"], timeout=180)
+    assert run["status"] == "succeeded", run["error"]
+    child_id = run["result"]["child"]
+    assert run["result"]["got"] == "now"
+
+    parent = client.run_trace(run["id"])
+    (child_span,) = [s for s in parent["spans"] if s["kind"] == "child"]
+    assert child_span["attrs"]["run"] == child_id and child_span["attrs"]["status"] == "succeeded"
+    assert [s for s in parent["spans"] if s["name"] == "child_wait" and s["kind"] == "wait"]
+
+    child = client.run_trace(child_id)
+    ops = [s for s in child["spans"] if s["kind"] in ("syscall", "io", "wait", "kv_move")]
+    slowest = max(ops, key=lambda s: s["duration_s"])
+    assert (slowest["name"], slowest["kind"]) == ("channel_recv", "wait"), ops
+    assert 0.9 <= slowest["duration_s"] < 10, slowest

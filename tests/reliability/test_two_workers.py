@@ -518,7 +518,7 @@ def test_a_dead_workers_write_lease_is_free_when_it_expires(two_workers, api_ten
     programs.add_version(waiter, "w.py", LEASE_WAITER)
 
     settings.SYMPHONY_ROUTING, settings.SYMPHONY_WORKER_NAME = "static", a.name
-    held = str(create_run(tenant, holder, None, {"prompt": PROMPT, "hold": 120}, {"deadline_s": 150})[0].pk)
+    held = str(create_run(tenant, holder, None, {"prompt": PROMPT, "hold": 90}, {"deadline_s": 110})[0].pk)
     store = Path(a.kv_store)
 
     def lease() -> dict | None:
