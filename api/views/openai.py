@@ -42,7 +42,7 @@ from api.services.openai_requests import (
 )
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, PlanQuotaExceeded, plan_limits
 from api.throttling import TenantThrottled, check_tenant_rate, note_token_allowance, noted_tokens_used
-from api.views.run_events import sse_response, stream_entries
+from api.views.run_events import run_messages, sse_response, stream_entries
 from gpu_worker import contracts
 from web.body_limit import too_large_body
 
@@ -202,23 +202,17 @@ async def _run_chunks(parsed: CompletionRequest, run: Run) -> AsyncGenerator[byt
         return f"data: {json.dumps(body)}\n\n".encode()
 
     try:
-        async with aclosing(stream_entries(run.pk)) as entries:
-            async for entry in entries:
-                if entry.type is None:
+        async with aclosing(run_messages(run.pk)) as messages:
+            async for message in messages:
+                if message is None:
                     yield b": keep-alive\n\n"
-                elif entry.type == contracts.MessageEvent.TYPE:
-                    event = contracts.decode(entry.type, entry.data)
-                    message = (event.data if isinstance(event, contracts.MessageEvent) else None) or {}
-                    if not isinstance(message, dict):
-                        continue
-                    index = int(message.get("index", 0))
-                    if "delta" in message:
-                        logprobs = message.get("logprobs") if isinstance(message.get("logprobs"), list) else None
-                        yield sse(chunk_body(parsed, run, index, str(message["delta"]), None, logprobs))
-                    elif isinstance(message.get("tool_call"), dict):
-                        yield sse(chunk_body(parsed, run, index, None, None, tool_call=message["tool_call"]))
-                elif entry.type == contracts.END:
-                    break
+                    continue
+                index = int(message.get("index", 0))
+                if "delta" in message:
+                    logprobs = message.get("logprobs") if isinstance(message.get("logprobs"), list) else None
+                    yield sse(chunk_body(parsed, run, index, str(message["delta"]), None, logprobs))
+                elif isinstance(message.get("tool_call"), dict):
+                    yield sse(chunk_body(parsed, run, index, None, None, tool_call=message["tool_call"]))
     except (asyncio.CancelledError, GeneratorExit):
         await _abandon(run)
         raise

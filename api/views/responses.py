@@ -32,7 +32,7 @@ from api.services.quotas import ConcurrencyLimitReached, PlanLimits, PlanQuotaEx
 from api.services.responses import Turn
 from api.throttling import noted_tokens_used
 from api.views.openai import _abandon, _allow, _first_try_only, _key, _key_and_plan, _Refused, _start_leased
-from api.views.run_events import sse_response, stream_entries
+from api.views.run_events import run_messages, sse_response, stream_entries
 from gpu_worker import contracts
 from web.body_limit import too_large_body
 
@@ -323,23 +323,16 @@ async def _run_events(turn: Turn) -> AsyncGenerator[bytes, None]:
     for event in events.opening():
         yield event
     try:
-        async with aclosing(stream_entries(turn.run.pk)) as entries:
-            async for entry in entries:
-                if entry.type is None:
+        async with aclosing(run_messages(turn.run.pk)) as messages:
+            async for message in messages:
+                if message is None:
                     yield b": keep-alive\n\n"
-                elif entry.type == contracts.MessageEvent.TYPE:
-                    decoded = contracts.decode(entry.type, entry.data)
-                    message = (decoded.data if isinstance(decoded, contracts.MessageEvent) else None) or {}
-                    if not isinstance(message, dict):
-                        continue
-                    if "delta" in message:
-                        for event in events.delta(str(message["delta"])):
-                            yield event
-                    elif isinstance(message.get("tool_call"), dict):
-                        for event in events.call(message["tool_call"]):
-                            yield event
-                elif entry.type == contracts.END:
-                    break
+                elif "delta" in message:
+                    for event in events.delta(str(message["delta"])):
+                        yield event
+                elif isinstance(message.get("tool_call"), dict):
+                    for event in events.call(message["tool_call"]):
+                        yield event
     except (asyncio.CancelledError, GeneratorExit):
         await _abandon(turn.run)
         raise

@@ -186,6 +186,23 @@ def _stop_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+async def run_messages(run_id: uuid.UUID | str) -> AsyncGenerator[dict | None, None]:
+    """The ``message`` events a program sent (``send_to_user`` of a dict) as dicts, until the
+    run's ``end``; ``None`` where the caller should send a keep-alive. What the ``/v1`` views
+    (api/views/openai.py, api/views/responses.py) turn into their own stream formats."""
+    async with aclosing(stream_entries(run_id)) as entries:
+        async for entry in entries:
+            if entry.type is None:
+                yield None
+            elif entry.type == contracts.MessageEvent.TYPE:
+                event = contracts.decode(entry.type, entry.data)
+                message = (event.data if isinstance(event, contracts.MessageEvent) else None) or {}
+                if isinstance(message, dict):
+                    yield message
+            elif entry.type == contracts.END:
+                return
+
+
 async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> AsyncGenerator[StreamEntry, None]:
     """Entries of ``run:<id>`` after ``last_id`` until (and including) ``end``; a heartbeat
     entry every ``HEARTBEAT_EVERY`` seconds of silence lets callers keep connections alive."""
