@@ -32,6 +32,7 @@ import psycopg
 import pytest
 from django.core.cache import cache
 from django.db import connection
+from psycopg import sql
 
 from api.models import ApiKey, Membership, Plan, Program, Tenant
 from api.services import key_accounts, programs
@@ -105,12 +106,15 @@ def _throttled(refused: httpx.Response) -> dict:
     return error
 
 
-def _held_lock(user_id: int, release: threading.Event, held: threading.Event) -> None:
-    """Hold the account's row lock from a connection of the test's own until ``release``."""
+def _held_row(table: str, row_id: int, release: threading.Event, held: threading.Event) -> None:
+    """Hold the lock of one row of ``table`` from a connection of the test's own until
+    ``release``: the account's row (run creations wait on it), or an API key's (a lookup that
+    writes its ``last_used_at`` waits, holding its pooled connection)."""
     params = connection.get_connection_params()
     with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}) as conn:
         with conn.transaction():
-            conn.execute("SELECT id FROM auth_user WHERE id = %s FOR UPDATE", [user_id])
+            query = sql.SQL("SELECT id FROM {} WHERE id = %s FOR UPDATE").format(sql.Identifier(table))
+            conn.execute(query, [row_id])
             held.set()
             release.wait(HOLD_S + 30)
 
@@ -138,7 +142,7 @@ def test_one_account_at_its_share_of_db_connections_leaves_another_tenants_quota
     idle = [_quota(other)[0] for _ in range(SAMPLES)]
 
     release, held = threading.Event(), threading.Event()
-    locker = threading.Thread(target=_held_lock, args=(user.pk, release, held))
+    locker = threading.Thread(target=_held_row, args=("auth_user", user.pk, release, held))
     locker.start()
     assert held.wait(10)
     stop_at = time.monotonic() + HOLD_S
@@ -190,17 +194,6 @@ def test_one_account_at_its_share_of_db_connections_leaves_another_tenants_quota
     other.close()
 
 
-def _held_key_row(key_id: int, release: threading.Event, held: threading.Event) -> None:
-    """Hold the API key's row lock from a connection of the test's own until ``release``: a
-    lookup that writes the key's ``last_used_at`` waits for it, holding its pooled connection."""
-    params = connection.get_connection_params()
-    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}) as conn:
-        with conn.transaction():
-            conn.execute("SELECT id FROM api_apikey WHERE id = %s FOR UPDATE", [key_id])
-            held.set()
-            release.wait(HOLD_S + 30)
-
-
 def test_a_flood_of_one_accounts_valid_key_cannot_take_the_connections_with_its_lookups(
     web, api_tenant_a, api_tenant_b
 ) -> None:
@@ -216,7 +209,7 @@ def test_a_flood_of_one_accounts_valid_key_cannot_take_the_connections_with_its_
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=None)
 
     release, held = threading.Event(), threading.Event()
-    locker = threading.Thread(target=_held_key_row, args=(key.pk, release, held))
+    locker = threading.Thread(target=_held_row, args=("api_apikey", key.pk, release, held))
     locker.start()
     assert held.wait(10)
     stop_at = time.monotonic() + HOLD_S
