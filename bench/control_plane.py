@@ -20,11 +20,11 @@ from bench.harness import ROOT, log_tail, wait_until_healthy
 SERVER_START_S = 60.0
 
 
-def database_ready() -> None:
-    """``DATABASE_URL``'s database exists (created if not) and is migrated."""
+def database_ready(url: str | None = None) -> None:
+    """``url``'s database (default: ``DATABASE_URL``'s) exists (created if not) and is migrated."""
     import psycopg
 
-    url = os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/symphony")
+    url = url or os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/symphony")
     try:
         psycopg.connect(url, connect_timeout=5).close()
     except psycopg.OperationalError as exc:
@@ -37,7 +37,7 @@ def database_ready() -> None:
         [sys.executable, "manage.py", "migrate", "--noinput", "-v", "0"],
         cwd=ROOT,
         check=True,
-        env=control_plane_env(),
+        env=control_plane_env(DATABASE_URL=url),
         timeout=600,
     )
 

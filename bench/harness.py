@@ -379,6 +379,12 @@ class WorkerOptions:
     #: none here, since the baseline is a single-tenant server given the same pool, and the
     #: benchmarks size that pool to their workload.
     kv_account_reserve: float = 0.0
+    #: The worker's ``--name``: its heartbeat key and the worker its runs record (a benchmark
+    #: that routes between workers gives each its own).
+    name: str = "bench"
+    #: Environment of this worker alone, over the benchmark's (B12 routing: its Redis database
+    #: and forward threads), as ``(key, value)`` pairs.
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def log_tail(path: Path, n: int = 4000) -> str:
@@ -452,7 +458,7 @@ class WorkerProcess:
             "--max-batch-wait-ms",
             str(opts.max_batch_wait_ms),
             "--name",
-            "bench",
+            opts.name,
             "--log-level",
             "WARNING",
         ]
@@ -460,6 +466,7 @@ class WorkerProcess:
             **os.environ,
             "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "sandbox")]),
             "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", OMP_WAIT_POLICY),
+            **dict(opts.env),
         }
         #: The environment the worker was started with (its side of the record reads it).
         self.env = env

@@ -179,6 +179,25 @@ def _b12(row: Row, record: Record) -> Verdict:
     return Verdict("— (reported beside the CPU count; two engines share a CPU host's cores)", None)
 
 
+def _b12r(row: Row, record: Record) -> Verdict:
+    """B12 routing: judged on where the runs went, not on speed (two engines on one CPU host
+    split its cores). No files: the busier worker's share of each repetition's runs; pinned
+    file: every run that declared the file on the file's worker (the rest's share elsewhere is
+    shown beside it)."""
+    held = [float(x) for x in row.get("file_runs_on_holder") or []]
+    if held:
+        rest = [float(x) for x in row.get("rest_on_other_worker") or [] if x is not None]
+        detail = f"{_pct(min(held))} of the file's runs on its worker"
+        if rest:
+            detail += f"; the rest {_pct(min(rest))}–{_pct(max(rest))} on the other"
+        return Verdict("affinity honoured: 100% of the file's runs on its worker", min(held) == 1.0, detail)
+    shares = [float(x) for x in row.get("busier_share") or []]
+    if shares:
+        worst = max(shares)
+        return Verdict("spread within 60/40: busier worker ≤ 60% of the runs", worst <= 0.6, f"busier {_pct(worst)}")
+    return Verdict("— (queue wait: reported)", None)
+
+
 def _b11(row: Row, record: Record) -> Verdict:
     name = str(row["name"])
     if name.startswith("(a) multi-turn"):
@@ -226,6 +245,7 @@ BENCHMARKS: tuple[Benchmark, ...] = (
     Benchmark("b10", "b10_got", "B10 Graph-of-Thought", _b10, ("Symphony", "client loop over `vllm serve`")),
     Benchmark("b11", "b11_multiturn", "B11 multi-turn chat (OpenAI protocol)", _b11, ("Symphony", "`vllm serve`")),
     Benchmark("b12", "b12_scaleout", "B12 scale-out", _b12, ("two workers", "one worker")),
+    Benchmark("b12r", "b12_routing", "B12 routing (whole stack)", _b12r, ("two workers", "one worker")),
     Benchmark(
         "b13", "b13_vllm_client", "B13 vLLM's own client (`vllm bench serve`)", _b13, ("Symphony `/v1`", "`vllm serve`")
     ),

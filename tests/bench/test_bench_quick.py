@@ -91,6 +91,7 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
         ("b10", "b10_got", ()),
         ("b11", "b11_multiturn", ()),
         ("b12", "b12_scaleout", ()),
+        ("b12r", "b12_routing", ()),
         ("b13", "b13_vllm_client", ()),
     ],
 )
@@ -103,17 +104,26 @@ def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple
     as run trees (spawned agents in sandboxes of their own, one shared KV file, channels) through
     the control plane against a client loop over ``vllm serve``; B10 runs
     examples/graph_of_thought.py's graph against a client loop over ``vllm serve``; B11 drives the whole
-    control plane and ``vllm serve`` through the ``openai`` client; B12 runs B2's loop on
-    one worker and on two at once; B13 drives Symphony's ``/v1`` and ``vllm serve`` with vLLM's
-    own benchmark client (every request must succeed). Every record proves both sides ran with
-    equal resources, read from their processes."""
+    control plane and ``vllm serve`` through the ``openai`` client; B12 runs B2's loop on one
+    worker and on two at once; B12 routing runs the whole stack with two workers and with one, and
+    checks where routing sent the runs (spread, KV file affinity); B13 drives Symphony's ``/v1``
+    and ``vllm serve`` with vLLM's own benchmark client (every request must succeed). Every record
+    proves both sides ran with equal resources, read from their processes."""
     _bench(tmp_path, bench, "--reps", "1", *flags)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["failed"] == [] and set(summary["results"]) == {bench}
     _assert_ratios(bench, summary["results"][bench])
     detail = json.loads((tmp_path / f"{output}.json").read_text())
     _assert_equal_resources(bench, detail)
-    if bench != "b12":  # B12 compares throughput only; its two workers' memory is not recorded
+    if bench == "b12r":  # where the runs went, read from the run rows through the REST API
+        plain, _, _, pinned = detail["comparisons"][:4]
+        cfg = detail["config"]
+        for row in (plain, pinned):
+            (placed,) = row["runs_per_worker"]
+            assert set(placed) == {"b12-a", "b12-b"} and sum(placed.values()) == cfg["runs"], placed
+        assert min(plain["runs_per_worker"][0].values()) >= 1, plain  # load-aware: both got runs
+        assert pinned["file_runs_on_holder"] == [1.0] and pinned["holder"] in ("b12-a", "b12-b"), pinned
+    elif bench != "b12":  # B12 compares throughput only; its two workers' memory is not recorded
         assert detail["memory"]["worker_peak_rss_mb"] > 0
     if bench == "b6":
         assert any(c["name"].endswith("vs vllm serve") for c in detail["comparisons"])

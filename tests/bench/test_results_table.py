@@ -236,3 +236,26 @@ def test_a_scaled_run_says_so_and_a_quick_run_is_never_recorded(tmp_path: Path) 
 
 def test_the_committed_table_is_what_the_records_generate() -> None:
     assert results.RESULTS_MD.read_text() == results.render(results.load_records())
+
+
+def test_b12_routing_is_judged_on_where_the_runs_went() -> None:
+    """No files: the busier worker's share in the worst repetition against 60%; pinned file:
+    every run that declared the file on the file's worker; queue waits carry no target."""
+    title = "B12 routing (whole stack)"
+    spread = {"busier_share": [0.5, 0.5625, 0.5], "runs_per_worker": [{"b12-a": 8, "b12-b": 8}] * 3}
+    skewed = {**spread, "busier_share": [0.5, 0.6875, 0.5]}
+    pinned = {"busier_share": [0.5] * 3, "file_runs_on_holder": [1.0] * 3, "rest_on_other_worker": [1.0, 0.75, 1.0]}
+    missed = {**pinned, "file_runs_on_holder": [1.0, 0.875, 1.0]}
+    rows = [
+        _cmp("16 runs at once, no files: 2 workers / 1", "runs/s", _side(1.0), _side(1.1), **spread),
+        _cmp("queue wait p50, 16 runs at once, no files", "s", _side(2.0), _side(2.1), False),
+        _cmp("16 runs at once, half declare a pinned file: 2 workers / 1", "runs/s", _side(1.0), _side(1.1), **pinned),
+    ]
+    plain, wait, file = _rows(results.render({"b12r": _record("b12_routing", rows)}), title)
+    assert plain[5] == "met (busier 56.2%)" and wait[5] == "—"
+    assert file[5] == "met (100.0% of the file's runs on its worker; the rest 75.0%–100.0% on the other)"
+    rows[0] = {**rows[0], **skewed}
+    rows[2] = {**rows[2], **missed}
+    plain, _, file = _rows(results.render({"b12r": _record("b12_routing", rows)}), title)
+    assert plain[5] == "**missed** (busier 68.8%)"
+    assert file[5].startswith("**missed** (87.5% of the file's runs on its worker")
