@@ -239,7 +239,7 @@ def wait_for_pool(celery_pid: int, size: int) -> None:
     from sandbox.spec import LABEL_OWNER, LABEL_POOL
 
     owner = f"{socket.gethostname()}:{celery_pid}"
-    client = docker.fromcontrol_plane_env()
+    client = docker.from_env()
     filters = {"label": [f"{LABEL_POOL}=1", f"{LABEL_OWNER}={owner}"], "status": "running"}
     deadline = time.monotonic() + POOL_FILL_S
     try:
