@@ -2,10 +2,10 @@
 
 ``bench/b12_scaleout.py`` (B12's socket-only row) feeds two worker processes itself, prompts
 split by hand: it never exercises routing. This benchmark drives the **whole control plane**
-(uvicorn on ``DATABASE_URL``'s database, a Celery executor per worker consuming only its queue
-``worker.<name>``, as ``scripts/run_stack.py`` starts ``SYMPHONY_WORKERS=2``, and
-``SYMPHONY_ROUTING=heartbeat``): api/services/routing.py picks each run's worker from the
-heartbeats, the executors' free slots and the KV files the run declares.
+(uvicorn, a Celery executor per worker consuming only its queue ``worker.<name>``, as
+``scripts/run_stack.py`` starts ``SYMPHONY_WORKERS=2``, and ``SYMPHONY_ROUTING=heartbeat``):
+api/services/routing.py picks each run's worker from the heartbeats, the executors' free slots
+and the KV files the run declares.
 
 * **Symphony** (the side under test): two workers ``b12-a`` and ``b12-b``, each with
   ``slots`` executor slots, a warm sandbox per slot (``warm``), ``pages`` device KV pages, a
