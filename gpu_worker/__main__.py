@@ -289,8 +289,10 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
 async def serve(config: WorkerConfig) -> None:
     import torch
 
+    from gpu_worker import engine_otel
     from gpu_worker.dtype_choice import choose_dtype
     from gpu_worker.engine import Engine, EngineConfig
+    from gpu_worker.engine_timeline import EngineTimeline
     from gpu_worker.events import EventPublisher
     from gpu_worker.kvfs import KVFS, KVFSLimits, store_from_location
     from gpu_worker.scheduler import EngineThread, PendingReleases, Scheduler
@@ -338,6 +340,8 @@ async def serve(config: WorkerConfig) -> None:
         lazy_write_s=config.kv_lazy_write_s,
     )
     loaded = kvfs.load_index()
+    # Each forward into the staff's engine timeline, and over OTLP when the environment says so.
+    timeline = EngineTimeline(sink=engine_otel.from_env(config.name))
     scheduler = Scheduler(
         engine,
         kvfs,
@@ -346,6 +350,7 @@ async def serve(config: WorkerConfig) -> None:
         engine_thread=engine_thread,
         releases=releases,
         active_sessions=sessions.active_ids,
+        timeline=timeline,
     )
     scheduler.start()
     events = EventPublisher(config.redis_url, config.stream_budget)

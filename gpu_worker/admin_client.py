@@ -51,12 +51,24 @@ class AdminClient:
         return self.call(args.OP, args.to_wire())
 
     def create_session(
-        self, tenant: str, run_id: str, limits: protocol.RunLimits | None = None, tree: str | None = None
+        self,
+        tenant: str,
+        run_id: str,
+        limits: protocol.RunLimits | None = None,
+        tree: str | None = None,
+        trace: protocol.TraceContext | None = None,
     ) -> SessionAccess:
         """``tree``: the run tree's root run id (default: ``run_id``); runs of one tenant and one
-        tree share channels."""
-        out = self.run(protocol.CreateSession(tenant=tenant, run_id=run_id, limits=limits or {}, tree=tree))
+        tree share channels. ``trace``: the run's W3C trace context (its trace, the run's span)."""
+        out = self.run(
+            protocol.CreateSession(tenant=tenant, run_id=run_id, limits=limits or {}, tree=tree, trace=trace)
+        )
         return SessionAccess.from_wire(out)
+
+    def engine_timeline(self, limit: int | None = None) -> protocol.EngineTimelineReply:
+        """The engine's last forwards (at most ``limit``; default: the whole ring)."""
+        args = protocol.EngineTimeline() if limit is None else protocol.EngineTimeline(limit=limit)
+        return protocol.EngineTimelineReply.from_wire(self.run(args))
 
     def end_session(self, session_id: str) -> SessionEnd:
         return SessionEnd.from_wire(self.run(protocol.EndSession(session_id=session_id)))

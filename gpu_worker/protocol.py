@@ -29,7 +29,7 @@ import sys
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Self, TypedDict, TypeGuard, TypeVar, dataclass_transform
+from typing import Any, ClassVar, NamedTuple, Self, TypedDict, TypeGuard, TypeVar, dataclass_transform
 
 import msgpack
 
@@ -597,6 +597,41 @@ class Then(Check):
 
     def encode(self, value: Any) -> Any:
         return {value.KIND: value.to_wire()}
+
+
+class TraceContext(NamedTuple):
+    """A W3C trace context (https://www.w3.org/TR/trace-context/): the trace a run belongs to
+    and the span the worker's work for it hangs from (the run's span, as the control plane
+    exports it). On the wire it is the ``traceparent`` header's text."""
+
+    trace_id: int
+    span_id: int
+    flags: int = 1
+
+    def header(self) -> str:
+        return f"00-{self.trace_id:032x}-{self.span_id:016x}-{self.flags:02x}"
+
+
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+
+
+class TraceParent(Check):
+    """A version-00 W3C ``traceparent`` (lower-case hex, ids not all zero), decoded as a
+    :class:`TraceContext`."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__("{name} must be a W3C traceparent: 00-<32 hex trace id>-<16 hex span id>-<2 hex flags>")
+
+    def decode(self, name: str, value: Any, vocab: int) -> Any:
+        match = _TRACEPARENT.fullmatch(value) if isinstance(value, str) else None
+        if match is None or int(match[1], 16) == 0 or int(match[2], 16) == 0:
+            raise self.refuse(name)
+        return TraceContext(int(match[1], 16), int(match[2], 16), int(match[3], 16))
+
+    def encode(self, value: Any) -> Any:
+        return value.header()
 
 
 class Field:
@@ -1311,6 +1346,9 @@ class CreateSession(Args):
     #: The run tree it belongs to (its root run's id; default: ``run_id``, a tree of its own):
     #: sessions of one tenant and one tree share channels (gpu_worker/channels.py).
     tree: str | None = arg(Str(200), default=None)
+    #: The run's trace context (its trace and the run's span): the worker's engine spans link
+    #: to it when the worker exports over OTLP (gpu_worker/engine_otel.py). None: untraced.
+    trace: TraceContext | None = arg(TraceParent(), default=None)
 
 
 @admin_op("end_session", SessionEnded)
@@ -1353,3 +1391,28 @@ class KvDeleteTenant(Args):
     """Every file of a closed tenant, the shared store's copies too."""
 
     tenant: str = arg(_TENANT)
+
+
+#: Forwards the worker's engine timeline keeps (gpu_worker/engine_timeline.py), newest last.
+MAX_TIMELINE_FORWARDS = 2000
+
+
+class EngineTimelineReply(Reply):
+    """The last forwards of the engine, oldest first. ``forwards`` rows are lists, to keep a
+    full ring a few hundred kB: ``[start (wall clock, s), duration_s, batch_size,
+    prompt_tokens, decode_tokens, sessions, [account index, tokens, account index, tokens,
+    ...]]``; an account index points into ``accounts``."""
+
+    capacity: int
+    #: Forwards recorded since the worker started (those before the ring's last are gone).
+    recorded: int
+    accounts: list[str]
+    forwards: list[list[Any]]
+
+
+@admin_op("engine_timeline", EngineTimelineReply)
+class EngineTimeline(Args):
+    """The engine's last forwards (staff's engine timeline, ``GET /staff/workers/<name>/timeline``)."""
+
+    #: At most this many of the newest forwards (default: the whole ring).
+    limit: int = arg(Int(1, MAX_TIMELINE_FORWARDS), default=MAX_TIMELINE_FORWARDS)

@@ -29,6 +29,7 @@ import torch
 from gpu_worker.batch import Batch, SeqWork
 from gpu_worker.config import SchedulerConfig
 from gpu_worker.engine import cpu_threads
+from gpu_worker.engine_timeline import EngineTimeline, ForwardRecord
 from gpu_worker.kvfs import KVFS, AppendPlan, Busy, KVFSError, Owner
 from gpu_worker.resource_model import Pool, PoolName
 from gpu_worker.tracing import SessionTrace
@@ -673,14 +674,17 @@ class Scheduler:
         engine_thread: EngineThread | None = None,
         releases: PendingReleases | None = None,
         active_sessions: Callable[[], Collection[str]] = lambda: (),
+        timeline: EngineTimeline | None = None,
     ) -> None:
         """``engine_thread``: where to run the loop, the thread that built the engine (vLLM's
         CPU backend runs forwards 20-25% faster there); ``None`` starts a thread of its own.
         ``releases``: what KVFS's ``on_release`` collects (``None``: a queue of its own).
         ``active_sessions``: ids of the sessions currently able to issue a pred (connected, not
         blocked in brokered I/O, not ended): a session of the last forward that went into I/O
-        or ended is not waited for."""
+        or ended is not waited for. ``timeline``: where each forward is recorded (None: a ring
+        of its own, ``protocol.MAX_TIMELINE_FORWARDS`` long)."""
         self.engine = engine
+        self.timeline = timeline if timeline is not None else EngineTimeline()
         self.kvfs = kvfs
         self.config = config
         self.max_model_len = max_model_len
@@ -1032,6 +1036,26 @@ class Scheduler:
             per_token = max(elapsed - m.decode_forward_s_ema, 0.0) / tokens
             m.token_s_ema = per_token if m.token_s_ema == 0 else 0.8 * m.token_s_ema + 0.2 * per_token
 
+    def _record_forward(self, plans: list[tuple[PredCall, int, AppendPlan]], start: float, elapsed: float) -> None:
+        """The forward into the engine timeline (gpu_worker/engine_timeline.py): a call's one
+        new token is a decode step, any other tokens it ran (a prompt's chunk, pending tokens
+        after a merge) are prompt tokens."""
+        prompt = decode = 0
+        accounts: dict[str, int] = {}
+        sessions: dict[str, SessionView] = {}
+        for call, n, plan in plans:
+            ran = len(plan.run_token_ids)
+            step = 1 if n == 1 and len(call.tokens) == 1 else 0
+            decode += step
+            prompt += ran - step
+            account = call.account
+            accounts[account] = accounts.get(account, 0) + ran
+            sessions[call.session.session_id] = call.session
+        traces = tuple({s.trace.context for s in sessions.values() if s.trace.context is not None})
+        self.timeline.record(
+            ForwardRecord(start, elapsed, len(plans), prompt, decode, len(sessions), tuple(accounts.items()), traces)
+        )
+
     def _run_batch(self, picked: list[tuple[PredCall, int]]) -> None:
         plans: list[tuple[PredCall, int, AppendPlan]] = []
         used = 0
@@ -1075,6 +1099,7 @@ class Scheduler:
                     self.metrics.queue_wait_s_max_decode = max(self.metrics.queue_wait_s_max_decode, wait)
         with self._cond:
             self._running = [c for c, _, _ in plans]
+        wall0 = time.time()
         t0 = time.perf_counter()
         gap = time.monotonic() - self._engine_free_since
         if 0 <= gap < BUSY_GAP_S and self.metrics.forwards:
@@ -1106,6 +1131,7 @@ class Scheduler:
             call.forward_share_s += elapsed * len(plan.run_token_ids) / max(used, 1)
             call.batch_size = max(call.batch_size, len(items))
             call.batch_tokens += used
+        self._record_forward(plans, wall0, elapsed)
         widths = collections.Counter(c.session.session_id for c, _, _ in plans)
         sessions = set(widths)
         for session in {id(c.session): c.session for c, _, _ in plans}.values():

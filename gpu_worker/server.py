@@ -109,6 +109,10 @@ class Worker:
             "metrics": self.scheduler.snapshot(),
         }
 
+    def engine_timeline(self, limit: int | None = None) -> protocol.EngineTimelineReply:
+        """The engine's last forwards (``engine_timeline``; gpu_worker/engine_timeline.py)."""
+        return self.scheduler.timeline.snapshot(limit)
+
     def stats(self) -> dict[str, Any]:
         return {
             "name": self.config.name,
@@ -170,6 +174,9 @@ class Worker:
         for sid in list(self.sessions):
             await self.end_session(sid)
         self.scheduler.stop()
+        sink = self.scheduler.timeline.sink
+        if sink is not None and hasattr(sink, "shutdown"):  # the OTLP exporter sends what it holds
+            await asyncio.to_thread(sink.shutdown)
         await self.grammar.close()
         await self.kv(self.kvfs.flush)
         Path(self.config.admin_socket).unlink(missing_ok=True)
@@ -230,8 +237,16 @@ class Worker:
             log.warning("event=run_file_sweep_failed error=%r", exc)
 
     # ---------------------------------------------------------------------- sessions
-    async def create_session(self, tenant: str, run_id: str, limits: object, tree: str | None = None) -> WorkerSession:
-        """``tree``: the run tree (root run id) whose channels the session shares; default its own."""
+    async def create_session(
+        self,
+        tenant: str,
+        run_id: str,
+        limits: object,
+        tree: str | None = None,
+        trace: protocol.TraceContext | None = None,
+    ) -> WorkerSession:
+        """``tree``: the run tree (root run id) whose channels the session shares; default its own.
+        ``trace``: the run's trace context, which the forwards it rides carry (engine_otel)."""
         if self._closing:
             raise ProtocolError(ErrorCode.BUSY, "worker is shutting down")
         parsed = SessionLimits.parse(limits)
@@ -253,6 +268,7 @@ class Worker:
         sid = "s-" + secrets.token_hex(8)
         path = str(Path(self.config.sessions_dir) / f"{sid}.sock")
         s = WorkerSession(sid, tenant, run_id, parsed, path, self.config.max_dists_per_session, tree=tree or "")
+        s.trace.context = trace
         await self.kv(partial(self.kvfs.set_session_limit, account=s.account, weight=parsed.weight), s.owner, cap)
         await self.kv(self.kvfs.set_tenant_quota, tenant, parsed.quota)
         s.server = await asyncio.start_unix_server(partial(self._serve, s), path=path, limit=READ_BUFFER_BYTES)

@@ -11,6 +11,10 @@ bucket of its kind, name and second since the session started (count, summed dur
 waits and tokens), and past ``MAX_BUCKETS`` buckets it is only counted (``dropped``). A per-token
 ``pred`` therefore costs a tuple while under the bound and a few float additions after it.
 
+The session keeps the run's W3C trace context (``context``), which the control plane sends with
+``create_session``: the engine's forwards the session rode carry it (gpu_worker/
+engine_timeline.py), so the worker's exported ``forward`` spans link to the run's span.
+
 What a span says of the calls it rode with is counts (batch size, batch tokens), never which
 sessions or tenants those were: a trace is shown to the run's tenant.
 
@@ -24,6 +28,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, TypedDict
+
+from gpu_worker.protocol import TraceContext
 
 #: Spans kept one by one per session (then per-second buckets).
 MAX_SPANS = 200
@@ -89,9 +95,12 @@ class SessionTrace:
     moves back to the device), hence the lock; it is never contended on the per-token path long
     enough to matter (a list append or a few additions)."""
 
-    __slots__ = ("_buckets", "_lock", "_spans", "_swapped_bytes", "dropped", "t0", "wall0")
+    __slots__ = ("_buckets", "_lock", "_spans", "_swapped_bytes", "context", "dropped", "t0", "wall0")
 
-    def __init__(self) -> None:
+    def __init__(self, context: TraceContext | None = None) -> None:
+        #: The run's W3C trace context (``CreateSession.trace``): the forwards the session rides
+        #: link to it when the worker exports its engine spans (gpu_worker/engine_otel.py).
+        self.context = context
         self.t0 = time.monotonic()
         self.wall0 = time.time()
         self._spans: list[tuple[str, str, float, float, dict[str, Any]]] = []

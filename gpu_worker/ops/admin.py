@@ -26,8 +26,15 @@ class AdminContext(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
     async def create_session(
-        self, tenant: str, run_id: str, limits: object, tree: str | None = None
+        self,
+        tenant: str,
+        run_id: str,
+        limits: object,
+        tree: str | None = None,
+        trace: p.TraceContext | None = None,
     ) -> WorkerSession: ...
+
+    def engine_timeline(self, limit: int | None = None) -> p.EngineTimelineReply: ...
 
     async def end_session(self, session_id: str) -> p.SessionEnded: ...
 
@@ -44,13 +51,19 @@ async def stats(w: AdminContext, args: p.Stats) -> dict[str, Any]:
 
 @admin_op(p.CreateSession)
 async def create_session(w: AdminContext, args: p.CreateSession) -> p.SessionCreated:
-    s = await w.create_session(args.tenant, args.run_id, args.limits, args.tree)
+    s = await w.create_session(args.tenant, args.run_id, args.limits, args.tree, args.trace)
     return p.SessionCreated(session_id=s.session_id, socket_path=s.socket_path, token=s.token)
 
 
 @admin_op(p.EndSession)
 async def end_session(w: AdminContext, args: p.EndSession) -> p.SessionEnded:
     return await w.end_session(args.session_id)
+
+
+@admin_op(p.EngineTimeline)
+async def engine_timeline(w: AdminContext, args: p.EngineTimeline) -> p.EngineTimelineReply:
+    """The engine's last forwards, for staff (gpu_worker/engine_timeline.py)."""
+    return w.engine_timeline(args.limit)
 
 
 @admin_op(p.KvList)

@@ -10,22 +10,16 @@ answered, the run's span starts a trace of its own)."""
 
 from __future__ import annotations
 
-import gzip
-import threading
-import time
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
+from tests.integration.otel_collector import Collector, running_collector
+from tests.integration.otel_collector import attrs as _attrs
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -51,64 +45,6 @@ CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
 
 
-class Collector(ThreadingHTTPServer):
-    """Keeps every span it is sent, with its resource's attributes."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.spans: list[tuple[dict[str, Any], Any]] = []
-        self.paths: list[str] = []
-        self.lock = threading.Lock()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-    def run_spans(self, run_id: str, timeout: float = 30) -> tuple[dict[str, Any], list[Any]]:
-        """The resource and the spans of the trace whose run span is ``run_id``'s."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                for resource, span in self.spans:
-                    if span.name == "run" and _attrs(span).get("symphony.run.id") == run_id:
-                        return resource, [s for _, s in self.spans if s.trace_id == span.trace_id]
-            time.sleep(0.1)
-        raise AssertionError(f"no run span of {run_id} reached the collector: {len(self.spans)} spans")
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: Collector
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        request = ExportTraceServiceRequest.FromString(body)
-        with self.server.lock:
-            self.server.paths.append(self.path)
-            for resource_spans in request.resource_spans:
-                resource = _attrs(resource_spans.resource)
-                for scope_spans in resource_spans.scope_spans:
-                    self.server.spans.extend((resource, span) for span in scope_spans.spans)
-        answer = ExportTraceServiceResponse().SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(answer)))
-        self.end_headers()
-        self.wfile.write(answer)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        return
-
-
-def _attrs(item: Any) -> dict[str, Any]:
-    out = {}
-    for kv in item.attributes:
-        value = kv.value
-        out[kv.key] = getattr(value, value.WhichOneof("value"))
-    return out
-
-
 @pytest.fixture(scope="module")
 def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
     with start_worker(tiny_model_dir, name="otel") as worker:
@@ -117,12 +53,8 @@ def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
 
 @pytest.fixture
 def collector() -> Iterator[Collector]:
-    server = Collector()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with running_collector() as server:
+        yield server
 
 
 @pytest.fixture

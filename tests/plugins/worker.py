@@ -96,10 +96,12 @@ def start_worker(
     kv_store: Path | None = None,
     redis_url: str | None = None,
     extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> Iterator[RunningWorker]:
     """Run ``python -m gpu_worker`` on ``model_dir`` until the block exits; fail (not skip) if it
     does not become healthy. ``kv_store`` (default: a private temp dir) outlives the worker;
-    ``extra_args`` are more worker flags (e.g. ``["--max-connections", "24"]``)."""
+    ``extra_args`` are more worker flags (e.g. ``["--max-connections", "24"]``); ``env``: more
+    environment for the worker (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``)."""
     from gpu_worker.admin_client import AdminClient
 
     if not _redis_up():
@@ -113,9 +115,9 @@ def start_worker(
     cmd += ["--admin-socket", admin_socket, "--sessions-dir", sessions_dir, "--kv-store", kv_store]
     cmd += ["--num-pages", str(num_pages), "--max-model-len", "2048", "--name", name]
     cmd += ["--redis-url", redis_url or redis_db_url(0), *extra_args]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    worker_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     with open(log_path, "wb") as log_fh:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=worker_env, stdout=log_fh, stderr=subprocess.STDOUT)
     admin = AdminClient(admin_socket, timeout=60)
     worker = RunningWorker(proc, admin_socket, sessions_dir, kv_store, Path(model_dir), log_path, admin, name)
     try:
