@@ -52,6 +52,7 @@ urlpatterns = [
     ),
     path("admin/plans", staff_tenants.StaffPlansView.as_view(), name="admin-plans"),
     path("admin/workers", staff.StaffWorkersView.as_view(), name="admin-workers"),
+    path("staff/workers/<str:name>/timeline", staff.StaffWorkerTimelineView.as_view(), name="staff-worker-timeline"),
     path("invoices", usage.InvoiceListView.as_view(), name="invoices"),
     re_path(r"^invoices/(?P<month>\d{4}-(?:0[1-9]|1[0-2]))$", usage.InvoiceDetailView.as_view(), name="invoice"),
     path("quota", usage.QuotaView.as_view(), name="quota"),

@@ -17,14 +17,14 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from api.models import Run
-from api.services import failover, kvfiles, run_traces
+from api.services import failover, kvfiles, run_traces, trace_context
 from api.services.cancellation import CancelWatch
 from api.services.executor_liveness import ExecutorHeartbeat, Rider, executor_alive
 from api.services.procs import ProcessBroker
 from api.services.quotas import SANDBOX_RESOURCES, PlanLimits, plan_limits, session_limits
 from api.services.run_args import program_args
 from api.services.runs import RunOutcome, checkpointed_usage, finish_run, start_run
-from gpu_worker.protocol import RunLimits
+from gpu_worker.protocol import RunLimits, TraceContext
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +170,14 @@ def execute_run(
             return failover.reroute_unstarted(run_id, settings.SYMPHONY_WORKER_NAME, lost.cause, attempt)
 
 
-def _create_session(client, tenant: str, run_id: str, worker_limits: RunLimits, tree: str):
+def _create_session(
+    client, tenant: str, run_id: str, worker_limits: RunLimits, tree: str, trace: TraceContext | None = None
+):
     """``create_session``; a worker that is not there at all raises :class:`_NotStarted`.
-    ``tree``: the root run of the run's tree, whose channels it shares (gpu_worker/channels.py)."""
+    ``tree``: the root run of the run's tree, whose channels it shares (gpu_worker/channels.py);
+    ``trace``: the run's trace context, which the worker's engine spans link to."""
     try:
-        return client.create_session(tenant, run_id, worker_limits, tree=tree)
+        return client.create_session(tenant, run_id, worker_limits, tree=tree, trace=trace)
     except Exception as exc:
         if failover.is_unreachable(exc):
             raise _NotStarted(exc) from exc
@@ -235,7 +238,8 @@ def _execute(run: Run, launch: Launch = launch_sandbox, plan: PlanLimits | None 
         # The runs of one tree (a root and what it spawned) share channels on the worker.
         marks = run_traces.ExecutorMarks()
         began = time.time()
-        session = _create_session(client, tenant, str(run.pk), worker_limits, tree=_tree_root(run))
+        trace = trace_context.run_context(run.pk, run.traceparent)
+        session = _create_session(client, tenant, str(run.pk), worker_limits, tree=_tree_root(run), trace=trace)
         marks.session_created = (began, time.time())
         # Ends the session early if the run is cancelled meanwhile (api/services/cancellation.py).
         watch = CancelWatch(str(run.pk), lambda: client.end_session(session.session_id))

@@ -46,9 +46,18 @@ KV_ADMIN_TIMEOUT_S = 15.0
 #: The same for a listing: a worker whose executor slots are all busy is served from its last
 #: mirror (``X-Symphony-Stale``) rather than hold the request up.
 KV_LIST_TIMEOUT_S = 3.0
-#: The admin operations the ``api.kv_admin`` task runs.
+#: The admin operations the ``api.kv_admin`` task runs: the KV ones, and the staff's read of a
+#: worker's engine timeline (api/services/engine_timeline.py), which travels the same way.
 KV_ADMIN_OPS = frozenset(
-    op.OP for op in (protocol.KvList, protocol.KvDelete, protocol.AdminKvPin, protocol.KvEvict, protocol.KvDeleteTenant)
+    op.OP
+    for op in (
+        protocol.KvList,
+        protocol.KvDelete,
+        protocol.AdminKvPin,
+        protocol.KvEvict,
+        protocol.KvDeleteTenant,
+        protocol.EngineTimeline,
+    )
 )
 
 
@@ -99,7 +108,7 @@ def _on_worker(worker: str, args: protocol.Args, timeout: float) -> dict[str, An
         return {"error": "EUNREACHABLE", "message": f"{type(exc).__name__}: {exc}"}
 
 
-def _call(args: protocol.Args, worker: str | None = None) -> Any:
+def call_worker(args: protocol.Args, worker: str | None = None) -> Any:
     """One admin op, given as its typed arguments (``gpu_worker.protocol.ADMIN_OPS``), on
     ``worker`` (default: this host's); raises :class:`PlanQuotaExceeded` for the tenant's plan
     share, :class:`FileGone` for no such file, else :class:`WorkerUnavailable`."""
@@ -169,7 +178,7 @@ def sync(tenant: Tenant) -> list[str]:
 def sync_worker(tenant: Tenant, worker: str) -> None:
     """Replace the tenant's mirror rows for ``worker`` with its current kv_list: new and changed
     rows in one upsert, vanished ones in one delete, ``synced_at`` in one update."""
-    listed = _call(protocol.KvList(tenant=tenant.slug), worker=worker)
+    listed = call_worker(protocol.KvList(tenant=tenant.slug), worker=worker)
     entries = {e["name"]: _mirrored(e) for e in listed if e.get("tenant") == tenant.slug}
     rows = KVFile.objects.filter(tenant=tenant, worker=worker)
     have = {row[0]: (row[1], tuple(row[2:])) for row in rows.values_list("name", "pk", *MIRRORED)}
@@ -207,7 +216,7 @@ def delete_named(tenant: Tenant, name: str) -> None:
     targets = {row.worker if row.worker in live else settings.SYMPHONY_WORKER_NAME for row in rows}
     for worker in sorted(targets or {settings.SYMPHONY_WORKER_NAME}):
         try:
-            _call(protocol.KvDelete(tenant=tenant.slug, name=name), worker=worker)
+            call_worker(protocol.KvDelete(tenant=tenant.slug, name=name), worker=worker)
         except FileGone:
             pass
     KVFile.objects.filter(pk__in=[row.pk for row in rows]).delete()
@@ -217,7 +226,7 @@ def delete_all(tenant: Tenant) -> int:
     """Delete every KV file of ``tenant`` from this host's worker (device, host memory) and from
     the KV store (all of the tenant's objects there, which a shared store may hold for workers
     that are gone), and their mirror rows here; returns how many files went."""
-    deleted = protocol.TenantDeleted.from_wire(_call(protocol.KvDeleteTenant(tenant=tenant.slug))).deleted
+    deleted = protocol.TenantDeleted.from_wire(call_worker(protocol.KvDeleteTenant(tenant=tenant.slug))).deleted
     KVFile.objects.filter(tenant=tenant, worker=settings.SYMPHONY_WORKER_NAME).delete()
     return len(deleted)
 
@@ -226,7 +235,7 @@ def pin(kv: KVFile, pinned: bool) -> KVFile:
     """Pin or unpin on the worker, which checks the pin against the tenant's plan share
     (sent along: the worker may not have run anything of this tenant yet); past it
     :class:`PlanQuotaExceeded`."""
-    _call(
+    call_worker(
         protocol.AdminKvPin(tenant=kv.tenant.slug, name=kv.name, pinned=pinned, quota=kv_quota(plan_limits(kv.tenant))),
         worker=kv.worker,
     )
@@ -237,7 +246,7 @@ def pin(kv: KVFile, pinned: bool) -> KVFile:
 
 def staff_evict(kv: KVFile, actor) -> None:
     """Evict a file from device/host memory on behalf of an operator; leaves an AuditLog row."""
-    _call(protocol.KvEvict(tenant=kv.tenant.slug, name=kv.name), worker=kv.worker)
+    call_worker(protocol.KvEvict(tenant=kv.tenant.slug, name=kv.name), worker=kv.worker)
     residency_before = kv.residency
     kv.residency = "disk"  # what kv_evict does; the next sync confirms it
     kv.save(update_fields=["residency", "synced_at"])

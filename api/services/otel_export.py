@@ -8,9 +8,11 @@ exporter. Off, this module loads nothing: the SDK is imported, and its provider 
 on the first export of a process that has the setting.
 
 A run created with a valid client ``traceparent`` (``Run.traceparent``) is exported as a child
-of the client's span, in the client's trace. What is sent: ids, the tenant's slug, statuses,
-the worker's name, times and the spans' numeric and name attributes; never a program's
-arguments, output, result or error text.
+of the client's span, in the client's trace; else its span starts a trace whose id is the
+run's. The run's span id is derived from the run's id (``trace_context.run_context``): the
+worker, told it at ``create_session``, links its engine spans to it. What is sent: ids, the
+tenant's slug, statuses, the worker's name, times and the spans' numeric and name attributes;
+never a program's arguments, output, result or error text.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ _ATTRIBUTE_NAMES = {"run": "symphony.run.id", "status": "symphony.run.status", "
 _lock = threading.Lock()
 _provider: TracerProvider | None = None
 _provider_pid: int | None = None
+#: The ids the next span started on this thread takes (the run's span: ``_RunIds``).
+_fixed = threading.local()
 
 
 def enabled() -> bool:
@@ -70,11 +74,32 @@ def _tracer() -> Tracer:
                     "service.instance.id": f"{socket.gethostname()}:{os.getpid()}",
                 }
             )
-            provider = TracerProvider(resource=resource)
+            provider = TracerProvider(resource=resource, id_generator=_run_ids())
             exporter = OTLPSpanExporter(endpoint=traces_url(settings.OTEL_EXPORTER_OTLP_ENDPOINT))
             provider.add_span_processor(BatchSpanProcessor(exporter))
             _provider, _provider_pid = provider, os.getpid()
         return _provider.get_tracer(SCOPE)
+
+
+def _run_ids() -> Any:
+    """The SDK's random ids, except for a run's span: it takes the ids the worker was told at
+    ``create_session`` (``trace_context.run_context``), so the worker's ``forward`` spans link
+    to it (gpu_worker/engine_otel.py)."""
+    from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
+
+    class RunIds(RandomIdGenerator):
+        def generate_span_id(self) -> int:
+            fixed = getattr(_fixed, "span_id", None)
+            return fixed if fixed else super().generate_span_id()
+
+        def generate_trace_id(self) -> int:
+            fixed = getattr(_fixed, "trace_id", None)
+            return fixed if fixed else super().generate_trace_id()
+
+        def is_trace_id_random(self) -> bool:
+            return False  # a run's own trace id is its id, not a random W3C level-2 id
+
+    return RunIds()
 
 
 def _attributes(attrs: dict[str, Any]) -> dict[str, Any]:
@@ -131,7 +156,14 @@ def _export(run: Run) -> None:
         attrs = _attributes(node["attrs"]) | {"symphony.span.kind": node["kind"]}
         if node["parent"] is None:
             context, kind = _parent_context(run), SpanKind.SERVER
-            span = tracer.start_span("run", context=context, kind=kind, start_time=start, attributes=root_attrs | attrs)
+            ids = trace_context.run_context(run.pk, run.traceparent)
+            _fixed.trace_id, _fixed.span_id = ids.trace_id, ids.span_id
+            try:
+                span = tracer.start_span(
+                    "run", context=context, kind=kind, start_time=start, attributes=root_attrs | attrs
+                )
+            finally:
+                _fixed.trace_id = _fixed.span_id = None
             if run.status != "succeeded":
                 span.set_status(Status(StatusCode.ERROR, run.status))
         elif node["name"] == "end" and node["kind"] == run_traces.CONTROL:

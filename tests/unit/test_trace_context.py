@@ -39,3 +39,18 @@ def test_a_valid_header_is_kept_with_its_ids_and_flags():
 def test_a_malformed_header_is_dropped(header):
     assert trace_context.parse(header) is None
     assert trace_context.kept(header) == ""
+
+
+def test_a_runs_span_ids_are_known_before_it_is_exported():
+    """What the worker is told at ``create_session`` (its engine spans link to it): the client's
+    trace and flags, or the run's own trace; a span id fixed by the run's id alone."""
+    import uuid
+
+    run = uuid.uuid4()
+    traced = trace_context.run_context(run, VALID)
+    assert traced.trace_id == 0x4BF92F3577B34DA6A3CE929D0E0E4736 and traced.flags == 1
+    assert traced.span_id == trace_context.run_span_id(run) != 0x00F067AA0BA902B7
+    assert traced.header() == f"00-4bf92f3577b34da6a3ce929d0e0e4736-{traced.span_id:016x}-01"
+    untraced = trace_context.run_context(run, "garbage")
+    assert untraced.trace_id == run.int and untraced.span_id == traced.span_id and untraced.flags == 1
+    assert trace_context.run_context(uuid.uuid4(), None).span_id != traced.span_id

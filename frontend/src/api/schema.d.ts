@@ -808,6 +808,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/api/v1/staff/workers/{name}/timeline": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * @description Staff only: the worker's last forwards (start, duration, batch size, prompt and decode
+         *     tokens, tokens per account), read from the worker; ``?format=chrome`` for Perfetto.
+         */
+        get: operations["staff_worker_timeline"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/api/v1/tenants": {
         parameters: {
             query?: never;
@@ -1077,6 +1097,38 @@ export interface components {
         /** @description The token of a ``/confirm-email/<token>`` link. */
         EmailChangeConfirm: {
             token: string;
+        };
+        EngineForward: {
+            /**
+             * Format: double
+             * @description when the forward started (Unix time, seconds)
+             */
+            start: number;
+            /** Format: double */
+            duration_s: number;
+            /** @description sequences in the forward */
+            batch_size: number;
+            /** @description prompt (prefill) tokens computed */
+            prompt_tokens: number;
+            /** @description decode steps (one new token each) */
+            decode_tokens: number;
+            /** @description runs with a call in the forward */
+            sessions: number;
+            /** @description accounts with a call in the forward */
+            accounts: number;
+            /** @description tokens by account */
+            tokens_per_account: {
+                [key: string]: number;
+            };
+        };
+        EngineTimeline: {
+            worker: string;
+            /** @description forwards the worker keeps (older ones are dropped) */
+            capacity: number;
+            /** @description forwards run since the worker started */
+            recorded: number;
+            /** @description oldest first */
+            forwards: components["schemas"]["EngineForward"][];
         };
         Health: {
             status: string;
@@ -2837,6 +2889,52 @@ export interface operations {
             };
             /** @description no such run in the tenant */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+        };
+    };
+    staff_worker_timeline: {
+        parameters: {
+            query?: {
+                /** @description `json` (default) or `chrome` */
+                format?: "chrome" | "json";
+            };
+            header?: never;
+            path: {
+                name: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description the forwards, oldest first; with `format=chrome`, trace events */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EngineTimeline"];
+                };
+            };
+            /** @description not staff */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description no live worker of that name */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description the worker could not be asked */
+            503: {
                 headers: {
                     [name: string]: unknown;
                 };
