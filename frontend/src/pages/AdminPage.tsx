@@ -20,6 +20,11 @@ import { AsyncBlock, Empty, ErrorBanner, Notice } from "../components/Status";
 import { useAsync } from "../hooks/useAsync";
 import { formatDate, formatNumber } from "../lib/format";
 
+/** `GET /api/v1/staff/workers/<name>/timeline`: the worker's last forwards, staff only. */
+function timelineUrl(name: string, format: "json" | "chrome"): string {
+  return `/api/v1/staff/workers/${encodeURIComponent(name)}/timeline?format=${format}`;
+}
+
 function WorkerCard({ worker }: { worker: WorkerHealth }) {
   const total = worker.pages_total ?? 0;
   const used = total - (worker.pages_free ?? 0);
@@ -42,6 +47,13 @@ function WorkerCard({ worker }: { worker: WorkerHealth }) {
         <dt>Forward (avg)</dt>
         <dd>{worker.metrics?.forward_ms_avg !== undefined ? `${worker.metrics.forward_ms_avg.toFixed(1)} ms` : "—"}</dd>
       </dl>
+      <p className="muted">
+        Engine timeline (last forwards):{" "}
+        <a href={timelineUrl(worker.name, "json")}>JSON</a> ·{" "}
+        <a href={timelineUrl(worker.name, "chrome")} download={`${worker.name}-timeline.json`}>
+          Chrome trace for Perfetto
+        </a>
+      </p>
     </article>
   );
 }
