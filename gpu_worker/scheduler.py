@@ -29,6 +29,7 @@ import torch
 from gpu_worker.batch import Batch, SeqWork
 from gpu_worker.config import SchedulerConfig
 from gpu_worker.engine import cpu_threads
+from gpu_worker.engine_clock import EngineClock
 from gpu_worker.engine_timeline import EngineTimeline, ForwardRecord
 from gpu_worker.kvfs import KVFS, AppendPlan, Busy, KVFSError, Owner
 from gpu_worker.resource_model import Pool, PoolName
@@ -568,6 +569,12 @@ class Metrics:
     #: worker is throughput lost to the program-driven loop.
     gap_s_total: float = 0.0
     gaps: int = 0
+    #: The engine thread's own time around each forward, the parts of the gap that are not the
+    #: programs' round trip nor the batch wait: from the end of the batch wait to the forward's
+    #: start (engine tasks, selection, KVFS planning, inputs) and from the forward's end to its
+    #: calls settled (commits, copies to host, picking tokens, re-queueing steps).
+    plan_s_total: float = 0.0
+    results_s_total: float = 0.0
     #: The longest wait of a one-token (decode) call. Prefills can wait behind each other by
     #: design (a token budget per forward); a long decode wait means a starved sequence.
     queue_wait_s_max_decode: float = 0.0
@@ -621,6 +628,8 @@ class Metrics:
             "queue_wait_ms_max": 1000 * self.queue_wait_s_max,
             "queue_wait_ms_max_decode": 1000 * self.queue_wait_s_max_decode,
             "gap_ms_avg": 1000 * self.gap_s_total / max(self.gaps, 1),
+            "plan_ms_avg": 1000 * self.plan_s_total / f,
+            "results_ms_avg": 1000 * self.results_s_total / f,
             "tokens_per_tenant": dict(self.tokens_per_tenant),
             "launch_reasons": dict(self.launch_reasons),
             "forwards_seq_capped": self.forwards_seq_capped,
@@ -694,6 +703,9 @@ class Scheduler:
             contended_seats=config.contended_seats_per_tenant,
         )
         self.metrics = Metrics()
+        #: The engine's wall time split into busy / idle with work queued / idle and empty
+        #: (``stats``); every transition is made with ``_cond`` held.
+        self.clock = EngineClock()
         self._cond = threading.Condition()
         self._tasks: collections.deque[tuple[Callable[[], Any], concurrent.futures.Future]] = collections.deque()
         self.releases = releases if releases is not None else PendingReleases()
@@ -703,6 +715,8 @@ class Scheduler:
         self._width: dict[str, int] = {}
         #: When the last forward ended (``time.monotonic``): the start of a batch's bounded wait.
         self._engine_free_since = 0.0
+        #: When the engine thread stopped waiting and began to form the next batch.
+        self._plan_began = 0.0
         self._stop = False
         self.active_sessions = active_sessions
         self._engine_thread = engine_thread
@@ -735,6 +749,7 @@ class Scheduler:
                 raise ShuttingDown("worker is shutting down")
             idle = not len(self.queue)
             self.queue.push(call)
+            self.clock.work_arrived()
             if idle or self._batch_ready() is not None:
                 self._cond.notify_all()
         return call.future
@@ -777,6 +792,7 @@ class Scheduler:
             out["vtc_counter_per_tenant"] = {t: round(v, 3) for t, v in self.queue.served.items()}
             out["active_accounts"] = len(self.queue.active_accounts())
             out["contended_step_tokens"] = self.contended_step_tokens()
+            out.update(self.clock.to_dict())
         return out
 
     # -------------------------------------------------------------------- engine thread
@@ -785,12 +801,14 @@ class Scheduler:
         while True:
             with self._cond:
                 while not self._stop and not self._tasks and not len(self.queue):
+                    self.clock.to("empty")
                     self._cond.wait()
                 if self._stop:
                     break
                 reason = self._wait_for_fuller_batch()
                 if reason:
                     self.metrics.launch_reasons[reason] += 1
+                self._plan_began = time.monotonic()
                 tasks = list(self._tasks)
                 self._tasks.clear()
                 releases = self.releases.take()
@@ -809,6 +827,8 @@ class Scheduler:
                     skip=lambda c: c.future.done(),
                     step_tokens=self.contended_step_tokens(),
                 )
+                if not picked and not len(self.queue):
+                    self.clock.to("empty")
                 if picked and len(self.queue):  # ``select`` removed what it picked
                     for tenant in self.queue.queues:
                         self.metrics.passed_over_per_tenant[tenant] += 1
@@ -847,15 +867,19 @@ class Scheduler:
         # counting their time in the queue would launch at once, splitting a LIP's width into
         # alternating part-full forwards.
         oldest = max(oldest, self._engine_free_since)
-        while not self._stop:
-            ready = self._batch_ready()
-            if ready is not None:
-                return ready
-            left = oldest + bound - time.monotonic()
-            if left <= 0:
-                return "bound"
-            self._cond.wait(left)
-        return "stopping"
+        began = time.monotonic()
+        try:
+            while not self._stop:
+                ready = self._batch_ready()
+                if ready is not None:
+                    return ready
+                left = oldest + bound - time.monotonic()
+                if left <= 0:
+                    return "bound"
+                self._cond.wait(left)
+            return "stopping"
+        finally:
+            self.clock.waited_for_batch(time.monotonic() - began)
 
     def _batch_ready(self) -> str | None:
         """Why the queued batch should launch now without waiting out its bound, or ``None``.
@@ -1099,9 +1123,12 @@ class Scheduler:
                     self.metrics.queue_wait_s_max_decode = max(self.metrics.queue_wait_s_max_decode, wait)
         with self._cond:
             self._running = [c for c, _, _ in plans]
+            self.clock.to("busy")
         wall0 = time.time()
         t0 = time.perf_counter()
-        gap = time.monotonic() - self._engine_free_since
+        launched = time.monotonic()
+        self.metrics.plan_s_total += max(launched - self._plan_began, 0.0)
+        gap = launched - self._engine_free_since
         if 0 <= gap < BUSY_GAP_S and self.metrics.forwards:
             self.metrics.gap_s_total += gap
             self.metrics.gaps += 1
@@ -1114,6 +1141,7 @@ class Scheduler:
                 self._fail(call, ForwardFailed(f"forward failed: {type(exc).__name__}"))
             with self._cond:
                 self._running = []
+                self.clock.to("empty" if not len(self.queue) else "work")
             return
         elapsed = time.perf_counter() - t0
         self._engine_free_since = time.monotonic()
@@ -1139,6 +1167,7 @@ class Scheduler:
         for tenant in {c.tenant for c, _, _ in plans}:
             m.forwards_per_tenant[tenant] += 1
         with self._cond:
+            self.clock.to("post", at=self._engine_free_since)
             # A session's width is what it had in this forward plus what it already queued
             # meanwhile: a LIP whose N threads fell into two alternating half-batches is N wide,
             # so the next forward waits (boundedly) for all N instead of keeping the split.
@@ -1195,3 +1224,6 @@ class Scheduler:
             m.calls += 1
             m.pred_s_per_tenant[call.tenant] += settled - call.enqueued
             self._settle(call, result)
+        with self._cond:
+            self.clock.post_done(bool(len(self.queue)))
+        m.results_s_total += time.monotonic() - self._engine_free_since

@@ -866,3 +866,33 @@ def test_a_fresh_files_first_pred_maps_the_cached_prefix_and_computes_only_the_t
     finally:
         scheduler.stop()
     fs.check()
+
+
+def test_engine_time_splits_busy_idle_with_work_and_idle_empty(tmp_path: Path) -> None:
+    """``stats`` splits the engine's wall time: a multi-step call keeps it busy (its steps need
+    no program round trip, so no forward waits with work queued for more than the scheduler's
+    own time), a quiet worker is idle and empty, and the three buckets sum to the wall time."""
+    fs, io = make_fs(tmp_path, num_pages=64)
+    engine = RecordingEngine(io, forward_s=0.02)
+    config = SchedulerConfig(max_num_batched_tokens=32, max_num_seqs=8, max_batch_wait_s=0.2)
+    scheduler = Scheduler(engine, fs, config, max_model_len=200)
+    s = FakeSession("s0", "t")
+    scheduler.active_sessions = lambda: [s.session_id]
+    h = fs.create(s.owner)
+    began = time.monotonic()
+    scheduler.start()
+    try:
+        time.sleep(0.3)  # nothing queued
+        got = scheduler.submit(PredCall(s, h, (3, 4), (1,), choose=_argmax, steps=30)).result(timeout=10)
+        assert len(got) == 30
+        time.sleep(0.1)
+        snap = scheduler.snapshot()
+        wall = time.monotonic() - began
+    finally:
+        scheduler.stop()
+    busy, work, empty = snap["busy_s"], snap["idle_with_work_queued_s"], snap["idle_empty_s"]
+    assert abs(busy + work + empty - wall) < 0.05, snap
+    assert busy >= 30 * 0.02, "every forward's time is busy"
+    assert empty >= 0.35, "the quiet stretches before and after the call are idle and empty"
+    assert work < busy / 2, f"the steps did not wait on the program: {snap}"
+    assert snap["busy_fraction"] == pytest.approx(busy / (busy + work + empty), abs=0.01)
