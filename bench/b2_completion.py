@@ -19,6 +19,7 @@ same number of KV blocks as the worker's pages.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from bench.baseline_vllm import VLLMBaseline
 from bench.harness import (
     BenchResult,
     Comparison,
+    EngineTime,
     WorkerOptions,
     WorkerProcess,
     max_len_for,
@@ -114,8 +116,10 @@ class Workload:
 QUICK = Workload(prompts=4, prompt_tokens=64, out_tokens=8, max_batch=4)
 
 
-def symphony_side(worker: WorkerProcess, wl: Workload, prompts: list[list[int]]) -> float:
-    """Output tokens/s of the greedy LIP over the socket."""
+def symphony_side(
+    worker: WorkerProcess, wl: Workload, prompts: list[list[int]], engine: EngineTime | None = None
+) -> float:
+    """Output tokens/s of the greedy LIP over the socket (``engine``: adds the engine's time)."""
     sessions = [worker.connect(TENANT) for _ in range(min(wl.max_batch, wl.prompts))]
 
     def complete(k: int, prompt: list[int]) -> int:
@@ -128,7 +132,7 @@ def symphony_side(worker: WorkerProcess, wl: Workload, prompts: list[list[int]])
         return wl.out_tokens
 
     try:
-        with stopwatch() as t:
+        with stopwatch() as t, engine.measure() if engine else contextlib.nullcontext():
             produced = sum(share_out(prompts, len(sessions), complete))
     finally:
         for sess, sid in sessions:
@@ -217,14 +221,17 @@ def compare(worker: WorkerProcess, base: VLLMBaseline, wl: Workload, reps: int, 
     # Distinct prompts per rep so neither side serves a rep from the previous rep's cache.
     cmp = Comparison("greedy completion (socket only)", "tok/s")
     cmp.extra["target"] = ">= 0.97x vLLM tokens/s"
+    engine = EngineTime(worker)
     for i in range(reps):
         prompts = [random_tokens(wl.prompt_tokens, seed, 4, i, p) for p in range(wl.prompts)]
         sides = [
-            (lambda p=prompts: symphony_side(worker, wl, p), cmp.symphony),
+            (lambda p=prompts: symphony_side(worker, wl, p, engine), cmp.symphony),
             (lambda p=prompts: base.generate(p, wl.out_tokens).tokens_per_s, cmp.baseline),
         ]
         for fn, sample in sides if i % 2 == 0 else reversed(sides):
             sample.add(fn())
+    cmp.extra["engine"] = engine.to_dict()
+    print("    socket only: " + engine.line(), flush=True)
     return cmp
 
 

@@ -28,6 +28,7 @@ from bench.harness import (
     BenchConfig,
     BenchResult,
     Comparison,
+    EngineTime,
     WorkerOptions,
     WorkerProcess,
     common_args,
@@ -95,6 +96,8 @@ class SocketSide:
     def __init__(self, worker: WorkerProcess, steps: int) -> None:
         self.worker = worker
         self.steps = steps
+        #: The engine's time over the timed decode loops, per figure (``EngineTime``).
+        self.engine: dict[str, EngineTime] = {}
 
     def run(self, batch: int, prompts: list[list[int]], one_session: bool) -> float:
         sessions = []
@@ -128,8 +131,10 @@ class SocketSide:
         except threading.BrokenBarrierError:
             pass
         start = time.perf_counter()
-        for t in threads:
-            t.join()
+        window = self.engine.setdefault(f"{batch}{'/1' if one_session else ''}", EngineTime(self.worker))
+        with window.measure():
+            for t in threads:
+                t.join()
         if errors:
             raise errors[0]
         elapsed = max(done) - start
@@ -209,8 +214,10 @@ def run(cfg: BenchConfig, worker: WorkerProcess, started: float) -> BenchResult:
                 )
                 cmp.extra["overhead_pct"] = 100 * (cmp.ratio - 1)
                 cmp.extra["target"] = "overhead <= 5% at batch >= 8"
+                cmp.extra["engine"] = sock_side.engine[str(b)].to_dict()
                 result.comparisons.append(cmp)
                 print("  " + cmp.line(), flush=True)
+                print("    " + sock_side.engine[str(b)].line(), flush=True)
                 # One session may have only 16 preds in flight (SchedulerConfig), so the
                 # one-LIP-many-threads variant is measured at batch 8.
                 if b == 8 and not cfg.quick:
@@ -222,8 +229,10 @@ def run(cfg: BenchConfig, worker: WorkerProcess, started: float) -> BenchResult:
                         thr,
                     )
                     thr.extra["overhead_pct"] = 100 * (thr.ratio - 1)
+                    thr.extra["engine"] = sock_side.engine[f"{b}/1"].to_dict()
                     result.comparisons.append(thr)
                     print("  " + thr.line(), flush=True)
+                    print("    " + sock_side.engine[f"{b}/1"].line(), flush=True)
         result.sides = {"symphony": worker.resources(), "baseline": engine_resources(engine, opts.max_num_seqs)}
         result.memory = worker.memory()
         result.memory["pred_reply_bytes"] = reply_bytes()

@@ -567,6 +567,18 @@ class WorkerProcess:
                     "queue_wait_ms_max",
                     "queue_wait_ms_max_decode",
                     "gap_ms_avg",
+                    "plan_ms_avg",
+                    "results_ms_avg",
+                    # The engine's wall time over the worker's life (warm-up and the baseline's
+                    # turns included): busy, idle with a call queued, idle with nothing to run.
+                    # ``EngineTime`` gives the same for the measured stretches alone.
+                    "busy_s",
+                    "idle_with_work_queued_s",
+                    "idle_empty_s",
+                    "batch_wait_s",
+                    "busy_fraction",
+                    "idle_with_work_fraction",
+                    "idle_with_work_share_of_loaded",
                     "launch_reasons",
                     "forwards_seq_capped",
                     "forwards_token_capped",
@@ -574,6 +586,11 @@ class WorkerProcess:
                 )
             },
         }
+
+    def engine_time(self) -> dict[str, float]:
+        """The scheduler's cumulative engine-time buckets (see ``EngineTime``)."""
+        st = self.stats()["scheduler"]
+        return {k: float(st.get(k) or 0.0) for k in ENGINE_TIME_KEYS}
 
     def close(self) -> None:
         for sid in list(self._sessions):
@@ -592,6 +609,52 @@ class WorkerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+ENGINE_TIME_KEYS = ("busy_s", "idle_with_work_queued_s", "idle_empty_s", "batch_wait_s", "forwards")
+
+
+class EngineTime:
+    """The worker engine's busy fraction over the measured stretches of one figure only.
+
+    The scheduler's ``stats`` count busy / idle-with-work-queued / idle-empty seconds over the
+    worker's life; a figure's share needs the difference across the stretches it timed (not the
+    baseline's turns, not set-up). ``idle_with_work_fraction`` is the per-token tax under load:
+    the engine idle while a call could have run, as a share of the stretch's wall time."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self.worker = worker
+        self.sums = dict.fromkeys(ENGINE_TIME_KEYS, 0.0)
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[None]:
+        before = self.worker.engine_time()
+        yield
+        after = self.worker.engine_time()
+        for k in ENGINE_TIME_KEYS:
+            self.sums[k] += after[k] - before[k]
+
+    def to_dict(self) -> dict[str, float]:
+        s = self.sums
+        wall = s["busy_s"] + s["idle_with_work_queued_s"] + s["idle_empty_s"]
+        out = {k: round(v, 3) for k, v in s.items()}
+        if wall > 0:
+            out["busy_fraction"] = round(s["busy_s"] / wall, 4)
+            out["idle_with_work_fraction"] = round(s["idle_with_work_queued_s"] / wall, 4)
+            out["idle_empty_fraction"] = round(s["idle_empty_s"] / wall, 4)
+            out["batch_wait_fraction"] = round(s["batch_wait_s"] / wall, 4)
+        return out
+
+    def line(self) -> str:
+        d = self.to_dict()
+        if "busy_fraction" not in d:
+            return "engine: no time measured"
+        wall = d["busy_s"] + d["idle_with_work_queued_s"] + d["idle_empty_s"]
+        return (
+            f"engine busy {100 * d['busy_fraction']:.1f}%, idle with work queued "
+            f"{100 * d['idle_with_work_fraction']:.1f}% (batch wait {100 * d['batch_wait_fraction']:.1f}%), "
+            f"idle empty {100 * d['idle_empty_fraction']:.1f}% of {wall:.1f} s"
+        )
 
 
 def run_threads(fns: Sequence[Callable[[], Any]]) -> list[Any]:
