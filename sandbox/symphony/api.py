@@ -338,7 +338,18 @@ class Session(SessionBase):
 
         ``on_token(token)``: each token as soon as the worker chose it, in order, before this
         returns (for streaming). It runs on whichever thread reads the socket: keep it short and
-        make no Symphony call from it; what it raises is raised here once the call is over."""
+        make no Symphony call from it; what it raises is raised here once the call is over.
+
+        When to use it rather than a loop of :meth:`pred_token`: whenever the program does not
+        need to look at each token before the next is chosen, i.e. every step chooses alike
+        (the same sampling parameters, ``bias`` and ``mask``, or a grammar state's
+        ``advancing()``) and the decode ends only at a token id, a step count or the limits.
+        Each :meth:`pred_token` is a round trip between two forwards, and while the worker is
+        busy the whole batch may wait for it; here the engine steps on. A loop that must read
+        the text between tokens (stop *strings*, penalties counted from the tokens so far,
+        logprobs per token) cannot hand the decision to the worker: it either stays per token,
+        or takes a few tokens per call and, past a stop it finds in their text, rolls the file
+        back with :meth:`kv_truncate` (the extra tokens are still computed and metered)."""
         choice = Choice(temperature, top_p, top_k, seed, mask, bias)
         return self._drive(flows.pred_tokens(kv, tokens, steps, stop, choice, on_token))
 
