@@ -75,3 +75,32 @@ def test_the_baseline_gets_the_workers_device_and_host_pages() -> None:
     opts = harness.WorkerOptions(model="m", num_pages=40, host_pages=300)
     assert harness.baseline_blocks(opts) == 340
     assert harness.baseline_blocks(harness.WorkerOptions(model="m", num_pages=40)) == 40
+
+
+def test_engine_time_counts_only_the_measured_stretches() -> None:
+    """``EngineTime`` diffs the worker's cumulative buckets across each measured stretch, so the
+    time between stretches (set-up, the baseline's turns) is left out of a figure's shares."""
+    from bench.harness import EngineTime
+
+    readings = iter(
+        [
+            {"busy_s": 10.0, "idle_with_work_queued_s": 1.0, "idle_empty_s": 50.0, "batch_wait_s": 0.5},
+            {"busy_s": 19.0, "idle_with_work_queued_s": 1.5, "idle_empty_s": 50.5, "batch_wait_s": 0.7},
+            {"busy_s": 30.0, "idle_with_work_queued_s": 9.0, "idle_empty_s": 90.0, "batch_wait_s": 1.0},
+            {"busy_s": 39.0, "idle_with_work_queued_s": 9.5, "idle_empty_s": 90.5, "batch_wait_s": 1.2},
+        ]
+    )
+
+    class Worker:
+        def engine_time(self) -> dict[str, float]:
+            return {"forwards": 0.0, **next(readings)}
+
+    window = EngineTime(Worker())  # type: ignore[arg-type]
+    for _ in range(2):
+        with window.measure():
+            pass
+    got = window.to_dict()
+    assert (got["busy_s"], got["idle_with_work_queued_s"], got["idle_empty_s"]) == (18.0, 1.0, 1.0)
+    assert got["busy_fraction"] == 0.9 and got["idle_with_work_fraction"] == 0.05
+    assert got["batch_wait_fraction"] == 0.02
+    assert "busy 90.0%" in window.line()
