@@ -59,14 +59,11 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import statistics
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -77,7 +74,8 @@ from django.utils.dateparse import parse_datetime
 from tests.conftest import container_names, wait_for
 from tests.plugins.api import ApiTenant
 from tests.plugins.worker import RunningWorker, start_worker
-from tests.reliability.test_hostile_soak import HOSTILE, Tenant, _http_attacks
+from tests.reliability import attack_clients
+from tests.reliability.test_hostile_soak import HOSTILE, Tenant
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -280,37 +278,6 @@ def _finished_stream(tenant: ApiTenant) -> str:
     return str(run.pk)
 
 
-def _stalled_replays(base_url: str, owners: list[tuple[ApiTenant, str]], stop: float) -> list[int]:
-    """Replays read for 4 KB and then never again, re-opened as the server stops them, until
-    ``stop``; the status code of each."""
-    parts = urlsplit(base_url)
-    codes: list[int] = []
-    held: list[socket.socket] = []
-    try:
-        while time.monotonic() < stop:
-            for owner, run_id in owners:
-                for _ in range(4):
-                    sock = socket.socket()
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-                    sock.settimeout(10)
-                    try:
-                        sock.connect((parts.hostname, parts.port))
-                        head = f"GET /api/v1/runs/{run_id}/events HTTP/1.1\r\nHost: {parts.netloc}\r\n"
-                        sock.sendall(f"{head}Authorization: Bearer {owner.key_secret}\r\n\r\n".encode())
-                        first = sock.recv(4096)
-                        codes.append(int(first.split(b" ", 2)[1]) if first.startswith(b"HTTP/1.1 ") else 0)
-                    except OSError:
-                        codes.append(0)
-                    held.append(sock)
-            time.sleep(REPLAY_STALL_S)
-            while len(held) > 32:
-                held.pop(0).close()
-    finally:
-        for sock in held:
-            sock.close()
-    return codes
-
-
 class Canaries:
     """The canary tenant's four kinds of call, each timed from the client's side."""
 
@@ -444,13 +411,16 @@ def test_two_tenants_of_one_account_attacking_at_once_leave_a_third_tenants_cana
         r = tenant.start({"seconds": ATTACK_S / 2}, deadline_s=ATTACK_S + 90)
         assert r.status_code == 201, r.text
         sleeper_ids.append(r.json()["id"])
-    box: dict = {}
-    side = [
-        threading.Thread(target=lambda: box.update(http=_http_attacks(base_url, sleepers[0], sleeper_ids[0], stop))),
-        threading.Thread(target=lambda: box.update(replays=_stalled_replays(base_url, replayed, stop))),
-    ]
-    for t in side:
-        t.start()
+    # The HTTP attacks' clients in a process of their own at nice 19: they are the attacker's
+    # machine, not the service (tests/reliability/attack_clients.py).
+    clients = attack_clients.start_niced(
+        {
+            "seconds": stop - time.monotonic(),
+            "base_url": base_url,
+            "http": {"key_secret": first.key_secret, "program": sleepers[0].program, "run_id": sleeper_ids[0]},
+            "replays": {"owners": [[t.key_secret, run_id] for t, run_id in replayed], "stall_s": REPLAY_STALL_S},
+        }
+    )
     ledger = redis.Redis.from_url(django_settings.REDIS_URL)
     most_stream_bytes = 0
     time.sleep(3)  # the attacks are under way
@@ -460,8 +430,7 @@ def test_two_tenants_of_one_account_attacking_at_once_leave_a_third_tenants_cana
         held = ledger.hget("symphony:stream-bytes:accounts", account)
         most_stream_bytes = max(most_stream_bytes, int(held or 0))
     attack_load = _load()
-    for t in side:
-        t.join(timeout=120)
+    box = attack_clients.result(clients, timeout=120)
     results = [tenant.wait(run_id, timeout=240) for tenant, run_id in zip(hostile, attacks, strict=True)]
 
     ratios = {kind: statistics.median(under[kind]) / statistics.median(idle[kind]) for kind in idle}

@@ -24,10 +24,8 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 import requests
@@ -38,6 +36,8 @@ from api import redis_client
 from tests.conftest import container_names, wait_for
 from tests.plugins.api import ApiTenant, _make_tenant
 from tests.plugins.worker import RunningWorker, start_worker
+from tests.reliability import attack_clients
+from tests.reliability.attack_clients import Attacker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -62,8 +62,6 @@ CELERY_CONCURRENCY = 4
 #: The web process's PostgreSQL pool (``DATABASE_POOL_MAX_SIZE``): connections it keeps, idle,
 #: for up to a minute after the attack's requests filled it.
 WEB_DB_POOL = 8
-#: Where the hostile tenant's wrong keys come from (the canary uses 127.0.0.1).
-ATTACKER_ADDRESS = "127.0.0.2"
 
 CANARY = b"""
 import symphony as sy
@@ -283,66 +281,8 @@ def _redis_clients() -> int:
 
 
 def _http_attacks(base_url: str, hostile: Tenant, run_id: str, stop: float) -> dict[str, list[int]]:
-    """Every HTTP attack at once until ``stop``; the status codes each one got."""
-    codes: dict[str, list[int]] = {"streams": [], "race": [], "upload": [], "forged": []}
-    lock = threading.Lock()
-
-    def record(kind: str, code: int) -> None:
-        with lock:
-            codes[kind].append(code)
-
-    def stream() -> None:
-        try:
-            with requests.get(
-                f"{base_url}/api/v1/runs/{run_id}/events", headers=hostile.headers, stream=True, timeout=10
-            ) as r:
-                record("streams", r.status_code)
-                # Read and drop big raw chunks: the attacker's own CPU must not be what slows
-                # the canary (this test process shares the machine's two cores with the stack).
-                while time.monotonic() < stop and r.raw.read(1 << 20):
-                    pass
-        except requests.RequestException:
-            return
-
-    def race() -> None:
-        record("race", hostile.start({"seconds": 1}).status_code)
-
-    def upload() -> None:
-        def body() -> Iterator[bytes]:
-            chunk = b"#" * (1 << 20)
-            for _ in range(64):
-                yield chunk
-
-        try:
-            r = requests.post(
-                f"{base_url}/api/v1/programs?name=big",
-                headers={**hostile.headers, "Content-Type": "application/octet-stream"},
-                data=body(),
-                timeout=30,
-            )
-            record("upload", r.status_code)
-        except requests.ConnectionError:
-            record("upload", 0)  # refused while streaming: the server closed the connection
-
-    def forged() -> None:
-        # From the attacker's own address: the wrong-key guard refuses every key of the address
-        # it counts, so an attacker sharing the canary's address would lock the canary out too.
-        bad = {"Authorization": "Bearer sk_bad_" + "x" * 40}
-        transport = httpx.HTTPTransport(local_address=ATTACKER_ADDRESS)
-        with httpx.Client(base_url=base_url, transport=transport, timeout=10) as attacker:
-            for i in range(60):
-                if time.monotonic() >= stop:
-                    return
-                forged_for = {"X-Forwarded-For": f"10.9.{i // 250}.{i % 250}"}
-                record("forged", attacker.get("/api/v1/programs", headers={**bad, **forged_for}).status_code)
-
-    with ThreadPoolExecutor(80) as pool:
-        futures = [pool.submit(stream) for _ in range(50)]
-        futures += [pool.submit(race) for _ in range(24)]
-        futures += [pool.submit(upload), pool.submit(forged)]
-        for f in futures:
-            f.result()
-    return codes
+    """Every HTTP attack at once until ``stop``, from this process; the status codes each got."""
+    return attack_clients.http_attacks(base_url, Attacker(hostile.record.key_secret, hostile.program, run_id), stop)
 
 
 def test_a_hostile_tenant_leaves_another_tenants_runs_unharmed(stack, stack_worker, docker_client) -> None:
