@@ -170,6 +170,7 @@ def start_niced(plan: dict) -> subprocess.Popen:
     assert proc.stdin is not None
     proc.stdin.write(json.dumps(plan))
     proc.stdin.close()
+    proc.stdin = None  # sent and closed: ``communicate`` must not flush it again
     return proc
 
 
