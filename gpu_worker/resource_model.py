@@ -17,6 +17,9 @@ beside it, so no plan limit can be larger than the pool it draws from:
   while others contend. What it holds above its fair share is what the pool's owner reclaims
   (spills, stops granting anew) when another active account needs it.
 
+Sandbox CPU is the one pool shared by weight alone: the kernel's scheduler gives each active
+account's group of containers an equal share of contended cores (``PoolName.SANDBOX_CPU``).
+
 This module is stdlib only: ``gpu_worker`` (never Django) and the control plane both import it,
 so the two sides compute the same numbers. docs/ARCHITECTURE.md ("Resource model") lists which
 module enforces each pool.
@@ -44,6 +47,10 @@ class PoolName(StrEnum):
     REDIS_BYTES = "redis_bytes"
     REPLAY_MEMORY_BYTES = "replay_memory_bytes"
     DB_CONNECTIONS = "db_connections"
+    #: The host's cores under the sandbox containers: a CPU *weight* per account (one parent
+    #: cgroup each, sandbox/cpu_groups.py), not a count of units, so no ceiling or reserve is
+    #: derived for it; the kernel lends an idle account's weight to the busy ones.
+    SANDBOX_CPU = "sandbox_cpu"
 
 
 @dataclass(frozen=True)

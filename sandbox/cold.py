@@ -88,6 +88,7 @@ class SandboxLauncher(SandboxHost):
                 LABEL_TENANT: str(spec.tenant)[:200],
                 LABEL_EXPIRES: str(int(time.time() + spec.kill_after_s + REAP_GRACE_S)),
             },
+            account=spec.account,
         )
         return self.create(**config)
 

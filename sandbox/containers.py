@@ -18,6 +18,7 @@ import time
 import uuid
 from typing import Any
 
+from sandbox import cpu_groups
 from sandbox import image as sandbox_image
 from sandbox.output import OutputCollector
 from sandbox.spec import LABEL, LABEL_OWNER, SANDBOX_TMP, SandboxLimits, SandboxUnavailable
@@ -91,14 +92,19 @@ class SandboxHost:
         mounts: list[Any],
         labels: dict[str, str],
         name_prefix: str = "symphony-lip-",
+        account: str = "",
     ) -> dict[str, Any]:
         """``containers.create`` kwargs with every isolation setting (docs/ARCHITECTURE.md §7).
 
-        One place for the limits, so the cold path and the warm pool cannot drift apart.
+        One place for the limits, so the cold path and the warm pool cannot drift apart. With
+        ``account``, the container's CPU is weighed in that account's group
+        (:mod:`sandbox.cpu_groups`).
         """
         from docker.types import LogConfig
 
+        parent = cpu_groups.account_parent(account, cpu_groups.cgroup_driver(self.client)) if account else None
         return {
+            **({"cgroup_parent": parent} if parent else {}),
             "image": tag,
             "command": command,
             "name": f"{name_prefix}{uuid.uuid4().hex[:12]}",

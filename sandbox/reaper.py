@@ -1,6 +1,7 @@
 """The reaper: removes sandbox containers (and warm pool slot dirs) that nobody will remove, by
 their labels (:mod:`sandbox.spec`): a launcher that died, a deadline long past, an exit nobody
-collected. Run periodically (``python -m sandbox.reaper``) and at executor start-up.
+collected; and the accounts' CPU groups left empty (:mod:`sandbox.cpu_groups`). Run periodically
+(``python -m sandbox.reaper``) and at executor start-up.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from sandbox import cpu_groups
 from sandbox.containers import docker_client
 from sandbox.spec import LABEL, LABEL_EXPIRES, LABEL_OWNER, LABEL_SLOT_DIR, SLOT_DIR_PREFIX
 
@@ -106,6 +108,9 @@ def reap(client: Any = None, now: float | None = None, exited_grace_s: float = E
             _remove_slot_dir(labels.get(LABEL_SLOT_DIR, ""))
     if removed:
         log.info("event=sandbox_reaped count=%d containers=%s", len(removed), ",".join(removed))
+    pruned = cpu_groups.prune_idle()  # account groups docker left empty (sandbox/cpu_groups.py)
+    if pruned:
+        log.info("event=cpu_groups_pruned count=%d", len(pruned))
     return removed
 
 

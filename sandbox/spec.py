@@ -68,6 +68,9 @@ class SandboxSpec:
     #: A spawned run's entry in its program's bundle, ``module:function`` (either part may be
     #: empty: the program itself, ``main``); "" for a run a client started.
     entry: str = ""
+    #: The tenant's account (a person's tenants together): a cold container's CPU is weighed
+    #: in the account's group (``sandbox.cpu_groups``); "" for none.
+    account: str = ""
 
     @property
     def kill_after_s(self) -> float:

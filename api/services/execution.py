@@ -69,6 +69,7 @@ def _sandbox_spec(run: Run, program_path: Path, session, worker_limits: RunLimit
         session_token=session.token,
         run_id=str(run.pk),
         tenant=run.tenant.slug,
+        account=run.tenant.account_key,
         # The worker ends the session at the same deadline; the container gets a little
         # longer so a LIP can report the worker's ETIMEDOUT as its own error (the kill's
         # message still names the deadline the user set).
