@@ -91,6 +91,14 @@ def _positive(cast: Callable[[str], float]) -> Callable[[str], float]:
     return parse
 
 
+def _not_negative(value: str) -> float:
+    """An argparse type: seconds >= 0."""
+    number = float(value)
+    if number < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return number
+
+
 def _parser() -> argparse.ArgumentParser:
     env = env_defaults()
     p = argparse.ArgumentParser(prog="python -m gpu_worker", description=__doc__)
@@ -192,6 +200,18 @@ def _parser() -> argparse.ArgumentParser:
         help="a grammar compile past this is killed and refused",
     )
     p.add_argument(
+        "--grammar-kill-backoff-s",
+        type=_not_negative,
+        default=grammar.kill_backoff_s,
+        help="after an account's compile is killed, its first-time compiles are refused this long (0: never)",
+    )
+    p.add_argument(
+        "--grammar-kill-backoff-max-s",
+        type=_not_negative,
+        default=grammar.kill_backoff_max_s,
+        help="each kill within this long of the account's previous one doubles its back-off, up to this",
+    )
+    p.add_argument(
         "--grammar-max-bytes", type=_positive(int), default=grammar.max_bytes, help="largest compiled grammar (bytes)"
     )
     p.add_argument(
@@ -279,6 +299,8 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
         grammar=GrammarConfig(
             processes=args.grammar_compile_processes,
             timeout_s=args.grammar_compile_timeout_s,
+            kill_backoff_s=args.grammar_kill_backoff_s,
+            kill_backoff_max_s=args.grammar_kill_backoff_max_s,
             max_bytes=args.grammar_max_bytes,
             max_repeat=args.grammar_max_repeat,
             max_depth=args.grammar_max_depth,

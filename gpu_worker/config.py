@@ -104,6 +104,11 @@ class GrammarConfig:
     processes: int = 2
     #: Seconds one compile may run before its child is killed and the call refused.
     timeout_s: float = 10.0
+    #: After a compile of an account was killed for ``timeout_s``, the account's first-time
+    #: compiles are refused (EBUSY) for this long (``grammar_backoff``); 0: never.
+    kill_backoff_s: float = 20.0
+    #: Each kill within this long of the account's previous one doubles the back-off, up to this.
+    kill_backoff_max_s: float = 300.0
     #: Largest compiled grammar (xgrammar's own size estimate, bytes).
     max_bytes: int = 64 * 1024 * 1024
     #: Largest product of nested repetition bounds in a regex (``(a{1,20}){1,5}`` is 100), the

@@ -26,6 +26,7 @@ import torch
 
 from gpu_worker import dists
 from gpu_worker.config import GrammarConfig
+from gpu_worker.grammar_backoff import CompileBackoff
 from gpu_worker.grammar_budget import check_source
 from gpu_worker.grammar_pool import CompilePool, CompileTimeout
 from gpu_worker.protocol import ErrorCode, ProtocolError
@@ -70,7 +71,10 @@ class GrammarCompiler:
     *account* (a person's tenants together) compiles in at most the pool's ceiling of the
     children at once, and a waiting account that holds none goes first (``grammar_pool``), so
     another account always finds one soon. Refusals are remembered too (a timeout only for ``REFUSAL_TTL_S``, since load
-    may have caused it), so resubmitting a hostile source does not cost another child.
+    may have caused it), so resubmitting a hostile source does not cost another child; a timeout
+    also refuses the account's next first-time compiles for a back-off (``grammar_backoff``), so
+    a stream of never-seen hostile sources does not keep a child busy either. A back-off refusal
+    is load, not the source: it is not remembered.
     """
 
     def __init__(self, model_dir: str, vocab_size: int, budget: GrammarConfig | None = None) -> None:
@@ -92,7 +96,8 @@ class GrammarCompiler:
         loop = asyncio.get_running_loop()
         self._info = await loop.run_in_executor(self._thread, self._tokenizer_info)
         serialized = await loop.run_in_executor(self._thread, self._info.serialize_json)
-        self._pool = CompilePool(serialized, self.budget.processes, self.budget.max_bytes)
+        backoff = CompileBackoff(self.budget.kill_backoff_s, self.budget.kill_backoff_max_s)
+        self._pool = CompilePool(serialized, self.budget.processes, self.budget.max_bytes, backoff)
         await self._pool.start()
 
     def _tokenizer_info(self) -> Any:
@@ -108,8 +113,14 @@ class GrammarCompiler:
         self._thread.shutdown(wait=False)
 
     def stats(self) -> dict[str, int]:
-        killed = self._pool.killed if self._pool is not None else 0
-        return {"compiled": self.compiled, "cache_hits": self.hits, "refused": self.refused, "killed": killed}
+        pool = self._pool
+        return {
+            "compiled": self.compiled,
+            "cache_hits": self.hits,
+            "refused": self.refused,
+            "killed": pool.killed if pool is not None else 0,
+            "backoff_refused": pool.backoff.refused if pool is not None else 0,
+        }
 
     async def compile(self, args: GrammarArgs, account: str) -> Any:
         """The compiled grammar of the one source ``args`` gives (cached), or BAD_ARGS; a compile

@@ -9,6 +9,9 @@ handed out per *account* (``account_slots``): one account compiles in at most th
 of them at once (with two: one), so the others always find one free. An account whose compile
 was killed keeps its slot (not its caller, who has the refusal at once) until the replacement
 child is ready: the restart is its cost, and the reserve left for the others stays a ready child.
+The kill also opens a back-off for the account (``grammar_backoff``): its compiles are refused
+with EBUSY until it ends, checked before it waits for a slot and again once it has one (a compile
+queued behind the killed one does not start either).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 import msgpack
 
 from gpu_worker.account_slots import AccountSlots
+from gpu_worker.grammar_backoff import CompileBackoff
 from gpu_worker.grammar_child import encode_frame
 from gpu_worker.resource_model import Pool, PoolName
 
@@ -58,10 +62,13 @@ class _Child:
 class CompilePool:
     """``processes`` children; ``compile(kind, source, timeout_s, account)`` -> serialized grammar."""
 
-    def __init__(self, tokenizer_info_json: str, processes: int, max_bytes: int) -> None:
+    def __init__(
+        self, tokenizer_info_json: str, processes: int, max_bytes: int, backoff: CompileBackoff | None = None
+    ) -> None:
         self._init = {"tokenizer_info": tokenizer_info_json, "max_bytes": max_bytes}
         self._processes = processes
         self.slots = AccountSlots(Pool(PoolName.GRAMMAR_PROCESSES, processes))
+        self.backoff = backoff or CompileBackoff(0.0, 0.0)
         self._idle: asyncio.Queue[_Child] = asyncio.Queue()
         self._starting: set[asyncio.Task] = set()
         self._children: set[_Child] = set()
@@ -117,21 +124,26 @@ class CompilePool:
 
     async def compile(self, kind: str, source: str, timeout_s: float, account: str) -> dict[str, Any]:
         """``{"ok": serialized}`` or ``{"err": message}`` of a compile counted against
-        ``account``; raises :class:`CompileTimeout`."""
+        ``account``; raises :class:`CompileTimeout`, or EBUSY while the account's back-off
+        after a killed compile is open."""
+        self.backoff.check(account)
         await self.slots.acquire(account)
         slot_handed_on = False
         try:
+            self.backoff.check(account)  # a kill while this one waited for the slot
             child = await self._idle.get()
             try:
                 reply = await asyncio.wait_for(child.request({"kind": kind, "source": source}), timeout_s)
             except TimeoutError:
                 self.killed += 1
+                backoff_s = self.backoff.killed(account)
                 log.warning(
-                    "event=grammar_compile_killed pid=%d kind=%s timeout_s=%s account=%s",
+                    "event=grammar_compile_killed pid=%d kind=%s timeout_s=%s account=%s backoff_s=%s",
                     child.proc.pid,
                     kind,
                     timeout_s,
                     account,
+                    backoff_s,
                 )
                 await self._reap(child)
                 replacement = self._replace()

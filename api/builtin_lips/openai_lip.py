@@ -101,6 +101,16 @@ class Invalid(Exception):
         self.message, self.param = message, param
 
 
+class GrammarBusy(Exception):
+    """The worker refused the account's first-time grammar compiles for now (a back-off after
+    one of its compiles ran past the time budget): load the account caused, not this request's
+    schema, so the API answers 429 ``grammar_busy``."""
+
+    def __init__(self, message):
+        super().__init__(message)
+        self.message = message
+
+
 class Vocab:
     """Token id -> text, each asked of the worker once per run (for logprobs)."""
 
@@ -547,11 +557,15 @@ class Context:
                 self.response_grammar = grammar(args["json_schema"])
             except InvalidArgument as exc:
                 raise Invalid(f"response_format: {exc.message}", "response_format") from None
+            except Busy as exc:
+                raise GrammarBusy(exc.message) from None
         if tools:
             try:
                 self.call_grammar = grammar(tools["call_schema"])
             except InvalidArgument as exc:
                 raise Invalid(f"tools: the call grammar does not compile: {exc.message}", "tools") from None
+            except Busy as exc:
+                raise GrammarBusy(exc.message) from None
             self.open_ids = tokenize(CALL_OPEN + "\n")
             self.close_ids = tokenize(CALL_CLOSE)
             self.newline_ids = tokenize("\n")
@@ -640,6 +654,8 @@ def main(args):
         ctx = Context(args)
     except Invalid as exc:
         return {"invalid_request": {"message": exc.message, "param": exc.param}}
+    except GrammarBusy as exc:
+        return {"refused": {"code": "grammar_busy", "message": exc.message, "prompt_tokens": 0}}
     if "messages" in args:
         prompts = [apply_chat_template(args["messages"], add_generation_prompt=True)]
     else:

@@ -143,8 +143,10 @@ def response_id(request: CompletionRequest, run: Run) -> str:
 
 
 #: Refusal codes of the built-in LIP that are about the worker's load, not the request (its
-#: device KV pool had no pages for the account): 429, retry later, never a 400.
-BUSY_REFUSALS = frozenset({"kv_pool_busy"})
+#: device KV pool had no pages for the account; the account's first-time grammars are refused
+#: for a back-off after one of its compiles ran past the time budget): 429, retry later, never
+#: a 400.
+BUSY_REFUSALS = frozenset({"kv_pool_busy", "grammar_busy"})
 
 
 def refusal_status(body: dict) -> int:

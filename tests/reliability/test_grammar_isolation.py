@@ -5,7 +5,9 @@ A JSON schema whose string properties each carry a pattern with nested bounded r
 minute on this CPU. It once held the worker-wide compile lock the whole time, so a second
 tenant's ``json_object`` request (a cache hit even) waited behind it: 0.9 s became 28.8 s. Now
 compiles run in child processes with a time budget: tenant A gets a clear EINVAL naming the
-budget, tenant B's grammars and decoding answer at once meanwhile.
+budget, tenant B's grammars and decoding answer at once meanwhile. The kill then refuses A's
+account's next first-time compiles for a back-off (EBUSY naming ``grammar_kill_backoff_s``; on
+``/v1`` a 429 ``grammar_busy``), so a stream of never-seen bombs does not keep a child busy.
 """
 
 from __future__ import annotations
@@ -116,10 +118,20 @@ def test_a_hostile_schema_costs_its_tenant_not_every_tenants_grammars(worker) ->
         with pytest.raises(sy.InvalidArgument, match="grammar_max_repeat"):
             a.grammar(regex="(a{1,30}){1,30}")
         assert time.monotonic() - started < CANARY_BOUND_S
+        # The kill opened A's account's back-off: a first-time schema is refused at once with
+        # EBUSY naming it, a grammar compiled before (B's, a cache hit) still answers, and B's
+        # first-time compiles go on.
+        started = time.monotonic()
+        with pytest.raises(sy.Busy, match="grammar_kill_backoff_s"):
+            a.grammar(regex="(yes|no)")
+        assert time.monotonic() - started < CANARY_BOUND_S
+        assert a.grammar(schema) is not None
+        assert b.grammar({"type": "object", "title": f"after-{uuid.uuid4().hex}"}) is not None
         # Tenant A's session and the worker go on.
-        assert a.grammar(regex="(yes|no)") is not None
+        assert a.kv_len(a.kv_create()) == 0
         worker.assert_alive()
-        assert worker.admin.stats()["grammar"]["killed"] >= 1
+        stats = worker.admin.stats()["grammar"]
+        assert stats["killed"] >= 1 and stats["backoff_refused"] >= 1, stats
     finally:
         a.close()
         b.close()
@@ -156,6 +168,8 @@ def test_two_tenants_of_one_account_cannot_take_every_compile_process(worker) ->
             except sy.SymphonyError as exc:
                 outcome = type(exc).__name__
             attempts.append((name, time.monotonic() - started, outcome))
+            if outcome == "Busy":
+                time.sleep(0.5)  # the account's back-off after a kill: try again a little later
 
     def first_time_compile(i: int) -> float:
         started = time.monotonic()
@@ -189,8 +203,11 @@ def test_two_tenants_of_one_account_cannot_take_every_compile_process(worker) ->
     print(f"the account's compiles: {[(n, round(t, 1), o) for n, t, o in attempts]}")
     assert both_running, "the account's tenants should have kept compiling throughout"
     assert max(contended) < THIRD_TENANT_BOUND_S, f"the third tenant waited behind one account: {contended}"
-    assert all(o == "InvalidArgument" for _, _, o in attempts), attempts
-    assert len(attempts) >= 2, "the account's hostile compiles should have run to the budget"
+    # Run to the budget and killed (EINVAL), or refused for the account's back-off after a kill
+    # (EBUSY, at once): the account kept no child busy past its first kill.
+    assert any(o == "InvalidArgument" for _, _, o in attempts), attempts
+    assert all(o in ("InvalidArgument", "Busy") for _, _, o in attempts), attempts
+    assert all(t < CANARY_BOUND_S for _, t, o in attempts if o == "Busy"), attempts
     worker.assert_alive()
 
 
@@ -254,3 +271,12 @@ def test_v1_hostile_schema_gets_a_400_and_another_tenants_json_object_answers(st
     nested = {"type": "string", "pattern": "^(([a-z]{1,20}){1,20}){1,20}$"}
     n_status, n_body, _ = _chat(stack, api_tenant_a.key_secret, _schema_format(nested))
     assert n_status == 400 and "grammar_max_repeat" in n_body["error"]["message"], n_body
+    # A's account is in its back-off after the kill: a harmless first-time schema is a 429
+    # grammar_busy (load A caused, not the schema), while B's first-time schema answers.
+    fresh = {"type": "object", "title": f"fresh-{uuid.uuid4().hex}"}
+    f_status, f_body, _ = _chat(stack, api_tenant_a.key_secret, _schema_format(fresh))
+    assert f_status == 429 and f_body["error"]["code"] == "grammar_busy", f_body
+    assert "grammar_kill_backoff_s" in f_body["error"]["message"], f_body
+    fresh = {"type": "object", "title": f"fresh-{uuid.uuid4().hex}"}
+    b_status, b_body, _ = _chat(stack, api_tenant_b.key_secret, _schema_format(fresh))
+    assert b_status == 200, b_body
