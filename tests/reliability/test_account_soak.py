@@ -17,14 +17,21 @@ tokens. Each kind's median under attack must stay within ``CANARY_BOUND`` of its
 and afterwards the stack is clean: no container, worker session, slot lease, executor
 heartbeat or stream lease left, the device pages given back, connections within their pools.
 
+The HTTP attacks' clients (event-stream floods, run-creation races, the big upload, forged
+wrong keys, stalled replays) run in a child process at ``nice 19``
+(tests/reliability/attack_clients.py): in production they are the attacker's own machine, not
+the service, and in this process they took the shared cores from the stack, so the soak
+measured the harness competing with itself. The canary's client stays at normal priority. The
+attacker's LIPs are the service's work (they run in its sandboxes) and are not niced.
+
 Why 2x and not 1.5x: this machine has two cores, shared by the engine, gVisor, uvicorn, Celery,
-Redis, PostgreSQL, the grammar children and this test's own attack clients. The attacker's
-account is *entitled* to its fair share of the engine (half of every contended forward's prompt
-tokens, seats up to the canary's width), and on a CPU engine that share is CPU the canary's
-sandbox start, its LIP and its web request then wait for; no scheduler of ours can take CPU back
-from the attacker's clients (outside the stack) or from gVisor starting the canary's sandbox, a
-cold start on every run here. The report prints, per kind, the engine's part of the canary's
-time (its calls' seconds queued plus in forwards, from the worker's stats) beside the whole.
+Redis, PostgreSQL and the grammar children. The attacker's account is *entitled* to its fair
+share of the engine (half of every contended forward's prompt tokens, seats up to the canary's
+width), and on a CPU engine that share is CPU the canary's sandbox start, its LIP and its web
+request then wait for; no scheduler of ours can take CPU back from gVisor starting the canary's
+sandbox, a cold start on every run here. The report prints, per kind, the engine's part of the
+canary's time (its calls' seconds queued plus in forwards, from the worker's stats) beside the
+whole.
 
 Where the time went, measured here: (1) every sandboxed run waited for the spawn broker's
 1 s poll at its end (idle REST run 1.05 s; 0.53 s since the broker is woken), which rounded any
@@ -46,6 +53,20 @@ REST run 1.05 s idle, 2.18x and 2.27x; ``/v1`` chat 0.14 s, 3.55x and 5.47x; fir
 REST run 0.53 s idle, 1.47x, 1.91x and 2.53x; chat 0.08 s, 1.93x, 1.72x and 1.83x; grammar
 0.08 s, 1.86x, 2.36x and 2.44x; prefill 0.56 s, 1.79x, 2.56x and 2.29x: one run within 2x on every
 kind, two not (a fourth, beside a type check on the same host: 2.33x, 3.14x, 3.36x, 2.91x).
+Then three changes, each measured in one run only, since other sessions had loaded the host to
+a load average of 6-60 by then (the canaries' idle medians 2-3x those above: REST 1.1-2.0 s,
+chat 0.2-0.3 s, prefill 1.5-3.4 s): the attack's HTTP clients niced (above); sandbox CPU
+weighed per account (sandbox/cpu_groups.py: three busy sandboxes of one account beside one of
+another gave that one 0.22 of their CPU before, 0.36-0.51 after); and a back-off after a
+killed grammar compile (gpu_worker/grammar_backoff.py: the attacker's never-seen schemas are
+refused with EBUSY for 20 s, then 40, instead of compiling back to back). The old code at load
+5.6 idle and 13.4 under attack: REST 2.93x, chat 6.17x, grammar 5.43x, prefill 3.96x (4 calls
+of each under attack). Clients niced and CPU per account, at 16.7 and 23.6: 3.31x, 4.06x, 5.36x,
+3.14x (2 calls each), the engine's part of the prefill 5.4 s under attack against 1.3 s idle:
+the engine itself starved by the load outside the stack. Two more runs, the second with the
+back-off too, did not get their worker started within its 240 s (load 27, and 45-60). The bound
+was never met on that host, so the test stays ``slow``: it cannot pass three runs of three while
+the host's load is many times its cores.
 Every other assertion held in every run: the account stopped at its device-page ceiling (ENOSPC
 naming 120 of 160 pages, fair share 80), at its Redis share (EDQUOT at an equal share of the
 stream memory between the accounts), its replays and streams got 429s, its prompts completed
