@@ -120,6 +120,7 @@ class GrammarCompiler:
             "refused": self.refused,
             "killed": pool.killed if pool is not None else 0,
             "backoff_refused": pool.backoff.refused if pool is not None else 0,
+            "idle_children": pool.idle if pool is not None else 0,
         }
 
     async def compile(self, args: GrammarArgs, account: str) -> Any:

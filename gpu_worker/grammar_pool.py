@@ -75,6 +75,12 @@ class CompilePool:
         self._closed = False
         self.killed = 0
 
+    @property
+    def idle(self) -> int:
+        """Children started and waiting for a compile (the pool's size once every replacement of
+        a killed child is ready)."""
+        return self._idle.qsize()
+
     async def start(self) -> None:
         """Start every child; returns once they are ready (or were given up and retried)."""
         for _ in range(self._processes):
