@@ -760,6 +760,7 @@ REAL_ENGINE_SCRIPT = textwrap.dedent(
     from gpu_worker.engine import Engine, EngineConfig
     from gpu_worker.kvfs import KVFS, LocalKVStore, Owner
     from gpu_worker.scheduler import PredCall, Scheduler
+    from gpu_worker.tracing import SessionTrace
     from gpu_worker.usage import Usage
 
     class S:
@@ -767,6 +768,7 @@ REAL_ENGINE_SCRIPT = textwrap.dedent(
             self.session_id, self.tenant, self.run_id, self.account = sid, tenant, "r", tenant
             self.owner, self.weight, self.swapped = Owner(tenant, sid), 1.0, False
             self.usage = Usage()
+            self.trace = SessionTrace()
         def on_tokens(self, n, prefill=None):
             pass
 
