@@ -59,12 +59,20 @@ def engine_settings(
         "max_num_batched_tokens": max_num_batched_tokens,
         "enable_prefix_caching": enable_prefix_caching,
         "num_gpu_blocks_override": num_blocks,
-        "enforce_eager": on_cpu,
+        # Compiled or eager as the worker is (its --compile default, SYMPHONY_COMPILE), so both
+        # sides run the same model code.
+        "enforce_eager": on_cpu and not _worker_compiles(),
         # On CPU this is the share of *host* memory vLLM insists is free at start-up; the KV size
         # is fixed by num_gpu_blocks_override, so a small value only avoids a refusal to start on
         # a machine other processes share.
         "gpu_memory_utilization": 0.2 if on_cpu else 0.5,
     }
+
+
+def _worker_compiles() -> bool:
+    from gpu_worker.config import env_defaults
+
+    return env_defaults()["compile"] == "on"
 
 
 class VLLMBaseline:

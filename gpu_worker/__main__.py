@@ -144,6 +144,14 @@ def _parser() -> argparse.ArgumentParser:
         help="auto: the checkpoint's dtype on a GPU or a CPU with native bf16, else float32"
         " (exact greedy and seeded results; gpu_worker/dtype_choice.py)",
     )
+    p.add_argument(
+        "--compile",
+        choices=["on", "off"],
+        default=env["compile"],
+        help="on CPU, run the model compiled by vLLM (Dynamo + Inductor; the first start with a new "
+        "configuration compiles for minutes, later starts load the cache) or eagerly; SYMPHONY_COMPILE",
+    )
+    p.add_argument("--compile-cache", default=env["compile_cache_dir"], help="directory of the compiled-code cache")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -272,6 +280,8 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
         kv_cache_gib=args.kv_cache_gib,
         num_pages=args.num_pages,
         dtype=args.dtype,
+        compile=args.compile == "on",
+        compile_cache_dir=os.path.abspath(args.compile_cache),
         max_model_len=args.max_model_len,
         host_pages=args.host_pages,
         kv_pinned_fraction=args.kv_pinned_fraction,
@@ -341,6 +351,8 @@ async def serve(config: WorkerConfig) -> None:
                 max_num_batched_tokens=sched.max_num_batched_tokens + config.max_model_len,
                 max_num_seqs=sched.max_num_seqs,
                 max_model_len=config.max_model_len,
+                compile=config.compile,
+                compile_cache_dir=config.compile_cache_dir,
             ),
         )
     )

@@ -131,6 +131,11 @@ class WorkerConfig:
     num_pages: int | None = None
     dtype: str = "auto"
     max_model_len: int = 4096
+    #: On CPU, run the model compiled by vLLM (Dynamo + Inductor) instead of eagerly
+    #: (gpu_worker/README.md, "Compiled forward"); ignored on a GPU.
+    compile: bool = True
+    #: Where compiled code is cached across restarts.
+    compile_cache_dir: str = str(REPO_ROOT / "var" / "compile-cache")
     #: Host-memory tier size in pages (swap target for idle sessions and evicted files).
     host_pages: int = 4096
     #: Most of the device pool the pinned KV files of all tenants together may hold: each tenant's
@@ -184,6 +189,8 @@ def env_defaults() -> dict[str, object]:
         "admin_socket": _env_path("SYMPHONY_WORKER_ADMIN_SOCKET", "var/run/worker-admin.sock"),
         "sessions_dir": _env_path("SYMPHONY_SESSIONS_DIR", "var/run/sessions"),
         "kv_store_dir": _env_path("SYMPHONY_KV_STORE", "var/kvstore"),
+        "compile": "off" if os.environ.get("SYMPHONY_COMPILE", "on").lower() in ("0", "false", "no", "off") else "on",
+        "compile_cache_dir": _env_path("SYMPHONY_COMPILE_CACHE", "var/compile-cache"),
         "kv_cache_gib": float(os.environ.get("SYMPHONY_KV_CACHE_GIB", "1")),
         # A string, so the CLI checks it as it checks --kv-pinned-fraction (a fraction in [0, 1]).
         "kv_pinned_fraction": os.environ.get("SYMPHONY_KV_PINNED_FRACTION") or "0.5",

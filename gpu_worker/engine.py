@@ -25,9 +25,11 @@ creating the next.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
+import shutil
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -58,6 +60,11 @@ class EngineConfig:
     #: Most tokens one sequence may hold; must be below the model's own limit (vLLM gets +1).
     max_model_len: int = 4096
     seed: int = 0
+    #: On CPU, let vLLM compile the model (its CPU default: one Dynamo trace, Inductor code);
+    #: False runs it eagerly. Ignored on a GPU, which runs vLLM's own default.
+    compile: bool = False
+    #: Where compiled code is cached across restarts (vLLM's and Inductor's caches).
+    compile_cache_dir: str | None = None
 
 
 def _configure_vllm_env(config: EngineConfig, on_cpu: bool) -> None:
@@ -68,6 +75,15 @@ def _configure_vllm_env(config: EngineConfig, on_cpu: bool) -> None:
     if on_cpu:
         # vLLM-CPU sizes its KV cache in whole GiB; an explicit num_pages overrides it.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(config.kv_cache_gib)))
+    if on_cpu and config.compile:
+        # vLLM 0.32 saves an AOT artifact of the CPU compile but cannot load it back ("'function'
+        # object has no attribute 'finalize_loading'": the CPU backend compiles with plain
+        # Inductor, not vLLM's backend), so every start compiled for minutes. Without AOT the
+        # model is traced again at each start and Inductor's own caches serve the compiled code.
+        os.environ.setdefault("VLLM_USE_AOT_COMPILE", "0")
+    if config.compile_cache_dir:
+        os.environ["VLLM_CACHE_ROOT"] = os.path.join(config.compile_cache_dir, "vllm")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(config.compile_cache_dir, "inductor")
 
 
 def set_cpu_threads_of_this_thread(n: int) -> None:
@@ -104,6 +120,14 @@ def cpu_threads(n: int) -> Iterator[None]:
         set_cpu_threads_of_this_thread(before)
 
 
+def _cxx_compiler() -> str | None:
+    """The C++ compiler Inductor would use on CPU (``CXX``, else ``g++`` / ``c++``), if any."""
+    for name in (os.environ.get("CXX"), "g++", "c++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
 @dataclass
 class _SeqState:
     """The runner request currently standing for a sequence, and what its KV holds."""
@@ -117,8 +141,12 @@ class Engine:
     """A vLLM model runner driven page-by-page by the caller (see module docstring)."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.config = config
         on_cpu = not torch.cuda.is_available()
+        if on_cpu and config.compile and not _cxx_compiler():
+            # Inductor's CPU code is C++: without a compiler the warm-up compile would fail.
+            log.warning("event=compile_unavailable why=no_cxx_compiler running=eager")
+            config = dataclasses.replace(config, compile=False)
+        self.config = config
         _configure_vllm_env(config, on_cpu)
 
         from vllm import LLM, SamplingParams
@@ -144,7 +172,7 @@ class Engine:
             max_model_len=config.max_model_len + 1,
             max_num_batched_tokens=config.max_num_batched_tokens,
             max_num_seqs=config.max_num_seqs,
-            enforce_eager=on_cpu,
+            enforce_eager=on_cpu and not config.compile,
             enable_prefix_caching=False,
             async_scheduling=False,
             **kwargs,
@@ -161,6 +189,8 @@ class Engine:
         self._step = 0
 
         self.device: str = "cpu" if on_cpu else str(self._runner.device)
+        #: Whether the model runs compiled (vLLM's torch.compile) rather than eagerly.
+        self.compiled: bool = not on_cpu or config.compile
         self.block_size: int = int(self._runner.cache_config.block_size)
         self.num_pages: int = int(self._runner.kv_cache_config.num_blocks)
         self.vocab_size: int = int(self._runner.model_config.get_vocab_size())
@@ -172,10 +202,12 @@ class Engine:
         self.page_shape: tuple[int, ...] = (len(self._caches), *self._caches[0].shape[1:])
         self.page_bytes: int = sum(c[0].numel() * c.element_size() for c in self._caches)
         log.info(
-            "event=engine_ready model=%s device=%s dtype=%s block_size=%d num_pages=%d page_bytes=%d vocab=%d",
+            "event=engine_ready model=%s device=%s dtype=%s compiled=%s block_size=%d num_pages=%d"
+            " page_bytes=%d vocab=%d",
             config.model_dir,
             self.device,
             self._runner.model_config.dtype,
+            self.compiled,
             self.block_size,
             self.num_pages,
             self.page_bytes,

@@ -26,6 +26,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.vllm]
 
 def _bench(tmp_path: Path, *args: str) -> None:
     env = {**os.environ, "SYMPHONY_BENCH_OUT": str(tmp_path), "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'sandbox'}"}
+    # Both sides eager: a compile per worker and baseline start would not fit the timeout.
+    env["SYMPHONY_COMPILE"] = "off"
     proc = subprocess.run(
         [sys.executable, "-m", "bench", *args, "--quick"],
         cwd=ROOT,

@@ -3,7 +3,9 @@
 One real vLLM engine (SmolLM2-135M-Instruct in float32) serves the whole module; every test
 compares its logits with transformers' full-sequence forward: chunked prefill, decode, a mixed
 batch, multi-row logits, a fork sharing pages with the partial last page copied, and a negative
-control that skips the copy and must disagree.
+control that skips the copy and must disagree. Every test runs on the eager model and (``slow``:
+a compile takes minutes on a fresh cache) on the model vLLM compiled, which the worker runs by
+default on CPU: the hand-built scheduler outputs must give the same logits through both.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 ATOL = 2e-3
 
 
-@pytest.fixture(scope="module")
-def engine(default_model_dir: Path) -> Iterator[Engine]:
+@pytest.fixture(
+    scope="module",
+    params=[pytest.param(False, id="eager"), pytest.param(True, id="compiled", marks=pytest.mark.slow)],
+)
+def engine(default_model_dir: Path, request: pytest.FixtureRequest) -> Iterator[Engine]:
     eng = Engine(
         EngineConfig(
             model_dir=str(default_model_dir),
@@ -34,6 +39,8 @@ def engine(default_model_dir: Path) -> Iterator[Engine]:
             max_model_len=1024,
             max_num_batched_tokens=1024,
             max_num_seqs=8,
+            compile=request.param,
+            compile_cache_dir=str(Path(__file__).resolve().parents[2] / "var" / "compile-cache"),
         )
     )
     try:

@@ -99,11 +99,14 @@ def start_worker(
     redis_url: str | None = None,
     extra_args: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    compile_model: bool = False,
 ) -> Iterator[RunningWorker]:
     """Run ``python -m gpu_worker`` on ``model_dir`` until the block exits; fail (not skip) if it
     does not become healthy. ``kv_store`` (default: a private temp dir) outlives the worker;
     ``extra_args`` are more worker flags (e.g. ``["--max-connections", "24"]``); ``env``: more
-    environment for the worker (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``)."""
+    environment for the worker (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``). The model runs eagerly
+    unless ``compile_model``: the suite starts workers many times, in configurations a compile
+    cache would each have to compile anew (gpu_worker/README.md, "Compiled forward")."""
     from gpu_worker.admin_client import AdminClient
 
     if not _redis_up():
@@ -116,6 +119,7 @@ def start_worker(
     cmd = [sys.executable, "-m", "gpu_worker", "--model", str(model_dir), "--dtype", dtype]
     cmd += ["--admin-socket", admin_socket, "--sessions-dir", sessions_dir, "--kv-store", kv_store]
     cmd += ["--num-pages", str(num_pages), "--max-model-len", "2048", "--name", name]
+    cmd += ["--compile", "on" if compile_model else "off"]
     cmd += ["--redis-url", redis_url or redis_db_url(0), *extra_args]
     worker_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
     with open(log_path, "wb") as log_fh:
