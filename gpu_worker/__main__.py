@@ -41,6 +41,14 @@ def _fraction(value: str) -> float:
     return share
 
 
+def _on_off(value: str) -> bool:
+    """An argparse type: ``on`` or ``off`` (as ``--trace`` and ``SYMPHONY_WORKER_TRACE`` take)."""
+    word = value.strip().lower()
+    if word not in ("on", "off"):
+        raise argparse.ArgumentTypeError("must be 'on' or 'off'")
+    return word == "on"
+
+
 def _count_or_off(minimum: int) -> Callable[[str], int | None]:
     """An argparse type: an integer >= ``minimum``, or ``off`` (``None``: no bound), as
     ``--contended-prefill-slack`` (tokens, >= 0) and ``--contended-seats`` (seats, >= 1) take."""
@@ -137,6 +145,13 @@ def _parser() -> argparse.ArgumentParser:
         default=env["kv_lazy_write_s"],
         help="seconds a closed durable=False KV file (a /v1/responses conversation's) keeps changes "
         "unwritten to the store; SYMPHONY_KV_LAZY_WRITE_S",
+    )
+    p.add_argument(
+        "--trace",
+        type=_on_off,
+        default=env["trace"],
+        help="per-run traces: 'off' records no span per call, and a run's trace says tracing was off"
+        " on this worker; SYMPHONY_WORKER_TRACE (default on)",
     )
     p.add_argument(
         "--dtype",
@@ -288,6 +303,7 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
         kv_account_reserve=args.kv_account_reserve,
         prefix_cache=args.prefix_cache,
         kv_lazy_write_s=args.kv_lazy_write_s,
+        trace=args.trace,
         redis_url=args.redis_url,
         stream_budget=StreamBudget(
             headroom_bytes=args.redis_headroom_bytes,

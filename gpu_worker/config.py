@@ -164,6 +164,9 @@ class WorkerConfig:
     #: Bytes of unread channel messages one tenant may have queued here, all its run trees
     #: together (gpu_worker/channels.py).
     channel_bytes_per_tenant: int = 16 * 1024 * 1024
+    #: Per-run traces (gpu_worker/tracing.py): off, sessions record no spans and their run's
+    #: trace says so (``--trace off``, ``SYMPHONY_WORKER_TRACE=off``).
+    trace: bool = True
     conn: ConnectionLimits = field(default_factory=ConnectionLimits)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
     grammar: GrammarConfig = field(default_factory=GrammarConfig)
@@ -197,4 +200,6 @@ def env_defaults() -> dict[str, object]:
         "prefix_cache": os.environ.get("SYMPHONY_PREFIX_CACHE", "1").lower() not in ("0", "false", "no", "off"),
         "kv_lazy_write_s": float(os.environ.get("SYMPHONY_KV_LAZY_WRITE_S") or WorkerConfig.kv_lazy_write_s),
         "redis_url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        # A string, so the CLI checks it as it checks --trace (on or off).
+        "trace": os.environ.get("SYMPHONY_WORKER_TRACE") or "on",
     }

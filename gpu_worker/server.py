@@ -105,6 +105,7 @@ class Worker:
             "host_pages": st.host_pages,
             "disk_pages": st.disk_pages,
             "sessions": len(self.sessions),
+            "trace": self.config.trace,
             "events_dropped": self.events.dropped,
             "metrics": self.scheduler.snapshot(),
         }
@@ -267,8 +268,16 @@ class Worker:
             raise ProtocolError(ErrorCode.NO_SPACE, "no free KV pages on this worker; retry later")
         sid = "s-" + secrets.token_hex(8)
         path = str(Path(self.config.sessions_dir) / f"{sid}.sock")
-        s = WorkerSession(sid, tenant, run_id, parsed, path, self.config.max_dists_per_session, tree=tree or "")
-        s.trace.context = trace
+        s = WorkerSession(
+            sid,
+            tenant,
+            run_id,
+            parsed,
+            path,
+            self.config.max_dists_per_session,
+            tree=tree or "",
+            trace=tracing.SessionTrace(self.config.trace, context=trace),
+        )
         await self.kv(partial(self.kvfs.set_session_limit, account=s.account, weight=parsed.weight), s.owner, cap)
         await self.kv(self.kvfs.set_tenant_quota, tenant, parsed.quota)
         s.server = await asyncio.start_unix_server(partial(self._serve, s), path=path, limit=READ_BUFFER_BYTES)
@@ -497,11 +506,14 @@ class Worker:
                     raise ProtocolError(ErrorCode.UNKNOWN_OP, f"unknown op {op[:64]!r}")
                 if s.ended:
                     raise ProtocolError(ErrorCode.TIMEOUT, "session ended")
-                began = time.monotonic()
-                try:
+                if not s.trace.enabled:
                     value = await handler(self.context, s, protocol.LIP_OPS[op].decode(args, self.vocab_size))
-                finally:
-                    s.trace.add(tracing.op_kind(op), op, began, time.monotonic())
+                else:
+                    began = time.monotonic()
+                    try:
+                        value = await handler(self.context, s, protocol.LIP_OPS[op].decode(args, self.vocab_size))
+                    finally:
+                        s.trace.add(tracing.op_kind(op), op, began, time.monotonic())
             reply = protocol.ok_reply(req_id, value)
         except asyncio.CancelledError:
             return

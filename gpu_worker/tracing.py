@@ -21,6 +21,12 @@ sessions or tenants those were: a trace is shown to the run's tenant.
 Times are ``time.monotonic()`` readings; :meth:`SessionTrace.to_wire` turns them into seconds
 since the session's creation and gives the wall clock of that moment (``started_at``), so the
 control plane places them next to its own spans.
+
+Off switch: a worker started with ``--trace off`` (``SYMPHONY_WORKER_TRACE=off``) gives its
+sessions a trace with ``enabled=False``. Callers on the per-call path test ``enabled`` before
+they gather a span's values, so an untraced call costs one attribute read; :meth:`add` ignores
+what still reaches it, and the wire trace says ``enabled: false`` (no spans), which the
+control plane shows as "tracing was off on this worker" next to its own marks.
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ class WireTrace(TypedDict):
     spans: list[WireSpan]
     buckets: list[WireBucket]
     dropped: int
+    #: False: the worker ran with tracing off and recorded no spans (only the session's bounds).
+    enabled: bool
 
 
 def op_kind(op: str) -> str:
@@ -95,9 +103,11 @@ class SessionTrace:
     moves back to the device), hence the lock; it is never contended on the per-token path long
     enough to matter (a list append or a few additions)."""
 
-    __slots__ = ("_buckets", "_lock", "_spans", "_swapped_bytes", "context", "dropped", "t0", "wall0")
+    __slots__ = ("_buckets", "_lock", "_spans", "_swapped_bytes", "context", "dropped", "enabled", "t0", "wall0")
 
-    def __init__(self, context: TraceContext | None = None) -> None:
+    def __init__(self, enabled: bool = True, context: TraceContext | None = None) -> None:
+        #: Spans are recorded; per-call callers test it before building a span's values.
+        self.enabled = enabled
         #: The run's W3C trace context (``CreateSession.trace``): the forwards the session rides
         #: link to it when the worker exports its engine spans (gpu_worker/engine_otel.py).
         self.context = context
@@ -115,6 +125,8 @@ class SessionTrace:
     ) -> None:
         """One span from ``start`` to ``end`` (monotonic). ``queue_wait`` and ``tokens`` are kept
         in buckets too; other ``attrs`` only while spans are kept one by one."""
+        if not self.enabled:
+            return
         with self._lock:
             if len(self._spans) < MAX_SPANS:
                 if queue_wait:
@@ -138,11 +150,15 @@ class SessionTrace:
 
     def kv_out(self, start: float, end: float, nbytes: int, src: str = "device", dst: str = "host") -> None:
         """The session's KV left ``src`` for ``dst`` (a swap while it waits on I/O)."""
+        if not self.enabled:
+            return
         self._swapped_bytes += nbytes
         self.add(KV_MOVE, f"{src}->{dst}", start, end, bytes=nbytes)
 
     def kv_back(self, start: float, end: float, src: str = "host", dst: str = "device") -> None:
         """What :meth:`kv_out` moved came back (its bytes, as they left)."""
+        if not self.enabled:
+            return
         nbytes, self._swapped_bytes = self._swapped_bytes, 0
         self.add(KV_MOVE, f"{src}->{dst}", start, end, bytes=nbytes)
 
@@ -174,4 +190,5 @@ class SessionTrace:
             "spans": spans,
             "buckets": buckets,
             "dropped": dropped,
+            "enabled": self.enabled,
         }

@@ -35,6 +35,12 @@ class RunTraceSerializer(serializers.Serializer):
     status = serializers.CharField()
     created_at = serializers.DateTimeField()
     complete = serializers.BooleanField(help_text="false until the run's executor recorded its spans (at its end)")
+    worker_tracing = serializers.ChoiceField(
+        choices=("on", "off"),
+        allow_null=True,
+        help_text="`off`: the worker ran with tracing off (`--trace off`): no worker spans, only the control"
+        " plane's marks and the session's bounds; null until the worker's part is recorded",
+    )
     spans_kept = serializers.IntegerField(help_text="worker spans kept one by one; later ones are per-second buckets")
     dropped = serializers.IntegerField(help_text="worker spans past the bucket bound, only counted")
     children_left_out = serializers.IntegerField()

@@ -7,6 +7,10 @@ worker's spans of the session (``gpu_worker/tracing.py``: syscalls with their qu
 forward share, I/O and channel waits, KV moves), clipped to the worker's bounds again here so a
 stored trace stays bounded whatever sent it.
 
+A worker started with ``--trace off`` sends its session's bounds and ``enabled: false``, no
+spans: the tree then says ``worker_tracing: "off"`` (and so does the session's span), and shows
+the control plane's own marks as ever.
+
 Built at read time (:func:`trace_tree`): the run's own times (created, started, finished), the
 routing decision (its worker), its children and its usage come from its rows, so nothing is
 stored twice. Every span is the run's own or its children's; of the calls a ``pred`` shared a
@@ -94,6 +98,8 @@ def _clip_worker(trace: Any) -> dict[str, Any]:
     return {
         "started_at": trace["started_at"],
         "duration_s": _number(trace.get("duration_s")) or 0.0,
+        # A worker of before the switch sends no ``enabled``: it traced.
+        "enabled": trace.get("enabled") is not False,
         "spans": spans,
         "buckets": buckets,
         "dropped": int(_number(trace.get("dropped")) or 0),
@@ -172,7 +178,10 @@ def _add_executor(tree: _Tree, parent: int, marks: dict[str, Any], worker_trace:
             tree.add("sandbox.run", SANDBOX, ready, ready + marks.get("sandbox_run_s", 0.0), execute)
     if worker_trace:
         wall0 = worker_trace["started_at"]
-        session = tree.add("worker.session", WORKER, wall0, wall0 + worker_trace["duration_s"], execute)
+        on = worker_trace.get("enabled", True)
+        session = tree.add(
+            "worker.session", WORKER, wall0, wall0 + worker_trace["duration_s"], execute, tracing=_tracing(on)
+        )
         for span in worker_trace["spans"]:
             tree.add(
                 span["name"], span["kind"], wall0 + span["start_s"], wall0 + span["end_s"], session, **span["attrs"]
@@ -192,6 +201,12 @@ def _add_executor(tree: _Tree, parent: int, marks: dict[str, Any], worker_trace:
             )
     if ended:
         tree.add("session.end", CONTROL, ended[0], ended[1], execute)
+
+
+def _tracing(enabled: bool | None) -> str | None:
+    """What a tree says of the worker's tracing: ``on``, ``off``, or ``None`` (no worker trace:
+    the run has not ended, or ran in-process)."""
+    return None if enabled is None else ("on" if enabled else "off")
 
 
 def trace_tree(run: Run) -> dict[str, Any]:
@@ -220,6 +235,7 @@ def trace_tree(run: Run) -> dict[str, Any]:
         "status": run.status,
         "created_at": run.created_at.isoformat(),
         "complete": bool(stored),
+        "worker_tracing": _tracing(worker_trace.get("enabled", True) if worker_trace else None),
         "spans_kept": MAX_SPANS,
         "dropped": int(worker_trace.get("dropped", 0)),
         "children_left_out": max(0, children.count() - MAX_CHILD_SPANS),

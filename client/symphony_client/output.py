@@ -119,6 +119,8 @@ def trace_summary(trace: Mapping[str, Any], top: int = 5) -> str:
     lines = [f"run {trace.get('run')} {trace.get('status')}: {total:.3f}s"]
     if not trace.get("complete"):
         lines.append("(no spans from its execution yet: they are recorded when the run ends)")
+    elif trace.get("worker_tracing") == "off":
+        lines.append("(tracing was off on its worker: no per-call spans, only the control plane's marks)")
     by_kind: dict[str, tuple[float, int]] = {}
     leaves = [s for s in spans if s.get("kind") not in TRACE_CONTAINERS and s.get("name") not in TRACE_CONTAINER_NAMES]
     for span in leaves:

@@ -91,6 +91,8 @@ class RunTrace(TypedDict):
     created_at: str
     #: False until the run's executor recorded its spans (when the run ended).
     complete: bool
+    #: "off": the worker ran with ``--trace off`` (no per-call spans); None until recorded.
+    worker_tracing: str | None
     spans_kept: int
     dropped: int
     children_left_out: int

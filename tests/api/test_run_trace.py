@@ -35,7 +35,7 @@ def _worker_trace(started_at: float) -> dict:
     }
 
 
-def _finished_with_trace(tenant, program):
+def _finished_with_trace(tenant, program, worker_trace=None):
     run, _ = create_run(tenant, program, None, {}, {})
     start_run(str(run.pk), "w1")
     run.refresh_from_db()
@@ -48,7 +48,7 @@ def _finished_with_trace(tenant, program):
         warm=True,
         session_ended=(t + 1.2, t + 1.25),
     )
-    trace = run_traces.recorded(marks, _worker_trace(t + 0.015))
+    trace = run_traces.recorded(marks, worker_trace(t + 0.015) if worker_trace else _worker_trace(t + 0.015))
     finish_run(str(run.pk), RunOutcome(status="succeeded", usage={"decode_tokens": 12}, trace=trace))
     return run
 
@@ -57,6 +57,7 @@ def test_the_trace_is_one_tree_of_the_runs_spans_and_the_workers(api_tenant_a, p
     run = _finished_with_trace(api_tenant_a.tenant, program)
     body = api_tenant_a.key_client().get(f"/api/v1/runs/{run.pk}/trace").json()
     assert body["complete"] and body["status"] == "succeeded" and body["dropped"] == 3
+    assert body["worker_tracing"] == "on"
     spans = {s["name"] if s["name"] != "pred" else f"pred{s['attrs'].get('count', '')}": s for s in body["spans"]}
     ids = {s["id"]: s for s in body["spans"]}
     assert spans["run"]["parent"] is None
@@ -71,6 +72,35 @@ def test_the_trace_is_one_tree_of_the_runs_spans_and_the_workers(api_tenant_a, p
     bucket = spans["pred7"]
     assert bucket["attrs"]["aggregated"] and bucket["duration_s"] == 0.05
     assert spans["end"]["attrs"]["decode_tokens"] == 12 and spans["end"]["attrs"]["status"] == "succeeded"
+
+
+def test_a_worker_with_tracing_off_leaves_the_control_planes_marks_and_says_so(api_tenant_a, program):
+    """What a worker started with ``--trace off`` sends: the session's bounds, no spans."""
+
+    def off(started_at: float) -> dict:
+        return {"started_at": started_at, "duration_s": 1.0, "spans": [], "buckets": [], "dropped": 0}
+
+    run = _finished_with_trace(api_tenant_a.tenant, program, lambda t: off(t) | {"enabled": False})
+    response = api_tenant_a.key_client().get(f"/api/v1/runs/{run.pk}/trace")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["complete"] and body["worker_tracing"] == "off"
+    by_name = {s["name"]: s for s in body["spans"]}
+    assert {"run", "queued", "execute", "session.create", "sandbox.start", "sandbox.run", "end"} <= set(by_name)
+    assert by_name["worker.session"]["attrs"] == {"tracing": "off"}
+    assert not [s for s in body["spans"] if s["kind"] in ("syscall", "io", "wait", "kv_move")]
+
+    from symphony_client.output import trace_summary
+
+    assert "tracing was off on its worker" in trace_summary(body)
+    # A worker of before the switch sent no ``enabled``: it traced.
+    earlier = _finished_with_trace(api_tenant_a.tenant, program, off)
+    assert api_tenant_a.key_client().get(f"/api/v1/runs/{earlier.pk}/trace").json()["worker_tracing"] == "on"
+
+
+def test_a_queued_runs_worker_tracing_is_not_known_yet(api_tenant_a, program):
+    run, _ = create_run(api_tenant_a.tenant, program, None, {}, {})
+    assert api_tenant_a.key_client().get(f"/api/v1/runs/{run.pk}/trace").json()["worker_tracing"] is None
 
 
 def test_the_chrome_format_has_complete_and_async_events(api_tenant_a, program):

@@ -1210,6 +1210,8 @@ export interface components {
             /** @description the link was also queued to be mailed to the invitee (false: pass it on yourself) */
             readonly emailed: boolean;
         };
+        /** @enum {unknown} */
+        NullEnum: null;
         PaginatedApiKeyList: {
             /** @example 123 */
             count: number;
@@ -1466,6 +1468,13 @@ export interface components {
             created_at: string;
             /** @description false until the run's executor recorded its spans (at its end) */
             complete: boolean;
+            /**
+             * @description `off`: the worker ran with tracing off (`--trace off`): no worker spans, only the control plane's marks and the session's bounds; null until the worker's part is recorded
+             *
+             *     * `on` - on
+             *     * `off` - off
+             */
+            worker_tracing: (components["schemas"]["WorkerTracingEnum"] | components["schemas"]["NullEnum"]) | null;
             /** @description worker spans kept one by one; later ones are per-second buckets */
             spans_kept: number;
             /** @description worker spans past the bucket bound, only counted */
@@ -1550,6 +1559,12 @@ export interface components {
         VerifyEmail: {
             token: string;
         };
+        /**
+         * @description * `on` - on
+         *     * `off` - off
+         * @enum {string}
+         */
+        WorkerTracingEnum: "on" | "off";
     };
     responses: never;
     parameters: never;

@@ -5,7 +5,7 @@ import { mockApi } from "../test/mockApi";
 import { TraceWaterfall, Waterfall } from "./TraceWaterfall";
 
 const RUN = "5f0c2b8e-0000-4000-8000-000000000001";
-const TRACE = { run: RUN, status: "succeeded", created_at: "2026-01-01T00:00:00Z", complete: true, spans_kept: 200, dropped: 0, children_left_out: 0, spans: SPANS };
+const TRACE = { run: RUN, status: "succeeded", created_at: "2026-01-01T00:00:00Z", complete: true, worker_tracing: "on" as const, spans_kept: 200, dropped: 0, children_left_out: 0, spans: SPANS };
 
 afterEach(() => vi.unstubAllGlobals());
 
@@ -51,6 +51,15 @@ describe("TraceWaterfall", () => {
     await screen.findByRole("list", { name: /Spans of the run/ });
     const link = screen.getByRole("link", { name: "Download trace (Chrome format)" });
     expect(link.getAttribute("href")).toBe(`/api/v1/runs/${RUN}/trace?format=chrome`);
+    expect(screen.queryByTestId("trace-off")).toBeNull();
+  });
+  it("says tracing was off on the worker, and still draws the control plane's marks", async () => {
+    const marks = SPANS.filter((s) => !["syscall", "io"].includes(s.kind));
+    mockApi({ [`GET /api/v1/runs/${RUN}/trace`]: { ...TRACE, worker_tracing: "off", spans: marks } });
+    render(<TraceWaterfall runId={RUN} finished />);
+    const list = await screen.findByRole("list", { name: /Spans of the run/ });
+    expect(within(list).getAllByRole("listitem")).toHaveLength(marks.length);
+    expect(screen.getByTestId("trace-off").textContent).toContain("Tracing was off on this run's worker");
   });
   it("says so when the run has no recorded trace", async () => {
     vi.useFakeTimers({ shouldAdvanceTime: true });

@@ -163,6 +163,11 @@ export function TraceWaterfall({ runId, finished }: { runId: string; finished: b
         )}
       </div>
       {body}
+      {trace?.complete && trace.worker_tracing === "off" && (
+        <p className="muted small" data-testid="trace-off">
+          Tracing was off on this run's worker: no per-call spans, only the control plane's marks.
+        </p>
+      )}
       {trace?.complete && (trace.dropped > 0 || trace.children_left_out > 0) && (
         <p className="muted small">
           {trace.dropped > 0 && `${trace.dropped} worker spans past the bound were only counted. `}
