@@ -157,12 +157,15 @@ class PredCall:
     reserved: int = 0
     #: For the run's trace (gpu_worker/tracing.py), written by the engine thread: the forwards
     #: the call rode in, their summed time, the call's share of it (its tokens over the
-    #: forward's), the widest forward (calls in it) and the tokens of all of them.
+    #: forward's), the widest forward (calls in it), the tokens of all of them and of them the
+    #: call's own (``batch_tokens - own_tokens`` are other calls' tokens it waited for: another
+    #: tenant's long prefill shows as a ``pred`` whose batches were mostly not its own).
     forwards: int = 0
     forward_s: float = 0.0
     forward_share_s: float = 0.0
     batch_size: int = 0
     batch_tokens: int = 0
+    own_tokens: int = 0
 
     @property
     def remaining(self) -> int:
@@ -1156,9 +1159,11 @@ class Scheduler:
         for call, _, plan in plans:  # the trace's view of the forward: counts, never who else rode
             call.forwards += 1
             call.forward_s += elapsed
-            call.forward_share_s += elapsed * len(plan.run_token_ids) / max(used, 1)
+            own = len(plan.run_token_ids)
+            call.forward_share_s += elapsed * own / max(used, 1)
             call.batch_size = max(call.batch_size, len(items))
             call.batch_tokens += used
+            call.own_tokens += own
         self._record_forward(plans, wall0, elapsed)
         widths = collections.Counter(c.session.session_id for c, _, _ in plans)
         sessions = set(widths)

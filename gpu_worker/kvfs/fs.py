@@ -49,7 +49,7 @@ from gpu_worker.kvfs.prefix_cache import PrefixCache
 from gpu_worker.kvfs.quota import TenantQuota
 from gpu_worker.kvfs.stats import KVFileInfo, KVStats
 from gpu_worker.kvfs.store import KVStore
-from gpu_worker.kvfs.tiers import PageIO, Tiers
+from gpu_worker.kvfs.tiers import PageIO, TierMove, Tiers
 from gpu_worker.kvfs.writeback import Flush, WriteBack
 
 log = logging.getLogger(__name__)
@@ -230,11 +230,12 @@ class KVFS:
         return hid
 
     @_locked
-    def open(self, owner: Owner, name: str, mode: str = "r") -> int:
+    def open(self, owner: Owner, name: str, mode: str = "r", moves: list[TierMove] | None = None) -> int:
         """Open a named file of the owner's tenant, reloading it from host or disk.
 
         ``"w"`` gives the exclusive writer handle to the file itself; ``"r"`` gives a private
-        copy-on-write fork, so a reader's appends never change the stored file.
+        copy-on-write fork, so a reader's appends never change the stored file. ``moves``,
+        when given, gets what the open brought back to the device (for the session's trace).
         """
         if mode not in ("r", "w"):
             raise InvalidArgument("mode must be 'r' or 'w'")
@@ -250,7 +251,7 @@ class KVFS:
                     self.coherence.release(KVFile(tenant=owner.tenant, name=name))
                     raise NotFound(f"no KV file named {name!r}")
                 file = reloaded
-        self._ensure_device(file)
+        self.placement.ensure_device(file, moves)
         file.touch()
         if mode == "w":
             hid = self._new_handle(owner, file)

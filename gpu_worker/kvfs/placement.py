@@ -21,7 +21,7 @@ from gpu_worker.kvfs.errors import PoolFull
 from gpu_worker.kvfs.files import DEVICE, HOST, KVFile, Owner
 from gpu_worker.kvfs.pages import PageAllocator
 from gpu_worker.kvfs.prefix_cache import PrefixCache
-from gpu_worker.kvfs.tiers import Tiers
+from gpu_worker.kvfs.tiers import TierMove, Tiers
 
 
 def host_pages_of(file: KVFile) -> int:
@@ -185,14 +185,15 @@ class Placement:
         first = [f for f in files if self.accounts.of(f.tenant) in over]
         return first + [f for f in files if self.accounts.of(f.tenant) not in over]
 
-    def ensure_device(self, file: KVFile) -> None:
+    def ensure_device(self, file: KVFile, moves: list[TierMove] | None = None) -> None:
         """Bring a spilled file back onto device pages. Its first full pages that the tenant's
         prefix cache holds (a system prompt every conversation starts with) are mapped, not
         copied: a reloaded conversation shares them again as it did before it left, so it takes
         only its own pages of the device and of the copy. (Reloaded onto fresh pages, 48
         conversations over one 600-token system prompt each came back with a private copy of
         its four pages: the device held half as many of them, and every reload copied twice
-        the bytes.) The fresh pages are indexed as a new file's would be."""
+        the bytes.) The fresh pages are indexed as a new file's would be. ``moves``: see
+        ``Tiers.reload``."""
         if file.residency == DEVICE:
             return
         lead = self.prefix_cache.cached_lead(file)
@@ -201,7 +202,7 @@ class Placement:
         except BaseException:
             self.alloc.decref(lead)
             raise
-        self.tiers.reload(file, lead)
+        self.tiers.reload(file, lead, moves)
         file.registered = len(lead)
         self.prefix_cache.register_full_pages(file)
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -30,6 +32,24 @@ from gpu_worker.kvfs.pages import PageAllocator
 from gpu_worker.kvfs.store import KVStore
 
 log = logging.getLogger(__name__)
+
+
+#: The tier a reload read from the store is named so in a run's trace (``disk`` is the
+#: residency; the bytes come from the KV store, a directory or an object store).
+STORE = "store"
+
+
+@dataclass(frozen=True)
+class TierMove:
+    """One file's KV brought back to the device, for the trace of the session that asked
+    (``KVFS.open(moves=...)``): from ``host`` or ``store``, its bytes (the blob read from the
+    store, or the host tensor copied), ``time.monotonic()`` bounds."""
+
+    src: str
+    nbytes: int
+    start: float
+    end: float
+    dst: str = DEVICE
 
 
 class PageIO(Protocol):
@@ -178,24 +198,35 @@ class Tiers:
         file.residency = DISK
         log.info("event=kv_spill tier=disk file=%s pages=%d", file.path, n)
 
-    def reload(self, file: KVFile, lead: Sequence[int] = ()) -> None:
+    def reload(self, file: KVFile, lead: Sequence[int] = (), moves: list[TierMove] | None = None) -> None:
         """Bring a spilled file back onto device pages (caller checked the budget): ``lead``
         are pages already holding its first pages' KV (the prefix cache's, referenced for the
         file by the caller), the rest are fresh pages written from the spilled copy. A host
-        tensor stays as the file's clean copy (see the module docstring)."""
+        tensor stays as the file's clean copy (see the module docstring). ``moves``, when
+        given, gets a :class:`TierMove` of what was read and copied."""
         if file.residency == DEVICE:
             return
+        began = time.monotonic()
         n = file.spilled_pages
         if len(lead) > n:
             raise ValueError(f"{len(lead)} lead pages for a file of {n}")
         if file.residency == HOST:
             data = file.host_data
+            src = HOST
+            nbytes = 0
         else:
-            data = decode_data(self.store.get(store_key(file.tenant, file.name or "")))
+            blob = self.store.get(store_key(file.tenant, file.name or ""))
+            data = decode_data(blob)
+            src, nbytes = STORE, len(blob)
         fresh = self.alloc.alloc(file.tenant, n - len(lead))
         if fresh:
             assert data is not None and data.shape[0] == n
-            self.page_io.write_pages(fresh, data[len(lead) :])
+            copied = data[len(lead) :]
+            self.page_io.write_pages(fresh, copied)
+            if src == HOST:
+                nbytes = copied.numel() * copied.element_size()
+        if moves is not None:
+            moves.append(TierMove(src, nbytes, began, time.monotonic()))
         file.pages = [*lead, *fresh]
         if file.residency == HOST and file.host_data is not None:
             self.clean_pages += n

@@ -5,7 +5,8 @@ or, for named files, to its tenant; a name ``run/<name>`` is the run tree's own 
 from __future__ import annotations
 
 from gpu_worker import protocol as p
-from gpu_worker import run_files
+from gpu_worker import run_files, tracing
+from gpu_worker.kvfs.tiers import TierMove
 from gpu_worker.ops.context import OpContext
 from gpu_worker.ops.registry import lip_op
 from gpu_worker.sessions import WorkerSession
@@ -19,7 +20,14 @@ async def kv_create(ctx: OpContext, s: WorkerSession, args: p.KvCreate) -> p.KvR
 
 @lip_op(p.KvOpen)
 async def kv_open(ctx: OpContext, s: WorkerSession, args: p.KvOpen) -> p.KvRef:
-    handle = await ctx.kv(ctx.kvfs.open, s.owner, run_files.stored_name(s.tree, args.name), args.mode)
+    # What the open brought back to the device (from the host tier or the store) is a KV move
+    # of the run's trace: a slow open is then told apart from a slow lookup.
+    moves: list[TierMove] | None = [] if s.trace.enabled else None
+    handle = await ctx.kv(ctx.kvfs.open, s.owner, run_files.stored_name(s.tree, args.name), args.mode, moves)
+    for move in moves or ():
+        s.trace.add(
+            tracing.KV_MOVE, f"{move.src}->{move.dst}", move.start, move.end, bytes=move.nbytes, file=args.name[:64]
+        )
     s.usage.cached_tokens += await ctx.kv(ctx.kvfs.length, s.owner, handle)
     return p.KvRef(kv=handle)
 

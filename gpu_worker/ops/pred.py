@@ -128,7 +128,10 @@ def release(s: WorkerSession, call: PredCall) -> None:
 
 def trace_call(s: WorkerSession, call: PredCall) -> None:
     """The call's span in the run's trace: from its arrival to its end, the time it queued
-    before its first forward and what the forwards it rode in were (counts only)."""
+    before its first forward and what the forwards it rode in were (counts only: of their
+    ``batch_tokens``, ``own_tokens`` were the call's, the rest other calls')."""
+    if not s.trace.enabled:
+        return
     end = time.monotonic()
     wait = (call.started if call.started is not None else end) - call.enqueued
     if call.forwards == 0:
@@ -147,6 +150,7 @@ def trace_call(s: WorkerSession, call: PredCall) -> None:
         forward_share_s=round(call.forward_share_s, 6),
         batch_size=call.batch_size,
         batch_tokens=call.batch_tokens,
+        own_tokens=call.own_tokens,
     )
 
 

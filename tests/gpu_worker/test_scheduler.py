@@ -489,7 +489,7 @@ def test_one_forward_serves_calls_of_several_sessions_and_tenants(sched) -> None
     # What each call's trace span says of the forward it rode in: counts of the whole batch,
     # and its own share of the forward's time (2 of its 8 tokens).
     for call in calls:
-        assert (call.forwards, call.batch_size, call.batch_tokens) == (1, 4, 8)
+        assert (call.forwards, call.batch_size, call.batch_tokens, call.own_tokens) == (1, 4, 8, 2)
         assert call.forward_s > 0 and abs(call.forward_share_s - call.forward_s / 4) < 1e-9
     assert {item.seq_id for item in engine.batches[0].items} == {
         fs._handles.get(s.owner, h).file.seq_id for s, h in zip(sessions, handles, strict=True)

@@ -48,6 +48,27 @@ def test_spill_to_host_then_disk_and_reload_is_byte_identical(tmp_path):
     fs.check()
 
 
+def test_an_open_reports_what_it_brought_back_from_the_host_and_the_store(tmp_path):
+    """For the run's trace: an open that reloads says from which tier and how many bytes; an
+    open of a device-resident file moves nothing."""
+    fs, io = make_fs(tmp_path, host_pages=2)
+    _named(fs, io, A, "doc", list(range(1, 7)))  # 2 pages
+    moves: list = []
+    fs.close(A, fs.open(A, "doc", "r", moves))
+    assert moves == []
+    fs._spill(fs._named[("acme", "doc")])
+    fs.close(A, fs.open(A, "doc", "r", moves))
+    page_bytes = io.read_pages([1]).numel() * io.read_pages([1]).element_size()
+    (host,) = moves
+    assert (host.src, host.dst, host.nbytes) == ("host", "device", 2 * page_bytes) and host.end >= host.start
+    fs.evict("acme", "doc")
+    moves.clear()
+    fs.close(A, fs.open(A, "doc", "w", moves))
+    blob = (tmp_path / "kvstore" / "acme" / "doc.safetensors").read_bytes()
+    assert [(m.src, m.dst, m.nbytes) for m in moves] == [("store", "device", len(blob))]
+    fs.check()
+
+
 def test_lru_eviction_under_pressure_skips_pinned_and_open_files(tmp_path):
     fs, io = make_fs(tmp_path, num_pages=7, host_pages=1)  # 6 usable pages
     _named(fs, io, A, "old", [1, 2, 3, 4])  # 1 page each
