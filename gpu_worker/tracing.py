@@ -89,6 +89,12 @@ class WireTrace(TypedDict):
     enabled: bool
 
 
+def _rounded(attrs: dict[str, Any]) -> dict[str, Any]:
+    """A span's attributes as they travel: seconds to the microsecond (rounded here, at the
+    session's end, rather than on the per-call path)."""
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in attrs.items()}
+
+
 def op_kind(op: str) -> str:
     """The kind of span a non-``pred`` op's time is."""
     if op in IO_OPS:
@@ -130,7 +136,7 @@ class SessionTrace:
         with self._lock:
             if len(self._spans) < MAX_SPANS:
                 if queue_wait:
-                    attrs["queue_wait_s"] = round(queue_wait, 6)
+                    attrs["queue_wait_s"] = queue_wait  # rounded by ``to_wire``, once
                 if tokens:
                     attrs["tokens"] = tokens
                 self._spans.append((kind, name, start, end, attrs))
@@ -147,6 +153,12 @@ class SessionTrace:
             bucket[2] += queue_wait
             bucket[3] += tokens
             bucket[4] = max(bucket[4], end)
+
+    @property
+    def keeps_spans(self) -> bool:
+        """Spans are still kept one by one: a caller gathers a span's attributes only then
+        (past the bound they would be thrown away)."""
+        return self.enabled and len(self._spans) < MAX_SPANS
 
     def kv_out(self, start: float, end: float, nbytes: int, src: str = "device", dst: str = "host") -> None:
         """The session's KV left ``src`` for ``dst`` (a swap while it waits on I/O)."""
@@ -167,7 +179,7 @@ class SessionTrace:
         t0 = self.t0
         with self._lock:
             spans: list[WireSpan] = [
-                {"kind": k, "name": n, "start_s": round(s - t0, 6), "end_s": round(e - t0, 6), "attrs": a}
+                {"kind": k, "name": n, "start_s": round(s - t0, 6), "end_s": round(e - t0, 6), "attrs": _rounded(a)}
                 for k, n, s, e, a in self._spans
             ]
             buckets: list[WireBucket] = [

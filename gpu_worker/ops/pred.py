@@ -130,24 +130,29 @@ def trace_call(s: WorkerSession, call: PredCall) -> None:
     """The call's span in the run's trace: from its arrival to its end, the time it queued
     before its first forward and what the forwards it rode in were (counts only: of their
     ``batch_tokens``, ``own_tokens`` were the call's, the rest other calls')."""
-    if not s.trace.enabled:
+    trace = s.trace
+    if not trace.enabled:
         return
     end = time.monotonic()
     wait = (call.started if call.started is not None else end) - call.enqueued
+    tokens = len(call.tokens) + max(0, len(call.chosen) - 1)
     if call.forwards == 0:
-        s.trace.add(tracing.SYSCALL, "pred", call.enqueued, end, wait, len(call.tokens), forwards=0)
+        trace.add(tracing.SYSCALL, "pred", call.enqueued, end, wait, len(call.tokens), forwards=0)
         return
-    s.trace.add(
+    if not trace.keeps_spans:  # past the bound: a bucket keeps no attributes, gather none
+        trace.add(tracing.SYSCALL, "pred", call.enqueued, end, wait, tokens)
+        return
+    trace.add(
         tracing.SYSCALL,
         "pred",
         call.enqueued,
         end,
         wait,
-        len(call.tokens) + max(0, len(call.chosen) - 1),
+        tokens,
         forwards=call.forwards,
         steps=len(call.chosen),
-        forward_s=round(call.forward_s, 6),
-        forward_share_s=round(call.forward_share_s, 6),
+        forward_s=call.forward_s,
+        forward_share_s=call.forward_share_s,
         batch_size=call.batch_size,
         batch_tokens=call.batch_tokens,
         own_tokens=call.own_tokens,
