@@ -15,10 +15,18 @@ session has a call queued" early-launch rule differently.
 
 Reported: seconds per decode step at batch 1, 8, 32; overhead % = (socket / in-process - 1);
 bytes of one ``pred`` reply frame on the wire.
+
+``--trace off`` starts the worker with per-run tracing off (``gpu_worker --trace off``);
+``--trace both`` starts a second worker with it off and adds, per batch size, the two workers'
+decode steps interleaved ("tracing on" as Symphony, "off" as the baseline): what the per-call
+spans cost (docs/ARCHITECTURE.md, "Traces"; target <= 1% of the pred round trip).
+``--batches 1,8`` measures fewer batch sizes.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import sys
 import threading
 import time
@@ -49,6 +57,39 @@ def reply_bytes() -> dict[str, int]:
         "pred_then_argmax": len(protocol.pack(protocol.ok_reply(req_id, {"tokens": [12_345]}))),
         "pred_dists": len(protocol.pack(protocol.ok_reply(req_id, {"dists": [2**40 + 17]}))),
         "dist_argmax": len(protocol.pack(protocol.ok_reply(req_id, 12_345))),
+    }
+
+
+def trace_call_cost_us(n: int = 20_000) -> dict[str, float]:
+    """Microseconds the worker spends per ``pred`` on its trace span (``ops.pred.trace_call``:
+    a clock read, the span's values, the append or the bucket's additions), timed in-process
+    with a real ``SessionTrace``: while spans are kept one by one (the first ``MAX_SPANS``),
+    past them (per-second buckets), and with tracing off. CPU time of this thread, not wall
+    time: on a shared host the wall clock also counts the time the thread waited for a core.
+    Set against a round trip in ms this is the share of it tracing costs."""
+    from types import SimpleNamespace
+
+    from gpu_worker.ops.pred import trace_call
+    from gpu_worker.scheduler import PredCall
+    from gpu_worker.tracing import MAX_SPANS, SessionTrace
+
+    def timed(trace: SessionTrace, calls: int) -> float:
+        session = SimpleNamespace(trace=trace)
+        call = PredCall(session, 1, (5,), (0,))  # type: ignore[arg-type]
+        call.started, call.forwards, call.forward_s, call.forward_share_s = call.enqueued, 1, 0.001, 0.0005
+        call.batch_size, call.batch_tokens, call.own_tokens, call.chosen = 8, 8, 1, [7]
+        t0 = time.thread_time()
+        for _ in range(calls):
+            trace_call(session, call)  # type: ignore[arg-type]
+        return 1e6 * (time.thread_time() - t0) / calls
+
+    kept = min(timed(SessionTrace(), MAX_SPANS) for _ in range(20))
+    full = SessionTrace()
+    timed(full, MAX_SPANS)
+    return {
+        "spans_kept_us": round(kept, 3),
+        "bucketed_us": round(timed(full, n), 3),
+        "off_us": round(timed(SessionTrace(enabled=False), n), 3),
     }
 
 
@@ -167,20 +208,48 @@ def worker_options(cfg: BenchConfig) -> WorkerOptions:
     return WorkerOptions(model=cfg.model, num_pages=32 * 2 + 8, dtype=cfg.dtype, max_model_len=1024)
 
 
+def _own_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """B3's own flags (``--trace``, ``--batches``); the rest are every benchmark's."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--trace", choices=("on", "off", "both"), default="on")
+    p.add_argument("--batches", default="1,8,32", help="batch sizes, comma-separated")
+    return p.parse_known_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = common_args(argv, __doc__ or NAME)
-    run(cfg, WorkerProcess(worker_options(cfg)), time.perf_counter())
+    own, rest = _own_args(argv)
+    cfg = common_args(rest, __doc__ or NAME)
+    opts = dataclasses.replace(worker_options(cfg), trace=own.trace != "off")
+    untraced = WorkerProcess(dataclasses.replace(opts, trace=False)) if own.trace == "both" else None
+    batches = [int(b) for b in own.batches.split(",")]
+    run(cfg, WorkerProcess(opts), time.perf_counter(), batches=batches, untraced=untraced)
     return 0
 
 
-def run(cfg: BenchConfig, worker: WorkerProcess, started: float) -> BenchResult:
+def run(
+    cfg: BenchConfig,
+    worker: WorkerProcess,
+    started: float,
+    batches: list[int] | None = None,
+    untraced: WorkerProcess | None = None,
+) -> BenchResult:
     """B3 against ``worker`` (already starting; closed here). Called by ``main`` and, in
-    ``--quick``, by B1's process after it closed its baseline (saves a process start-up)."""
-    batches = [1, 8, 32]
+    ``--quick``, by B1's process after it closed its baseline (saves a process start-up).
+    ``untraced``: a second worker with tracing off (also closed here), compared with ``worker``."""
+    batches = batches or [1, 8, 32]
     prompt_len = 32 if cfg.quick else 128
     steps = 8 if cfg.quick else 32
     reps = cfg.reps
-    result = BenchResult(NAME, config_dict(cfg, batches=batches, prompt_len=prompt_len, steps=steps))
+    result = BenchResult(
+        NAME,
+        config_dict(
+            cfg,
+            batches=batches,
+            prompt_len=prompt_len,
+            steps=steps,
+            trace="both" if untraced else ("on" if worker.opts.trace else "off"),
+        ),
+    )
     opts = worker.opts
     num_pages = opts.num_pages
     try:
@@ -199,10 +268,15 @@ def run(cfg: BenchConfig, worker: WorkerProcess, started: float) -> BenchResult:
         worker.wait_ready()
         eng_side = EngineSide(engine, prompt_len, steps)
         sock_side = SocketSide(worker, steps)
+        off_side = None
         prompts = [random_tokens(prompt_len, cfg.seed, 3, i) for i in range(max(batches))]
         # Warm both paths once (first forwards allocate, first connections import).
         eng_side.run(2, prompts)
         sock_side.run(2, prompts, one_session=False)
+        if untraced is not None:
+            untraced.wait_ready()
+            off_side = SocketSide(untraced, steps)
+            off_side.run(2, prompts, one_session=False)
         with worker.sample_pages():
             for b in batches:
                 cmp = Comparison(f"decode step, batch {b}", "ms", higher_is_better=False)
@@ -218,6 +292,18 @@ def run(cfg: BenchConfig, worker: WorkerProcess, started: float) -> BenchResult:
                 result.comparisons.append(cmp)
                 print("  " + cmp.line(), flush=True)
                 print("    " + sock_side.engine[str(b)].line(), flush=True)
+                if off_side is not None:
+                    cost = Comparison(f"decode step, batch {b}, tracing on vs off", "ms", higher_is_better=False)
+                    interleaved(
+                        reps,
+                        lambda b=b: 1000 * sock_side.run(b, prompts, one_session=False),
+                        lambda b=b, off=off_side: 1000 * off.run(b, prompts, one_session=False),
+                        cost,
+                    )
+                    cost.extra["tracing_cost_pct"] = 100 * (cost.ratio - 1)
+                    cost.extra["target"] = "tracing <= 1% of the pred round trip"
+                    result.comparisons.append(cost)
+                    print("  " + cost.line(), flush=True)
                 # One session may have only 16 preds in flight (SchedulerConfig), so the
                 # one-LIP-many-threads variant is measured at batch 8.
                 if b == 8 and not cfg.quick:
@@ -236,10 +322,13 @@ def run(cfg: BenchConfig, worker: WorkerProcess, started: float) -> BenchResult:
         result.sides = {"symphony": worker.resources(), "baseline": engine_resources(engine, opts.max_num_seqs)}
         result.memory = worker.memory()
         result.memory["pred_reply_bytes"] = reply_bytes()
+        result.memory["trace_call_us"] = trace_call_cost_us()
         result.memory["engine_stats"] = engine.stats()
         engine.close()
     finally:
         worker.close()
+        if untraced is not None:
+            untraced.close()
     result.wall_s = time.perf_counter() - started
     result.print()
     print(f"  wrote {result.write()}")

@@ -385,6 +385,9 @@ class WorkerOptions:
     #: Environment of this worker alone, over the benchmark's (B12 routing: its Redis database
     #: and forward threads), as ``(key, value)`` pairs.
     env: tuple[tuple[str, str], ...] = ()
+    #: Per-run traces (the worker's ``--trace``): B3 measures what they cost with a worker of
+    #: each (``--trace both``).
+    trace: bool = True
 
 
 def log_tail(path: Path, n: int = 4000) -> str:
@@ -459,6 +462,8 @@ class WorkerProcess:
             str(opts.max_batch_wait_ms),
             "--name",
             opts.name,
+            "--trace",
+            "on" if opts.trace else "off",
             "--log-level",
             "WARNING",
         ]

@@ -124,6 +124,8 @@ def _b2(row: Row, record: Record) -> Verdict:
 
 
 def _b3(row: Row, record: Record) -> Verdict:
+    if "tracing on vs off" in row["name"]:  # ``--trace both``: the two workers, not the engine
+        return Verdict("tracing ≤ 1% of the round trip", ratio(row) <= 1.01)
     batch = int(row["name"].split("batch ")[1].split(",")[0])
     if batch < 8:
         return Verdict("≤ 5% at batch ≥ 8", None, "batch < 8: no target")
