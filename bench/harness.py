@@ -143,11 +143,6 @@ def _doc_ranking(n_docs: int, alpha: float, seed: int) -> np.ndarray:
     return rng(seed, int(alpha * 1000), n_docs).permutation(n_docs)
 
 
-def hottest_docs(n_docs: int, k: int, alpha: float, seed: int) -> list[int]:
-    """The ``k`` most popular document ids under the same permutation as :func:`pareto_trace`."""
-    return [int(d) for d in _doc_ranking(n_docs, alpha, seed)[:k]]
-
-
 # ------------------------------------------------------------------------------ timing
 @dataclass
 class Sample:
@@ -388,6 +383,10 @@ class WorkerOptions:
     #: Per-run traces (the worker's ``--trace``): B3 measures what they cost with a worker of
     #: each (``--trace both``).
     trace: bool = True
+    #: The share of the device pool pinned files may hold (the worker's ``--kv-pinned-fraction``);
+    #: ``None`` keeps the worker's default. B1 pins most of its pool: one tenant, whose pin budget
+    #: is the workload's retention policy, sized beside the pages its requests in flight need.
+    kv_pinned_fraction: float | None = None
 
 
 def log_tail(path: Path, n: int = 4000) -> str:
@@ -460,6 +459,7 @@ class WorkerProcess:
             str(opts.kv_account_reserve),
             "--max-batch-wait-ms",
             str(opts.max_batch_wait_ms),
+            *(["--kv-pinned-fraction", str(opts.kv_pinned_fraction)] if opts.kv_pinned_fraction is not None else []),
             "--name",
             opts.name,
             "--trace",

@@ -1,11 +1,11 @@
-"""The B1 curve as a PNG: requests/s of both sides and their ratio against Pareto alpha.
+"""The B1 (v2) curve as a PNG: requests/s of both sides and their ratio against Pareto alpha.
 
-Source, in order: ``--json PATH``; ``bench/out/b1_rag_pareto.json`` when it is a full-mode run
+Source, in order: ``--json PATH``; ``bench/out/b1_rag_pareto_v2.json`` when it is a full-mode run
 (a ``--quick`` run's tiny random model says nothing, so it is never plotted); otherwise B1's
 record in ``bench/results/`` (its latest full-mode run, what ``bench/RESULTS.md`` shows). Each point
 is the median of the repetitions, the bars span min..max (the machines are noisy).
 
-``python -m bench.plot_b1 [--json PATH] [--out bench/plots/b1_rag_pareto.png]`` — needs
+``python -m bench.plot_b1 [--json PATH] [--out bench/plots/b1_rag_pareto_v2.png]`` — needs
 matplotlib (a dev dependency, not part of the service).
 """
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 from bench.harness import OUT_DIR, ROOT
 
-DEFAULT_OUT = ROOT / "bench" / "plots" / "b1_rag_pareto.png"
-RECORD = ROOT / "bench" / "results" / "b1_rag_pareto.json"
+DEFAULT_OUT = ROOT / "bench" / "plots" / "b1_rag_pareto_v2.png"
+RECORD = ROOT / "bench" / "results" / "b1_rag_pareto_v2.json"
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def from_json(path: Path) -> Curve:
 def load(json_path: Path | None) -> Curve:
     if json_path is not None:
         return from_json(json_path)
-    default = OUT_DIR / "b1_rag_pareto.json"
+    default = OUT_DIR / "b1_rag_pareto_v2.json"
     if default.exists() and not json.loads(default.read_text())["config"].get("quick"):
         return from_json(default)
     return from_json(RECORD)
@@ -74,15 +74,15 @@ def plot(curve: Curve, out: Path) -> Path:
     alphas = [p.alpha for p in curve.points]
     fig, (ax, rx) = plt.subplots(2, 1, figsize=(7, 6.5), sharex=True, height_ratios=[3, 2])
     for label, pick, color in (
-        ("Symphony (KV files, pinned hot set)", lambda p: p.symphony, "tab:blue"),
-        ("vLLM APC (same KV blocks)", lambda p: p.baseline, "tab:orange"),
+        ("Symphony (KV files, online pins)", lambda p: p.symphony, "tab:blue"),
+        ("vLLM APC (same KV bytes)", lambda p: p.baseline, "tab:orange"),
     ):
         med = [statistics.median(pick(p)) for p in curve.points]
         lo = [m - min(pick(p)) for m, p in zip(med, curve.points, strict=True)]
         hi = [max(pick(p)) - m for m, p in zip(med, curve.points, strict=True)]
         ax.errorbar(alphas, med, yerr=[lo, hi], marker="o", capsize=3, label=label, color=color)
     ax.set_ylabel("requests / s (median, min..max)")
-    ax.set_title("B1 RAG-Pareto", fontsize=11)
+    ax.set_title("B1 v2 RAG-Pareto", fontsize=11)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     rx.plot(alphas, [p.ratio for p in curve.points], marker="s", color="tab:green", label="Symphony / vLLM")

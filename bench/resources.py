@@ -141,18 +141,31 @@ def forward_process(pid: int, proc: Path = Path("/proc")) -> int:
     return best
 
 
-def kv_page_bytes(model_dir: str, dtype: str, block_size: int) -> int:
-    """Bytes of one KV page (keys and values of every layer for ``block_size`` tokens) of the
-    model in ``model_dir`` computed in ``dtype``: the same on both sides for the same model."""
+def kv_geometry(model_dir: str) -> tuple[int, int, int]:
+    """(layers, KV heads, head dim) of the model in ``model_dir``: what one token's KV holds."""
     config = json.loads((Path(model_dir) / "config.json").read_text())
     config = config.get("text_config", config)
     layers = int(config["num_hidden_layers"])
     heads = int(config.get("num_key_value_heads") or config["num_attention_heads"])
     head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // int(config["num_attention_heads"]))
+    return layers, heads, head_dim
+
+
+def dtype_bytes(model_dir: str, dtype: str) -> int:
+    """Bytes of one element in ``dtype`` (``auto``: the checkpoint's own dtype)."""
     key = dtype.removeprefix("torch.")
     if key == "auto":
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        config = config.get("text_config", config)
         key = str(config.get("torch_dtype") or config.get("dtype") or "float32")
-    return 2 * layers * heads * head_dim * block_size * DTYPE_BYTES[key]
+    return DTYPE_BYTES[key]
+
+
+def kv_page_bytes(model_dir: str, dtype: str, block_size: int) -> int:
+    """Bytes of one KV page (keys and values of every layer for ``block_size`` tokens) of the
+    model in ``model_dir`` computed in ``dtype``: the same on both sides for the same model."""
+    layers, heads, head_dim = kv_geometry(model_dir)
+    return 2 * layers * heads * head_dim * block_size * dtype_bytes(model_dir, dtype)
 
 
 def side(

@@ -69,11 +69,15 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
     assert set(summary["results"]) == {"b1", "b2", "b3"}
     for bench, rows in summary["results"].items():
         _assert_ratios(bench, rows)
-    b1 = json.loads((tmp_path / "b1_rag_pareto.json").read_text())
+    b1 = json.loads((tmp_path / "b1_rag_pareto_v2.json").read_text())
     assert any(c["name"].startswith("alpha") for c in b1["comparisons"])
     for c in b1["comparisons"]:
         assert len(c["symphony"]["values"]) >= 1 and len(c["baseline"]["values"]) >= 1
-    for output in ("b1_rag_pareto", "b2_completion", "b3_pred_overhead"):
+    cfg = b1["config"]  # the corpus exceeds the KV; the LIP pinned from what it had served
+    assert cfg["corpus_pages"] > cfg["device_pages"] + cfg["host_pages"]
+    for c in b1["comparisons"][1:]:
+        assert c["pin_changes"]["warmup"] >= 1 and 1 <= len(c["pinned_at_end"]) <= cfg["pin_docs"]
+    for output in ("b1_rag_pareto_v2", "b2_completion", "b3_pred_overhead"):
         _assert_equal_resources(output, json.loads((tmp_path / f"{output}.json").read_text()))
     b3 = json.loads((tmp_path / "b3_pred_overhead.json").read_text())
     assert b3["memory"]["pred_reply_bytes"]["pred_then_argmax"] > 0

@@ -12,7 +12,7 @@ from bench import plot_b1
 
 def _run(quick: bool) -> dict:
     return {
-        "name": "b1_rag_pareto",
+        "name": "b1_rag_pareto_v2",
         "started": "2026-11-25T00:10:00+0000",
         "config": {"docs": 200, "doc_tokens": 1024, "requests": 64, "in_flight": 8, "quick": quick},
         "comparisons": [
@@ -36,7 +36,7 @@ def _run(quick: bool) -> dict:
 
 
 def test_reads_the_alpha_rows_of_a_run(tmp_path: Path) -> None:
-    path = tmp_path / "b1_rag_pareto.json"
+    path = tmp_path / "b1_rag_pareto_v2.json"
     path.write_text(json.dumps(_run(quick=False)))
     curve = plot_b1.from_json(path)
     assert [p.alpha for p in curve.points] == [0.5, 3.0]
@@ -48,10 +48,10 @@ def test_reads_the_alpha_rows_of_a_run(tmp_path: Path) -> None:
 def test_a_quick_run_falls_back_to_the_committed_record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     out, records = tmp_path / "out", tmp_path / "results"
     out.mkdir(), records.mkdir()
-    (out / "b1_rag_pareto.json").write_text(json.dumps(_run(quick=True)))
-    (records / "b1_rag_pareto.json").write_text(json.dumps(_run(quick=False)))
+    (out / "b1_rag_pareto_v2.json").write_text(json.dumps(_run(quick=True)))
+    (records / "b1_rag_pareto_v2.json").write_text(json.dumps(_run(quick=False)))
     monkeypatch.setattr(plot_b1, "OUT_DIR", out)
-    monkeypatch.setattr(plot_b1, "RECORD", records / "b1_rag_pareto.json")
+    monkeypatch.setattr(plot_b1, "RECORD", records / "b1_rag_pareto_v2.json")
     curve = plot_b1.load(None)
-    assert curve.source.startswith("b1_rag_pareto.json")
+    assert curve.source.startswith("b1_rag_pareto_v2.json")
     assert [p.alpha for p in curve.points] == [0.5, 3.0]
