@@ -75,19 +75,19 @@ GIB = 1 << 30
 class Workload:
     """Sizes of one B1 v2 run (defaults: bench/README.md, "B1", why these sizes)."""
 
-    docs: int = 64
+    docs: int = 32
     doc_tokens: int = 1024
     question_tokens: int = 32
     out_tokens: int = 16
     #: Timed requests a repetition.
-    requests: int = 32
+    requests: int = 16
     #: Untimed requests served by both sides at the start of each alpha (the policy's first counts).
-    warmup_requests: int = 32
-    in_flight: int = 8
+    warmup_requests: int = 16
+    in_flight: int = 4
     #: The LIP's pin budget, in documents (device pages it may keep pinned).
-    pin_docs: int = 8
+    pin_docs: int = 4
     #: The worker's host tier, in documents' pages.
-    host_docs: int = 12
+    host_docs: int = 6
     alphas: tuple[float, ...] = (0.5, 1.0, 2.0, 3.0)
 
     def doc_pages(self, block_size: int) -> int:
