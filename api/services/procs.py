@@ -305,6 +305,8 @@ class ProcessBroker:
         self._stop.set()
         self._wake()
         self._thread.join(timeout=CHILD_JOIN_S)  # a spawn being served finishes first
+        if not self._thread.is_alive():
+            self._forget_wake()  # the thread may have ended on its own before the wake landed
         if not self._children:
             return
         try:
@@ -336,6 +338,10 @@ class ProcessBroker:
             pipe.execute()
         except redis.RedisError as exc:
             log.warning("proc_broker_wake_failed run=%s error=%s", self.run_id, exc)
+
+    def _forget_wake(self) -> None:
+        with contextlib.suppress(redis.RedisError):
+            redis_client.shared(settings.REDIS_URL).delete(self._wake_key())
 
     def _serve(self) -> None:
         client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=10, socket_connect_timeout=2)

@@ -445,7 +445,7 @@ def test_a_parent_waiting_on_a_channel_learns_its_children_ended(team, stack_wor
 
 
 def test_a_run_scoped_file_is_the_trees_and_a_cancelled_parent_leaves_none(
-    team, api_tenant_a, stack_worker, docker_client, settings
+    team, api_tenant_a, api_tenant_b, stack_worker, docker_client, settings
 ):
     """``run/ctx``: created by the parent, opened by its child, refused under its stored name;
     the parent is cancelled while it holds it, and nothing of it is left: not on the worker, not
@@ -479,13 +479,15 @@ def test_a_run_scoped_file_is_the_trees_and_a_cancelled_parent_leaves_none(
     assert not [p for p in Path(stack_worker.kv_store).rglob("*") if "runtree-" in p.name]
     kvfiles.sync(tenant)
     assert not mirrored.exists()
-    KVFile.objects.filter(tenant=tenant).delete()  # earlier tests' files: not this test's bill
 
     # A lost worker's mirror row of an ended tree is never billed as stored KV; a tenant's file is.
-    KVFile.objects.create(tenant=tenant, worker="lost", name=f"runtree-{run['id']}--ghost", bytes=1 << 30)
-    KVFile.objects.create(tenant=tenant, worker="lost", name="kept", bytes=1 << 30)
-    assert meter_kv_storage(now=(uuid.uuid4().int % 10**9) * 300.0) == 1
-    (billed,) = UsageRecord.objects.filter(tenant=tenant, kv_gib_hours__gt=0)
+    # The rows go to another tenant: the cancelled run's own end may still sync this tenant's
+    # mirror (earlier tests' files on the module's worker) while the meter runs.
+    ledger = api_tenant_b.tenant
+    KVFile.objects.create(tenant=ledger, worker="lost", name=f"runtree-{run['id']}--ghost", bytes=1 << 30)
+    KVFile.objects.create(tenant=ledger, worker="lost", name="kept", bytes=1 << 30)
+    assert meter_kv_storage(now=(uuid.uuid4().int % 10**9) * 300.0) >= 1
+    (billed,) = UsageRecord.objects.filter(tenant=ledger, kv_gib_hours__gt=0)
     assert billed.kv_gib_hours == pytest.approx(300 / 3600)  # one GiB for one period, not two
     _nothing_left(stack_worker, docker_client, [run["id"]])
 

@@ -235,10 +235,11 @@ def test_a_dead_executor_strands_no_queued_run(two_workers, api_tenant_a, settin
     print(f"executor death: queued runs moved {moved_s:.1f}s after the SIGKILL (bound {REROUTE_BOUND_S}s)")
 
 
-def test_simultaneous_runs_spread_over_both_workers(two_workers, api_tenant_a):
+def test_simultaneous_runs_spread_over_both_workers(two_workers, api_tenant_a, settings):
     """Six runs created at once by one tenant (which holds a pinned file on ``pair-b``, as the
     tenant-wide affinity pulled every run to it) go three and three: by free executor slots."""
-    from api.models import KVFile, Plan
+    from api.models import Plan, Program
+    from api.services import programs
     from api.services.runs import create_run
     from tests.conftest import at_once
 
@@ -248,8 +249,15 @@ def test_simultaneous_runs_spread_over_both_workers(two_workers, api_tenant_a):
     tenant.plan = "pro"
     tenant.save()
     prog = _quick_program(tenant)
-    KVFile.objects.create(tenant=tenant, worker=b.name, name="ctx", residency="device", pinned=True)
     wait_for(lambda: _routable({a.name, b.name}), timeout=60, message="both workers and executors to announce")
+    # The pinned file is real (written on pair-b): every sandboxed run's end re-syncs the mirror
+    # from its worker, which would drop a row the worker does not hold.
+    writer = Program.objects.create(tenant=tenant, name="named-writer")
+    programs.add_version(writer, "w.py", NAMED_WRITER)
+    settings.SYMPHONY_ROUTING, settings.SYMPHONY_WORKER_NAME = "static", b.name
+    wrote = _finished(str(create_run(tenant, writer, None, {"name": "ctx", "prompt": PROMPT[:32]}, {})[0].pk))
+    assert (wrote.status, wrote.worker) == ("succeeded", b.name), (wrote.error, wrote.stderr)
+    settings.SYMPHONY_ROUTING, settings.SYMPHONY_WORKER_NAME = "heartbeat", a.name
 
     def submit() -> str:
         return str(create_run(tenant, prog, None, {"sleep": 1}, {"deadline_s": 60})[0].pk)
