@@ -3,6 +3,9 @@ trace-event format (``?format=chrome``). A run of another tenant is a 404, as fo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.exceptions import ValidationError
@@ -34,17 +37,33 @@ class TraceFormatNegotiation(DefaultContentNegotiation):
         return super().select_renderer(request, renderers, format_suffix)
 
 
-class RunTraceView(APIView):
-    permission_classes = [IsTenantMember]
-    required_scope = "runs"
+#: The ``?format=`` query parameter of every view that answers in both trace formats.
+FORMAT_PARAMETER = OpenApiParameter("format", str, enum=list(TRACE_FORMATS), description="`json` (default) or `chrome`")
+
+
+class TraceFormatView(APIView):
+    """A view that answers JSON, or with ``?format=chrome`` the same data as Chrome trace events
+    (Perfetto, chrome://tracing): the run trace and the staff engine timeline."""
+
     renderer_classes = [JSONRenderer, ChromeTraceRenderer]
     content_negotiation_class = TraceFormatNegotiation
 
+    def respond(self, request, data: Any, to_chrome: Callable[[Any], Any]) -> Response:
+        if request.accepted_renderer.format == "chrome":
+            return Response(to_chrome(data))
+        return Response(data)
+
+
+class RunTraceView(TraceFormatView):
+    """Where the run's time went: its span tree, or with ``?format=chrome`` trace events for
+    Perfetto. A run of another tenant is a 404."""
+
+    permission_classes = [IsTenantMember]
+    required_scope = "runs"
+
     @extend_schema(
         operation_id="runs_trace",
-        parameters=[
-            OpenApiParameter("format", str, enum=list(TRACE_FORMATS), description="`json` (default) or `chrome`")
-        ],
+        parameters=[FORMAT_PARAMETER],
         responses={
             200: OpenApiResponse(RunTraceSerializer, description="the span tree; with `format=chrome`, trace events"),
             404: OpenApiResponse(description="no such run in the tenant"),
@@ -52,7 +71,4 @@ class RunTraceView(APIView):
     )
     def get(self, request, run_id):
         run = get_object_or_404(Run.objects.defer("stdout", "stderr"), pk=run_id, tenant=active_tenant(request))
-        tree = run_traces.trace_tree(run)
-        if request.accepted_renderer.format == "chrome":
-            return Response(run_traces.chrome_trace(tree))
-        return Response(tree)
+        return self.respond(request, run_traces.trace_tree(run), run_traces.chrome_trace)

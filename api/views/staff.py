@@ -5,21 +5,19 @@ from __future__ import annotations
 
 from django.db.models import Count, Q
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import NotFound
 from rest_framework.permissions import IsAdminUser
-from rest_framework.renderers import JSONRenderer
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from api.models import KVFile, Tenant
 from api.serializers.engine_timeline import EngineTimelineSerializer
 from api.serializers.kv import KVFileSerializer
-from api.serializers.run_trace import TRACE_FORMATS
 from api.services import engine_timeline, kvfiles, routing
-from api.views.run_trace import ChromeTraceRenderer, TraceFormatNegotiation
+from api.views.run_trace import FORMAT_PARAMETER, TraceFormatView
 
 
 class StaffWorkersView(APIView):
@@ -33,19 +31,15 @@ class StaffWorkersView(APIView):
         return Response(sorted((w.health for w in routing.live_workers()), key=lambda h: str(h.get("name"))))
 
 
-class StaffWorkerTimelineView(APIView):
+class StaffWorkerTimelineView(TraceFormatView):
     """Staff only: the worker's last forwards (start, duration, batch size, prompt and decode
     tokens, tokens per account), read from the worker; ``?format=chrome`` for Perfetto."""
 
     permission_classes = [IsAdminUser]
-    renderer_classes = [JSONRenderer, ChromeTraceRenderer]
-    content_negotiation_class = TraceFormatNegotiation
 
     @extend_schema(
         operation_id="staff_worker_timeline",
-        parameters=[
-            OpenApiParameter("format", str, enum=list(TRACE_FORMATS), description="`json` (default) or `chrome`")
-        ],
+        parameters=[FORMAT_PARAMETER],
         responses={
             200: OpenApiResponse(
                 EngineTimelineSerializer, description="the forwards, oldest first; with `format=chrome`, trace events"
@@ -60,9 +54,7 @@ class StaffWorkerTimelineView(APIView):
             timeline = engine_timeline.read(name)
         except engine_timeline.UnknownWorker:
             raise NotFound("no live worker of that name") from None
-        if request.accepted_renderer.format == "chrome":
-            return Response(engine_timeline.chrome_trace(timeline))
-        return Response(timeline)
+        return self.respond(request, timeline, engine_timeline.chrome_trace)
 
 
 class StaffTenantListView(APIView):

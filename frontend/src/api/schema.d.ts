@@ -799,6 +799,10 @@ export interface paths {
             path?: never;
             cookie?: never;
         };
+        /**
+         * @description Where the run's time went: its span tree, or with ``?format=chrome`` trace events for
+         *     Perfetto. A run of another tenant is a 404.
+         */
         get: operations["runs_trace"];
         put?: never;
         post?: never;
