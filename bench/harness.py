@@ -14,6 +14,7 @@ Why it looks like this:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import queue
@@ -32,6 +33,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from bench import host_share
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -49,9 +52,14 @@ PROTOCOL_VERSION = 1
 #: Interleaved repetitions the protocol asks for at least.
 MIN_REPS = 5
 #: A host is *busy* when its 1-minute load average before the run was above this share of its
-#: CPUs (something else was computing), or above CPUs + 1 at the start of a repetition (the
-#: benchmark's own two sides saturate the CPUs; anything past that is someone else's work).
+#: CPUs (something else was computing), or when, during a repetition, processes that are not the
+#: benchmark's (bench/host_share.py) used more than ``BUSY_OTHER_CPUS`` cores on average. Where
+#: that cannot be measured (no cgroup v1 ``cpuacct``), the older rule stands: a load average
+#: above CPUs + 1 at the start of a repetition.
 BUSY_LOAD_BEFORE_PER_CPU = 0.5
+#: Cores of other work during a repetition past which the host counts as busy (a quarter core:
+#: the idle host's own daemons, PostgreSQL and Redis of other databases, stay far below it).
+BUSY_OTHER_CPUS = 0.25
 
 #: The OpenMP wait policy of both sides (the protocol's "equal compute"): the worker sets
 #: ``PASSIVE`` for its own forward (gpu_worker/__main__.py); a benchmark process that hosts a
@@ -217,12 +225,32 @@ class Comparison:
 LOAD_PER_REP: list[float] = []
 #: The load average when this process started, before either side did anything.
 LOAD_BEFORE = os.getloadavg()[0]
+#: This benchmark's processes as one accounting group, and a CPU reading at the start of each
+#: repetition (``protocol.cpu_per_rep``: one entry per repetition, from its start to the next's).
+HOST_SHARE = host_share.HostShare()
+CPU_READINGS: list[host_share.CpuReading] = []
 
 
 def repetition_starts() -> None:
-    """Note the host's 1-minute load average as a timed repetition starts (the record's
-    ``protocol.load_per_rep``); every benchmark's repetition loop calls it first."""
+    """Note the host's 1-minute load average and a CPU reading as a timed repetition starts (the
+    record's ``protocol.load_per_rep`` and ``cpu_per_rep``); every benchmark's repetition loop
+    calls it first. The first call puts the benchmark and both sides, already started, in their
+    accounting group (bench/host_share.py)."""
     LOAD_PER_REP.append(os.getloadavg()[0])
+    if HOST_SHARE.track():
+        reading = HOST_SHARE.read()
+        if reading is not None:
+            CPU_READINGS.append(reading)
+
+
+def cpu_per_rep() -> list[dict[str, float]] | None:
+    """Each repetition's CPU split (own, containers, other), the last one up to now; ``None``
+    where it cannot be measured."""
+    now = HOST_SHARE.read()
+    if now is None or not CPU_READINGS:
+        return None
+    marks = [*CPU_READINGS, now]
+    return [host_share.between(a, b) for a, b in itertools.pairwise(marks)]
 
 
 def interleaved(reps: int, symphony: Callable[[], float], baseline: Callable[[], float], cmp: Comparison) -> None:
@@ -282,14 +310,22 @@ class BenchResult:
     def protocol(self) -> dict[str, Any]:
         """The protocol's evidence: version, both sides' resources, the host's load."""
         cpus = os.cpu_count() or 1
-        busy = LOAD_BEFORE > BUSY_LOAD_BEFORE_PER_CPU * cpus or any(load > cpus + 1 for load in LOAD_PER_REP)
+        per_rep = cpu_per_rep()
+        if per_rep is None:
+            during = any(load > cpus + 1 for load in LOAD_PER_REP)
+        else:
+            during = any(rep["other_cpus"] > BUSY_OTHER_CPUS for rep in per_rep)
         return {
             "version": PROTOCOL_VERSION,
             "sides": self.sides,
             "load_before": LOAD_BEFORE,
             "load_per_rep": list(LOAD_PER_REP),
-            "busy": busy,
-            "busy_bound": {"before_per_cpu": BUSY_LOAD_BEFORE_PER_CPU, "per_rep": cpus + 1},
+            "cpu_per_rep": per_rep,
+            "busy": LOAD_BEFORE > BUSY_LOAD_BEFORE_PER_CPU * cpus or during,
+            "busy_bound": {
+                "before_per_cpu": BUSY_LOAD_BEFORE_PER_CPU,
+                **({"per_rep": cpus + 1} if per_rep is None else {"other_cpus": BUSY_OTHER_CPUS}),
+            },
         }
 
     def write(self) -> Path:

@@ -414,10 +414,12 @@ def table(bench: Benchmark, record: Record | None) -> str:
     else:
         protocol = record["protocol"]
         loads = ", ".join(f"{x:.1f}" for x in protocol.get("load_per_rep", []))
-        busy = " **Busy host**: load above the protocol's bound." if protocol.get("busy") else ""
+        others = ", ".join(f"{r['other_cpus']:.2f}" for r in protocol.get("cpu_per_rep") or [])
+        other = f"; cores used by other work during each repetition: {others}" if others else ""
+        busy = " **Busy host**: past the protocol's bound." if protocol.get("busy") else ""
         run += (
             f"Protocol {protocol['version']}: load average {protocol.get('load_before', 0):.1f} before the run, "
-            f"{loads or '—'} at each repetition.{busy}\n\n"
+            f"{loads or '—'} at each repetition{other}.{busy}\n\n"
         )
     quick = " quick mode: tiny random model, not a result." if cfg.get("quick") else ""
     flags = workload_flags(str(record.get("command") or ""))

@@ -3,9 +3,13 @@ the host's load average per repetition and before the run, and whether the host 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
-from bench import harness
+from bench import harness, host_share
 
 
 def test_paired_ratios_pair_each_repetitions_two_sides() -> None:
@@ -16,6 +20,14 @@ def test_paired_ratios_pair_each_repetitions_two_sides() -> None:
     assert cmp.paired_ratios == [2.0, 1.0, 2.0]
     paired = cmp.to_dict()["paired_ratio"]
     assert paired == {"median": 2.0, "min": 1.0, "max": 2.0, "values": [2.0, 1.0, 2.0]}
+
+
+@pytest.fixture(autouse=True)
+def no_accounting_group(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """The test process stays where it is: the harness's group is one with no cgroup behind it
+    (the load-average rule applies), unless a test gives it readings itself."""
+    monkeypatch.setattr(harness, "HOST_SHARE", host_share.HostShare(root=tmp_path / "no-cgroups"))
+    monkeypatch.setattr(harness, "CPU_READINGS", [])
 
 
 def test_interleaving_records_the_load_of_each_repetition(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -36,6 +48,58 @@ def test_a_host_busy_before_or_during_the_run_is_marked(monkeypatch: pytest.Monk
     monkeypatch.setattr(harness, "LOAD_BEFORE", 0.5)
     monkeypatch.setattr(harness, "LOAD_PER_REP", [2.0, 3.5])  # past the two sides' own load
     assert result.protocol()["busy"] is True
+
+
+class _Readings(host_share.HostShare):
+    """A group whose readings are given: (wall, host busy, own, containers) seconds."""
+
+    def __init__(self, *readings: tuple[float, float, float, float]) -> None:
+        super().__init__()
+        self.readings = [host_share.CpuReading(*r) for r in readings]
+
+    def track(self) -> bool:
+        return True
+
+    def read(self) -> host_share.CpuReading | None:
+        return self.readings.pop(0)
+
+
+def test_other_work_during_a_repetition_marks_the_host_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the benchmark's own group measured, its own load (two forward threads and more) is
+    no sign of a busy host; CPU spent outside it and the sandbox containers is."""
+    monkeypatch.setattr(harness, "LOAD_BEFORE", 0.2)
+    monkeypatch.setattr(harness, "LOAD_PER_REP", [])
+    # Two repetitions of 10 s: the host busy 20 core-seconds in each, all of it the benchmark's
+    # and its containers' in the first, 5 core-seconds of something else in the second.
+    share = _Readings((0, 0, 0, 0), (10, 20, 17, 3), (20, 40, 30, 5))
+    monkeypatch.setattr(harness, "HOST_SHARE", share)
+    harness.repetition_starts()
+    harness.repetition_starts()
+    protocol = harness.BenchResult("b", {}).protocol()
+    first, second = protocol["cpu_per_rep"]
+    assert (first["own_cpus"], first["container_cpus"], first["other_cpus"]) == (1.7, 0.3, 0.0)
+    assert second["other_cpus"] == 0.5 and protocol["busy"] is True
+    assert protocol["busy_bound"] == {"before_per_cpu": 0.5, "other_cpus": harness.BUSY_OTHER_CPUS}
+
+
+def test_the_benchmarks_group_keeps_the_cpu_of_processes_that_ended(tmp_path) -> None:
+    """Through the kernel's real accounting: a child that burned CPU and exited is still the
+    benchmark's own (a sandbox's short-lived processes, a side's helper)."""
+    if not (host_share.CPUACCT / "cgroup.procs").exists() or not os.access(host_share.CPUACCT, os.W_OK):
+        pytest.skip("no writable cgroup v1 cpuacct hierarchy on this host")
+    script = (
+        "import subprocess, sys\n"
+        "from bench import host_share\n"
+        "share = host_share.HostShare()\n"
+        "assert share.track()\n"
+        "start = share.read()\n"
+        "subprocess.run([sys.executable, '-c', 'import time\\nt = time.process_time()\\n"
+        "while time.process_time() - t < 0.6: pass'], check=True)\n"
+        "end = share.read()\n"
+        "print(end.own - start.own)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], cwd=harness.ROOT, capture_output=True, text=True, check=True)
+    assert float(out.stdout.strip()) >= 0.5, out
 
 
 def test_a_record_names_the_model_without_this_machines_layout() -> None:
