@@ -342,6 +342,7 @@ async def serve(config: WorkerConfig) -> None:
     from gpu_worker.engine import Engine, EngineConfig
     from gpu_worker.engine_timeline import EngineTimeline
     from gpu_worker.events import EventPublisher
+    from gpu_worker.grammar import GrammarCompiler, model_vocab_size
     from gpu_worker.kvfs import KVFS, KVFSLimits, store_from_location
     from gpu_worker.scheduler import EngineThread, PendingReleases, Scheduler
     from gpu_worker.server import Worker
@@ -349,6 +350,10 @@ async def serve(config: WorkerConfig) -> None:
     from gpu_worker.tokenizer import Tokenizer
 
     sched = config.scheduler
+    # The grammar children start while the engine loads (they are separate processes: the other
+    # core's work); the worker answers nothing before they are ready (``Worker.start``).
+    grammar = GrammarCompiler(config.model_dir, model_vocab_size(config.model_dir), config.grammar)
+    grammar_started = asyncio.ensure_future(grammar.start())
     dtype, why = choose_dtype(config.dtype, on_gpu=torch.cuda.is_available())
     log.info("event=dtype_chosen requested=%s dtype=%s why=%s", config.dtype, dtype, why)
     # The engine is built on the thread that will run every forward (the scheduler's loop):
@@ -404,7 +409,12 @@ async def serve(config: WorkerConfig) -> None:
     )
     scheduler.start()
     events = EventPublisher(config.redis_url, config.stream_budget)
-    worker = Worker(config, engine, Tokenizer(config.model_dir), kvfs, scheduler, events, sessions)
+    if engine.vocab_size != grammar.vocab_size:  # the checkpoint's config.json said otherwise
+        log.warning("event=grammar_vocab_mismatch config=%d engine=%d", grammar.vocab_size, engine.vocab_size)
+        await asyncio.gather(grammar_started, return_exceptions=True)
+        await grammar.close()
+        grammar = GrammarCompiler(config.model_dir, engine.vocab_size, config.grammar)
+    worker = Worker(config, engine, Tokenizer(config.model_dir), kvfs, scheduler, events, sessions, grammar)
     log.info("event=kv_index_loaded files=%d store=%s", loaded, config.kv_store_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -19,6 +19,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -62,6 +63,16 @@ def grammar_source(kind: str, value: object) -> str:
     return value
 
 
+def model_vocab_size(model_dir: str) -> int:
+    """The vocabulary size the checkpoint's ``config.json`` declares (a multimodal model's text
+    part), as vLLM's model config reads it, known before the engine is built."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        return int(config.get("text_config", {}).get("vocab_size") or config["vocab_size"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0  # unknown: the worker starts the compiler again once the engine says
+
+
 class GrammarCompiler:
     """Worker-wide LRU of compiled grammars keyed by ``(kind, source)``, compiled in child
     processes (``grammar_pool``) under the worker's grammar budgets.
@@ -83,6 +94,7 @@ class GrammarCompiler:
         self.budget = budget or GrammarConfig()
         self._info: Any = None
         self._pool: CompilePool | None = None
+        self._starting: asyncio.Future[None] | None = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
         self._inflight: dict[tuple[str, str], asyncio.Task] = {}
         self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar")
@@ -92,7 +104,15 @@ class GrammarCompiler:
 
     async def start(self) -> None:
         """Load the tokenizer's vocabulary for xgrammar and start the compiling children (a
-        worker that answers health can compile at once)."""
+        worker that answers health can compile at once). The worker begins this before it
+        builds the engine and awaits it before it answers (``gpu_worker.__main__``): the
+        children's start-up runs on the other core while the engine loads; a second call awaits
+        the first one's work."""
+        if self._starting is None:
+            self._starting = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._starting)
+
+    async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         self._info = await loop.run_in_executor(self._thread, self._tokenizer_info)
         serialized = await loop.run_in_executor(self._thread, self._info.serialize_json)

@@ -1,20 +1,27 @@
-"""``python -m gpu_worker.grammar_child``: one grammar-compiling child process of the worker.
+"""One grammar-compiling child process of the worker.
 
 xgrammar compiles in C++ and cannot be interrupted from Python, so the worker compiles here,
-where a compile past its time budget costs only this process (the worker kills it). Frames on
-stdin/stdout are a 4-byte big-endian length and msgpack: first ``{tokenizer_info, max_bytes}``,
-then per request ``{kind, source}`` answered by ``{ok: serialized CompiledGrammar}`` or
-``{err: message}``. End of stdin (the worker went away) ends the process.
+where a compile past its time budget costs only this process (the worker kills it). Frames are
+a 4-byte big-endian length and msgpack: first ``{tokenizer_info, max_bytes}``, then per request
+``{kind, source}`` answered by ``{ok: serialized CompiledGrammar}`` or ``{err: message}``. End of
+input (the worker went away) ends the process.
+
+The worker forks its children from a fork server that imported this module, and so xgrammar,
+once (gpu_worker/grammar_pool.py, :func:`serve` on a socket): importing xgrammar pulls in torch
+and transformers, ~7 s of one core, which every child and every replacement of a killed child
+paid before. ``python -m gpu_worker.grammar_child`` serves the same frames on stdin/stdout.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import struct
 import sys
 from typing import Any, BinaryIO
 
 import msgpack
+import xgrammar as xgr
 
 _LEN = struct.Struct(">I")
 
@@ -59,22 +66,29 @@ def compile_one(compiler: Any, kind: str, source: str, max_bytes: int) -> dict[s
     return {"ok": compiled.serialize_json()}
 
 
+def serve(sock: socket.socket) -> None:
+    """A forked child's life: frames on ``sock``, whose other end the worker holds."""
+    with sock, sock.makefile("rb") as rfile, sock.makefile("wb") as wfile:
+        _serve(rfile, wfile)
+
+
 def main() -> int:
+    _serve(sys.stdin.buffer, sys.stdout.buffer)
+    return 0
+
+
+def _serve(rfile: BinaryIO, wfile: BinaryIO) -> None:
     # Compiles yield the CPU to the worker's forwards: a hostile one then slows only compiles.
     os.nice(10)
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    init = read_frame(stdin)
+    init = read_frame(rfile)
     if init is None:
-        return 0
-    import xgrammar as xgr
-
+        return
     info = xgr.TokenizerInfo.deserialize_json(init["tokenizer_info"])
     compiler = xgr.GrammarCompiler(info, max_threads=1)
     max_bytes = int(init["max_bytes"])
-    write_frame(stdout, {"ready": True})
-    while (request := read_frame(stdin)) is not None:
-        write_frame(stdout, compile_one(compiler, request["kind"], request["source"], max_bytes))
-    return 0
+    write_frame(wfile, {"ready": True})
+    while (request := read_frame(rfile)) is not None:
+        write_frame(wfile, compile_one(compiler, request["kind"], request["source"], max_bytes))
 
 
 if __name__ == "__main__":

@@ -19,13 +19,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import sys
-from pathlib import Path
+import multiprocessing
+import socket
 from typing import Any
 
 import msgpack
 
+from gpu_worker import grammar_child
 from gpu_worker.account_slots import AccountSlots
 from gpu_worker.grammar_backoff import CompileBackoff
 from gpu_worker.grammar_child import encode_frame
@@ -33,7 +33,6 @@ from gpu_worker.resource_model import Pool, PoolName
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parent.parent
 #: A child that has not said it is ready by then is killed and started again.
 START_TIMEOUT_S = 120.0
 
@@ -42,21 +41,47 @@ class CompileTimeout(Exception):
     """The compile ran past its budget; its child was killed."""
 
 
+#: Children are forked from one server process per worker that imported ``grammar_child`` (and
+#: so xgrammar, ~7 s of one core) once: a child, and the replacement of a killed one, is ready in
+#: milliseconds instead of paying that import each time.
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload(["gpu_worker.grammar_child"])
+
+
 class _Child:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    """One forked child and the worker's end of its socket."""
+
+    def __init__(self, proc: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.proc = proc
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def fork(cls) -> _Child:
+        ours, theirs = socket.socketpair()
+        proc = _FORKS.Process(target=grammar_child.serve, args=(theirs,), name="grammar-child", daemon=True)
+        try:
+            # The first start launches the fork server and waits for its imports: not on the loop.
+            await asyncio.get_running_loop().run_in_executor(None, proc.start)
+        finally:
+            theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours)
+        return cls(proc, reader, writer)
 
     async def request(self, obj: Any) -> Any:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(encode_frame(obj))
-        await self.proc.stdin.drain()
-        header = await self.proc.stdout.readexactly(4)
-        body = await self.proc.stdout.readexactly(int.from_bytes(header, "big"))
+        self.writer.write(encode_frame(obj))
+        await self.writer.drain()
+        header = await self.reader.readexactly(4)
+        body = await self.reader.readexactly(int.from_bytes(header, "big"))
         return msgpack.unpackb(body, raw=False)
 
     def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(Exception):
             self.proc.kill()
+        self.writer.close()
+
+    async def wait(self) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, self.proc.join, 10.0)
 
 
 class CompilePool:
@@ -97,22 +122,18 @@ class CompilePool:
         return task
 
     async def _spawn(self) -> None:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "gpu_worker.grammar_child",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            cwd=str(ROOT),
-            env=env,
-        )
-        child = _Child(proc)
+        try:
+            child = await _Child.fork()
+        except OSError as exc:
+            log.error("event=grammar_child_fork_failed error=%r", exc)
+            await asyncio.sleep(1.0)
+            self._replace()
+            return
         self._children.add(child)
         try:
             await asyncio.wait_for(child.request(self._init), START_TIMEOUT_S)
         except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            log.error("event=grammar_child_failed pid=%d error=%r", proc.pid, exc)
+            log.error("event=grammar_child_failed pid=%s error=%r", child.proc.pid, exc)
             await self._reap(child)
             await asyncio.sleep(1.0)
             self._replace()
@@ -126,7 +147,7 @@ class CompilePool:
         self._children.discard(child)
         child.kill()
         with contextlib.suppress(Exception):
-            await child.proc.wait()
+            await child.wait()
 
     async def compile(self, kind: str, source: str, timeout_s: float, account: str) -> dict[str, Any]:
         """``{"ok": serialized}`` or ``{"err": message}`` of a compile counted against

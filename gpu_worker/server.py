@@ -56,9 +56,11 @@ class Worker:
         scheduler: Scheduler,
         events: EventPublisher,
         sessions: SessionTable,
+        grammar: GrammarCompiler | None = None,
     ) -> None:
         """``sessions``: the table the scheduler was given too (``Scheduler(active_sessions=
-        sessions.active_ids)``), filled and emptied here."""
+        sessions.active_ids)``), filled and emptied here. ``grammar``: a compiler whose start the
+        caller may already have begun (default: one started by :meth:`start`)."""
         self.config = config
         self.engine = engine
         self.tokenizer = tokenizer
@@ -69,7 +71,7 @@ class Worker:
         self.block_size: int = engine.block_size
         self.device: str = getattr(engine, "device", "cpu")
         self.dtype: str = getattr(engine, "dtype", "")
-        self.grammar = GrammarCompiler(config.model_dir, self.vocab_size, config.grammar)
+        self.grammar = grammar or GrammarCompiler(config.model_dir, self.vocab_size, config.grammar)
         self.sessions = sessions
         #: All a LIP's op handlers get of the worker (and the pools KVFS calls run on).
         self.context = OpContext(config, self.vocab_size, tokenizer, kvfs, scheduler, events, self.grammar)
