@@ -107,17 +107,60 @@ def start_worker(
     environment for the worker (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``). The model runs eagerly
     unless ``compile_model``: the suite starts workers many times, in configurations a compile
     cache would each have to compile anew (gpu_worker/README.md, "Compiled forward")."""
-    from gpu_worker.admin_client import AdminClient
+    with start_workers(
+        model_dir,
+        [name],
+        dtype=dtype,
+        num_pages=num_pages,
+        kv_store=kv_store,
+        redis_url=redis_url,
+        extra_args=extra_args,
+        env=env,
+        compile_model=compile_model,
+    ) as (worker,):
+        yield worker
 
+
+@contextlib.contextmanager
+def start_workers(model_dir: Path, names: Sequence[str], **options: Any) -> Iterator[list[RunningWorker]]:
+    """Several workers of the same options (``start_worker``'s), named ``names``, started at once
+    and awaited together: a worker's start-up is mostly one core's work (imports, loading), so
+    two start in little more than the time of one on a 2-core machine."""
     if not _redis_up():
         pytest.fail(f"Redis is not reachable at {redis_db_url(0)} (run `make bootstrap`)")
+    launched: list[tuple[RunningWorker, Path]] = []
+    try:
+        for name in names:
+            launched.append(_launch(model_dir, name, **options))
+        for worker, _ in launched:
+            _await_healthy(worker)
+        yield [worker for worker, _ in launched]
+    finally:
+        for worker, base in launched:
+            _stop(worker, base)
+
+
+def _launch(
+    model_dir: Path,
+    name: str,
+    *,
+    dtype: str = "float32",
+    num_pages: int = 64,
+    kv_store: Path | None = None,
+    redis_url: str | None = None,
+    extra_args: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    compile_model: bool = False,
+) -> tuple[RunningWorker, Path]:
+    from gpu_worker.admin_client import AdminClient
+
     base = Path(tempfile.mkdtemp(prefix="symw-", dir="/tmp"))
     admin_socket = str(base / "admin.sock")
     sessions_dir = str(base / "s")
-    kv_store = str(kv_store or base / "kv")
+    store = str(kv_store or base / "kv")
     log_path = base / "worker.log"
     cmd = [sys.executable, "-m", "gpu_worker", "--model", str(model_dir), "--dtype", dtype]
-    cmd += ["--admin-socket", admin_socket, "--sessions-dir", sessions_dir, "--kv-store", kv_store]
+    cmd += ["--admin-socket", admin_socket, "--sessions-dir", sessions_dir, "--kv-store", store]
     cmd += ["--num-pages", str(num_pages), "--max-model-len", "2048", "--name", name]
     cmd += ["--compile", "on" if compile_model else "off"]
     cmd += ["--redis-url", redis_url or redis_db_url(0), *extra_args]
@@ -125,33 +168,36 @@ def start_worker(
     with open(log_path, "wb") as log_fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=worker_env, stdout=log_fh, stderr=subprocess.STDOUT)
     admin = AdminClient(admin_socket, timeout=60)
-    worker = RunningWorker(proc, admin_socket, sessions_dir, kv_store, Path(model_dir), log_path, admin, name)
+    return RunningWorker(proc, admin_socket, sessions_dir, store, Path(model_dir), log_path, admin, name), base
+
+
+def _await_healthy(worker: RunningWorker) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if worker.proc.poll() is not None:
+            pytest.fail(f"gpu_worker exited with {worker.proc.returncode} during start-up:\n{worker.log_tail()}")
+        if os.path.exists(worker.admin_socket):
+            try:
+                if worker.admin.health().get("ok"):
+                    return
+            except Exception:  # not listening yet
+                pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"gpu_worker not healthy after {STARTUP_TIMEOUT_S}s:\n{worker.log_tail()}")
+        time.sleep(0.5)
+
+
+def _stop(worker: RunningWorker, base: Path) -> None:
+    for sid in list(worker._sessions):
+        with contextlib.suppress(Exception):
+            worker.admin.end_session(sid)
+    worker.proc.terminate()
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"gpu_worker exited with {proc.returncode} during start-up:\n{worker.log_tail()}")
-            if os.path.exists(admin_socket):
-                try:
-                    if admin.health().get("ok"):
-                        break
-                except Exception:  # not listening yet
-                    pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"gpu_worker not healthy after {STARTUP_TIMEOUT_S}s:\n{worker.log_tail()}")
-            time.sleep(0.5)
-        yield worker
-    finally:
-        for sid in list(worker._sessions):
-            with contextlib.suppress(Exception):
-                admin.end_session(sid)
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        shutil.rmtree(base, ignore_errors=True)
+        worker.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        worker.proc.kill()
+        worker.proc.wait()
+    shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from tests.conftest import celery_worker, redis_db_url, wait_for
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker, start_workers
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -77,10 +77,9 @@ def two_workers(tiny_model_dir: Path, tmp_path: Path, sandbox_image: str, settin
     }
     settings.REDIS_URL = redis_url
     with contextlib.ExitStack() as stack:
-        workers: list[RunningWorker] = [
-            stack.enter_context(start_worker(tiny_model_dir, name=name, kv_store=store, redis_url=redis_url))
-            for name in ("pair-a", "pair-b")
-        ]
+        workers: list[RunningWorker] = stack.enter_context(
+            start_workers(tiny_model_dir, ["pair-a", "pair-b"], kv_store=store, redis_url=redis_url)
+        )
         for w in workers:
             env = {
                 **common,
