@@ -300,6 +300,7 @@ class BenchResult:
             "started": self.started,
             "wall_s": self.wall_s,
             "machine": machine(),
+            "code": code_version(),
             "command": command(),
             "protocol": self.protocol(),
             "comparisons": [c.to_dict() for c in self.comparisons],
@@ -349,6 +350,20 @@ def command() -> str:
     import shlex
 
     return f"python -m bench.{Path(sys.argv[0]).stem} {shlex.join(sys.argv[1:])}".strip()
+
+
+def code_version() -> dict[str, Any]:
+    """The commit the run measured, and whether tracked files differed from it (a record of a
+    dirty tree says so: its code is not in the history)."""
+
+    def git(*args: str) -> str:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "HEAD")
+    if not commit:
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
 
 
 def machine() -> dict[str, Any]:

@@ -402,9 +402,15 @@ def table(bench: Benchmark, record: Record | None) -> str:
         return head + "No record in `bench/results/`: not measured.\n\n" + "\n".join(lines) + "\n"
     cfg = record.get("config", {})
     reps = cfg.get("reps", "?")
+    code = record.get("code") or {}
+    commit = (
+        f" · commit `{code['commit'][:10]}`{' + uncommitted changes' if code.get('dirty') else ''}"
+        if code.get("commit")
+        else ""
+    )
     run = (
         f"Run {str(record.get('started', '?'))[:10]} · {machine_cell(record)} · "
-        f"{reps} repetitions · `{record.get('command') or 'command not recorded'}`\n\n"
+        f"{reps} repetitions{commit} · `{record.get('command') or 'command not recorded'}`\n\n"
     )
     problems = protocol_problems(record)
     if problems:

@@ -84,21 +84,27 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
     assert b3["memory"]["worker_peak_rss_mb"] > 0
 
 
+#: The quick runs that start ``vllm serve``, a sandbox pool or a whole control plane (1-4 minutes
+#: each here, 15 together): in ``make test-all`` only, so that ``make test`` fits CI's time. Each
+#: still runs before a record of it is made (``python -m bench bN`` is the same code at full size).
+_HEAVY = pytest.mark.slow
+
+
 @pytest.mark.parametrize(
     ("bench", "output", "flags"),
     [
         ("b2", "b2_completion", ()),
         ("b4", "b4_parallel_decode", ()),
         ("b5", "b5_json", ()),
-        ("b6", "b6_react", ("--serve-baseline", "1")),
-        ("b7", "b7_mix", ()),
-        ("b8", "b8_sandbox_start", ()),
-        ("b9", "b9_swarm", ()),
-        ("b10", "b10_got", ()),
-        ("b11", "b11_multiturn", ()),
-        ("b12", "b12_scaleout", ()),
-        ("b12r", "b12_routing", ()),
-        ("b13", "b13_vllm_client", ()),
+        pytest.param("b6", "b6_react", ("--serve-baseline", "1"), marks=_HEAVY),
+        pytest.param("b7", "b7_mix", (), marks=_HEAVY),
+        pytest.param("b8", "b8_sandbox_start", (), marks=_HEAVY),
+        pytest.param("b9", "b9_swarm", (), marks=_HEAVY),
+        pytest.param("b10", "b10_got", (), marks=_HEAVY),
+        pytest.param("b11", "b11_multiturn", (), marks=_HEAVY),
+        pytest.param("b12", "b12_scaleout", (), marks=_HEAVY),
+        pytest.param("b12r", "b12_routing", (), marks=_HEAVY),
+        pytest.param("b13", "b13_vllm_client", (), marks=_HEAVY),
     ],
 )
 def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple[str, ...], tmp_path: Path) -> None:

@@ -135,6 +135,15 @@ def test_the_paired_ratio_is_shown_beside_the_ratio_of_medians() -> None:
     assert cells[3] == f"{184.0 / 180.0:.2f}×; paired 1.05× (0.98–1.10)"
 
 
+def test_the_run_line_names_the_commit_it_measured_and_whether_the_tree_was_dirty() -> None:
+    row = _cmp("socket only", "tok/s", _side(184.0), _side(180.0))
+    clean = {**_record("b2_completion", [row]), "code": {"commit": "0123456789abcdef", "dirty": False}}
+    assert "· commit `0123456789` ·" in results.render({"b2": clean})
+    dirty = {**clean, "code": {"commit": "0123456789abcdef", "dirty": True}}
+    assert "· commit `0123456789` + uncommitted changes ·" in results.render({"b2": dirty})
+    assert "commit `" not in results.render({"b2": _record("b2_completion", [row])})  # older records
+
+
 def test_a_missing_record_reads_not_measured() -> None:
     md = results.render({})
     for bench in results.BENCHMARKS:
