@@ -84,9 +84,10 @@ def test_bench_all_quick_produces_ratios(default_model_dir: Path, tmp_path: Path
     assert b3["memory"]["worker_peak_rss_mb"] > 0
 
 
-#: The quick runs that start ``vllm serve``, a sandbox pool or a whole control plane (1-4 minutes
-#: each here, 15 together): in ``make test-all`` only, so that ``make test`` fits CI's time. Each
-#: still runs before a record of it is made (``python -m bench bN`` is the same code at full size).
+#: The quick runs past B1-B3 (``make test`` keeps the B1-B3 run and B2 with its sandboxed side):
+#: each starts a vLLM of its own, and some ``vllm serve``, a sandbox pool or a whole control plane
+#: (1-4 minutes each here, 16 together), so they are in ``make test-all`` only, for ``make test``
+#: to fit CI's time. ``python -m bench bN`` runs the same code at full size for every record.
 _HEAVY = pytest.mark.slow
 
 
@@ -94,8 +95,8 @@ _HEAVY = pytest.mark.slow
     ("bench", "output", "flags"),
     [
         ("b2", "b2_completion", ()),
-        ("b4", "b4_parallel_decode", ()),
-        ("b5", "b5_json", ()),
+        pytest.param("b4", "b4_parallel_decode", (), marks=_HEAVY),
+        pytest.param("b5", "b5_json", (), marks=_HEAVY),
         pytest.param("b6", "b6_react", ("--serve-baseline", "1"), marks=_HEAVY),
         pytest.param("b7", "b7_mix", (), marks=_HEAVY),
         pytest.param("b8", "b8_sandbox_start", (), marks=_HEAVY),

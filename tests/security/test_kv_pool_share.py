@@ -167,5 +167,7 @@ def test_the_kv_event_carries_only_the_runs_and_its_tenants_pages(worker) -> Non
         worker.end_session(info.session_id)
     got = kv_events()
     assert all(set(e) == {"run_pages", "tenant_device_pages", "tenant_host_pages", "tokens"} for e in got), got
-    assert {e["run_pages"] for e in got} == {2} and {e["tenant_device_pages"] for e in got} == {2}, got
+    # A tick may come before the spy's prefill has its pages (a slow host): fewer, never more.
+    assert max(e["run_pages"] for e in got) == 2 and max(e["tenant_device_pages"] for e in got) == 2, got
+    assert (got[-1]["run_pages"], got[-1]["tenant_device_pages"]) == (2, 2), got  # not the bystander's +10
     events.delete(stream)
