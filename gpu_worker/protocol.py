@@ -47,6 +47,14 @@ MAX_PRED_TOKENS = 8192
 MAX_PRED_STEPS = 1024
 #: Most token ids a ``pred`` may name as ``stop`` (the ids that end its ``steps`` early).
 MAX_STOP_TOKENS = 256
+#: Most strings a ``pred`` may name as ``stop_strings`` (text that ends its ``steps`` early), and
+#: the longest of them (characters): the worker detokenises the tokens it chooses to look for
+#: them, so both bound what each step costs the engine thread.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 128
+#: Most token ids of ``stop_context`` (the text a stop string may begin in before the call's own):
+#: four per character of the longest stop string, the most a UTF-8 character takes in byte tokens.
+MAX_STOP_CONTEXT_TOKENS = 4 * MAX_STOP_STRING_CHARS
 #: Longest string accepted by ``tokenize`` / ``send_to_user`` (characters).
 MAX_TEXT_CHARS = 1_000_000
 #: Longest KV file name (after the tenant prefix is added by the worker).
@@ -459,6 +467,30 @@ class ListOf(Check):
         return value
 
 
+class StopStrings(Check):
+    """``pred``'s ``stop_strings``: 1..``MAX_STOP_STRINGS`` non-empty strings of at most
+    ``MAX_STOP_STRING_CHARS`` characters each, decoded as a tuple."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"{{name}} must be a list of 1..{MAX_STOP_STRINGS} non-empty strings"
+            f" of at most {MAX_STOP_STRING_CHARS} characters each"
+        )
+
+    def decode(self, name: str, value: Any, vocab: int) -> Any:
+        if not isinstance(value, list | tuple) or not 1 <= len(value) <= MAX_STOP_STRINGS:
+            raise self.refuse(name)
+        for text in value:
+            if not isinstance(text, str) or not 1 <= len(text) <= MAX_STOP_STRING_CHARS:
+                raise self.refuse(name)
+        return tuple(value)
+
+    def encode(self, value: Any) -> Any:
+        return list(value)
+
+
 class Positions(Check):
     """``"last"`` or a list of offsets into the call's tokens (checked against their number by
     :meth:`Pred.rows`)."""
@@ -819,9 +851,17 @@ class DistRefs(Reply):
 
 
 class ChosenTokens(Reply):
-    """``pred`` with ``then``: the token chosen at each requested position."""
+    """``pred`` with ``then``: the token chosen at each requested position. ``stop_string``: the
+    one of the call's ``stop_strings`` its text came to contain (the call ended at that token),
+    left out of the map when none did (as in every progress frame and plain ``pred_token``)."""
 
     tokens: list[int]
+    stop_string: str | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        if self.stop_string is None:  # the reply of every generated token: no key it never uses
+            return {"tokens": self.tokens}
+        return {"tokens": self.tokens, "stop_string": self.stop_string}
 
 
 class TopKReply(Reply):
@@ -1050,7 +1090,15 @@ class Pred(Args):
     ``bias`` applies to every step. A step that cannot run (the file at the model's context
     length, a KV limit) ends the call with the tokens chosen so far, and the next call meets the
     limit. ``stream``: each chosen token but the last is also sent at once in a progress frame
-    (:func:`more_reply`) so the caller can show it before the call ends."""
+    (:func:`more_reply`) so the caller can show it before the call ends.
+
+    ``stop_strings`` (with ``then``) ends the call, too, at the token whose text makes the text
+    the call chose contain one of them: the worker detokenises its chosen tokens as it goes, so a
+    program watching for text needs no round trip per token. That token is returned (the text is
+    the program's to cut) and the reply's ``stop_string`` names the string. ``stop_context``: the
+    tokens whose text comes before the call's own (the end of what the program already
+    generated and looked at): a string may begin in their text, and one wholly in it is not looked
+    for. The text is ``detokenize`` of the tokens (special tokens kept)."""
 
     kv: int = arg(HANDLE)
     tokens: tuple[int, ...] = arg(TokenIds(MAX_PRED_TOKENS))
@@ -1059,6 +1107,8 @@ class Pred(Args):
     steps: int = arg(Int(1, MAX_PRED_STEPS), default=1)
     stop: tuple[int, ...] | None = arg(TokenIds(MAX_STOP_TOKENS), default=None)
     stream: bool = arg(Bool(), default=False)
+    stop_strings: tuple[str, ...] | None = arg(StopStrings(), default=None)
+    stop_context: tuple[int, ...] | None = arg(TokenIds(MAX_STOP_CONTEXT_TOKENS), default=None)
 
     def _validate(self) -> None:
         """Positions become non-negative offsets into ``tokens``; then ``steps`` is checked."""
@@ -1073,6 +1123,11 @@ class Pred(Args):
                     raise _bad(f"position {p!r} outside tokens (length {n})")
                 rows.append(p % n)
             values["positions"] = tuple(rows)
+        if self.stop_strings is not None or self.stop_context is not None:
+            if self.then is None:
+                raise _bad("stop_strings and stop_context need then (the worker looks at the tokens it chooses)")
+            if values["positions"] != (n - 1,):
+                raise _bad("stop_strings looks at tokens chosen from the last position only")
         if self.steps > 1:
             if self.then is None:
                 raise _bad("steps > 1 needs then (the worker chooses each token)")

@@ -33,6 +33,7 @@ from gpu_worker.engine_clock import EngineClock
 from gpu_worker.engine_timeline import EngineTimeline, ForwardRecord
 from gpu_worker.kvfs import KVFS, AppendPlan, Busy, KVFSError, Owner
 from gpu_worker.resource_model import Pool, PoolName
+from gpu_worker.stop_strings import StopWatch
 from gpu_worker.tracing import SessionTrace
 from gpu_worker.usage import Usage
 
@@ -146,6 +147,9 @@ class PredCall:
     #: at a token of ``stop``. The future then carries every chosen token.
     steps: int = 1
     stop: frozenset[int] = frozenset()
+    #: ``pred(..., stop_strings=...)``: the text of the chosen tokens, watched after each step;
+    #: the call ends at the token that makes it contain one of them (``watch.matched``).
+    watch: StopWatch | None = None
     #: Told each chosen token the call goes on past (engine thread; ``pred`` with ``stream``).
     on_token: Callable[[int], None] | None = None
     #: Tokens chosen so far by a multi-step call.
@@ -960,13 +964,16 @@ class Scheduler:
         """After a multi-step call's forward: note the token it chose and, unless that ends the
         call, put it back in the queue to append that token (``True``). Otherwise its result
         becomes every token it chose. Why in the worker: each step would otherwise be a round
-        trip to the program between two forwards, and the batch waits for the slowest one."""
+        trip to the program between two forwards, and the batch waits for the slowest one. A
+        call watching stop strings comes here after every forward, its one-step calls too."""
         if isinstance(result, BaseException) or call.future.done():
             return False
         assert isinstance(result, list)
         token = int(result[0])
         call.chosen.append(token)
-        if len(call.chosen) >= call.steps or token in call.stop or call.cut:
+        watch = call.watch
+        stopped = watch is not None and watch.ends_at(token)
+        if len(call.chosen) >= call.steps or token in call.stop or stopped or call.cut:
             result[:] = call.chosen
             return False
         if call.on_token is not None:
@@ -1213,7 +1220,7 @@ class Scheduler:
         finished: list[tuple[PredCall, object]] = []
         stepping: list[PredCall] = []
         for call, result in zip(done, results, strict=True):
-            if call.steps > 1 and self._next_step(call, result):
+            if (call.steps > 1 or call.watch is not None) and self._next_step(call, result):
                 stepping.append(call)
             else:
                 finished.append((call, result))

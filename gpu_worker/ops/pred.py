@@ -41,6 +41,7 @@ from gpu_worker.ops.errors import wire_error
 from gpu_worker.protocol import ErrorCode, ProtocolError
 from gpu_worker.scheduler import PredCall
 from gpu_worker.sessions import WorkerSession
+from gpu_worker.stop_strings import StopWatch
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,8 @@ class PredContext(Protocol):
 
     vocab_size: int
     max_inflight_preds: int
+    #: ``gpu_worker.tokenizer.Tokenizer``: stop strings are looked for in its ``decode``.
+    tokenizer: Any
 
     @property
     def scheduler(self) -> Any: ...
@@ -112,6 +115,8 @@ def admit(ctx: PredContext, s: WorkerSession, args: p.Pred) -> PredCall:
     stop = frozenset(args.stop or ())
     call = PredCall(s, args.kv, args.tokens, args.positions, choose=choose, steps=reserved - n + 1, stop=stop)
     call.reserved = reserved
+    if args.stop_strings is not None:  # the same text ``detokenize`` gives (special tokens kept)
+        call.watch = StopWatch(ctx.tokenizer.decode, args.stop_strings, args.stop_context or ())
     return call
 
 
@@ -164,7 +169,7 @@ def reply_value(s: WorkerSession, call: PredCall, value: Any) -> p.DistRefs | p.
     (``Scheduler._resolve``) or new Dist handles over its logits rows."""
     if call.choose is None:
         return p.DistRefs(dists=s.dists.add_many(value))
-    return p.ChosenTokens(tokens=value)
+    return p.ChosenTokens(tokens=value, stop_string=None if call.watch is None else call.watch.matched)
 
 
 @dataclass(eq=False)
