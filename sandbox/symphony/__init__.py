@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from symphony.api import KV, BiasVector, Channel, Child, Dist, Grammar, GrammarState, Session, Subscription
-from symphony.calls import JSON, HttpResponse, Received, TopK, VocabInfo
+from symphony.calls import JSON, Decoded, HttpResponse, Received, TopK, VocabInfo
 from symphony.connection import Connection, SessionInfo
 from symphony.errors import (
     BadFrame,
@@ -83,7 +83,7 @@ def pred_token(kv: KV | int, tokens: Iterable[int], temperature: float = 0.0, **
     return session().pred_token(kv, tokens, temperature, **kw)
 
 
-def pred_tokens(kv: KV | int, tokens: Iterable[int], steps: int, **kw: Any) -> list[int]:
+def pred_tokens(kv: KV | int, tokens: Iterable[int], steps: int, **kw: Any) -> Decoded:
     return session().pred_tokens(kv, tokens, steps, **kw)
 
 
@@ -91,7 +91,7 @@ def pred_token_many(steps: Sequence[tuple[KV | int, Iterable[int]]], temperature
     return session().pred_token_many(steps, temperature, **kw)
 
 
-def generate(kv: KV | int, prompt: Iterable[int], max_tokens: int, **kw: Any) -> list[int]:
+def generate(kv: KV | int, prompt: Iterable[int], max_tokens: int, **kw: Any) -> Decoded:
     return session().generate(kv, prompt, max_tokens, **kw)
 
 
@@ -213,6 +213,7 @@ __all__ = [
     "Connection",
     "ConnectionLost",
     "DeadlineExceeded",
+    "Decoded",
     "Dist",
     "Grammar",
     "GrammarState",

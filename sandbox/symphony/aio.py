@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from symphony import calls, checks, flows
-from symphony.calls import JSON, Call, HttpResponse, Received, TopK, VocabInfo
+from symphony.calls import JSON, Call, Decoded, HttpResponse, Received, TopK, VocabInfo
 from symphony.connection import Connection
 from symphony.errors import ChannelClosed
 from symphony.flows import Batch, Choice, Flow, Request, Streamed
@@ -299,11 +299,15 @@ class AsyncSession(SessionBase):
         mask: Any = None,
         bias: Mapping[int, float] | AsyncBiasVector | None = None,
         on_token: Callable[[int], None] | None = None,
-    ) -> list[int]:
-        """Same contract as :meth:`symphony.Session.pred_tokens`; ``on_token`` runs on this
-        event loop, before this returns."""
+        stop_strings: Iterable[str] | str = (),
+        stop_context: Iterable[int] = (),
+    ) -> Decoded:
+        """Same contract as :meth:`symphony.Session.pred_tokens` (``stop_strings`` too: use them
+        rather than detokenising each token when text ends the decode); ``on_token`` runs on
+        this event loop, before this returns."""
         choice = Choice(temperature, top_p, top_k, seed, mask, bias)
-        return await self._drive(flows.pred_tokens(kv, tokens, steps, stop, choice, on_token))
+        flow = flows.pred_tokens(kv, tokens, steps, stop, choice, on_token, stop_strings, stop_context)
+        return await self._drive(flow)
 
     async def generate(
         self,
@@ -317,11 +321,12 @@ class AsyncSession(SessionBase):
         seed: int | None = None,
         grammar: AsyncGrammar | AsyncGrammarState | None = None,
         stop: Iterable[int] | None = None,
-    ) -> list[int]:
-        """Same contract as :meth:`symphony.Session.generate`."""
+        stop_strings: Iterable[str] | str = (),
+    ) -> Decoded:
+        """Same contract as :meth:`symphony.Session.generate` (``stop_strings`` included)."""
         choice = Choice(temperature, top_p, top_k, seed)
         eos = self.info.eos_token_ids
-        return await self._drive(flows.generate(kv, prompt, max_tokens, choice, grammar, stop, eos))
+        return await self._drive(flows.generate(kv, prompt, max_tokens, choice, grammar, stop, eos, stop_strings))
 
     async def release(self, dists: Iterable[AsyncDist]) -> None:
         ds = list(dists)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from symphony import calls, checks, flows
-from symphony.calls import JSON, Call, HttpResponse, Received, TopK, VocabInfo
+from symphony.calls import JSON, Call, Decoded, HttpResponse, Received, TopK, VocabInfo
 from symphony.errors import ChannelClosed
 from symphony.flows import Batch, Choice, Flow, Request, Streamed
 from symphony.handles import GrammarHandle, GrammarStateHandle, Handle, SessionBase
@@ -322,7 +322,9 @@ class Session(SessionBase):
         mask: Any = None,
         bias: Mapping[int, float] | BiasVector | None = None,
         on_token: Callable[[int], None] | None = None,
-    ) -> list[int]:
+        stop_strings: Iterable[str] | str = (),
+        stop_context: Iterable[int] = (),
+    ) -> Decoded:
         """:meth:`pred_token` that goes on for up to ``steps`` tokens inside the worker: each
         chosen token is appended and the next one chosen without a round trip to the program, so
         a decode loop the program need not look into between tokens costs one call, not one per
@@ -340,18 +342,30 @@ class Session(SessionBase):
         returns (for streaming). It runs on whichever thread reads the socket: keep it short and
         make no Symphony call from it; what it raises is raised here once the call is over.
 
+        ``stop_strings`` (a string or a list of them, at most ``MAX_STOP_STRINGS`` (16) of at most
+        ``MAX_STOP_STRING_CHARS`` (128) characters): the decode ends, too, at the token that makes
+        the text of the tokens chosen so far contain one of them. The worker detokenises as it
+        goes (as :meth:`detokenize` would, special tokens kept), so watching text costs no round
+        trip per token. That token is returned last (the text past the stop is the program's to
+        cut) and the result's ``stop_string`` names the string (None when the decode ended
+        otherwise). ``stop_context``: tokens whose text comes before these (say, the answer's
+        first token, chosen by an earlier call, whose own text the program already looked at): a
+        string may begin in their text; one wholly within it is not looked for. Past
+        ``MAX_PRED_STEPS`` tokens the next call watches on from the text of the ones before.
+
         When to use it rather than a loop of :meth:`pred_token`: whenever the program does not
         need to look at each token before the next is chosen, i.e. every step chooses alike
         (the same sampling parameters, ``bias`` and ``mask``, or a grammar state's
-        ``advancing()``) and the decode ends only at a token id, a step count or the limits.
-        Each :meth:`pred_token` is a round trip between two forwards, and while the worker is
-        busy the whole batch may wait for it; here the engine steps on. A loop that must read
-        the text between tokens (stop *strings*, penalties counted from the tokens so far,
-        logprobs per token) cannot hand the decision to the worker: it either stays per token,
-        or takes a few tokens per call and, past a stop it finds in their text, rolls the file
-        back with :meth:`kv_truncate` (the extra tokens are still computed and metered)."""
+        ``advancing()``) and the decode ends only at a token id, a stop string, a step count or
+        the limits. Each :meth:`pred_token` is a round trip between two forwards, and while the
+        worker is busy the whole batch may wait for it; here the engine steps on. A loop that
+        must see something else between tokens (penalties counted from the tokens so far,
+        logprobs per token, a stop decided by the program's own logic) cannot hand the decision
+        to the worker: it either stays per token, or takes a few tokens per call and, past a stop
+        it finds, rolls the file back with :meth:`kv_truncate` (the extra tokens are still
+        computed and metered)."""
         choice = Choice(temperature, top_p, top_k, seed, mask, bias)
-        return self._drive(flows.pred_tokens(kv, tokens, steps, stop, choice, on_token))
+        return self._drive(flows.pred_tokens(kv, tokens, steps, stop, choice, on_token, stop_strings, stop_context))
 
     def pred_token_many(
         self,
@@ -388,7 +402,8 @@ class Session(SessionBase):
         seed: int | None = None,
         grammar: Grammar | GrammarState | None = None,
         stop: Iterable[int] | None = None,
-    ) -> list[int]:
+        stop_strings: Iterable[str] | str = (),
+    ) -> Decoded:
         """Decode up to ``max_tokens`` tokens after ``prompt`` into ``kv`` and return them.
 
         Stops at an EOS token (not returned, not appended) or, with ``grammar`` (a compiled
@@ -398,10 +413,15 @@ class Session(SessionBase):
         tokens (a prefilled fork): its last token is computed again to get the next one.
         The tokens are decoded in the worker (:meth:`pred_tokens`): one call, not one per token;
         with a ``seed``, the token at step ``j`` is sampled with ``seed + j``.
+
+        ``stop_strings``: it stops, too, at the token that makes the output's text contain one of
+        them (decided in the worker, see :meth:`pred_tokens`; use it instead of detokenising the
+        output token by token). That token is returned and appended; the result's
+        ``stop_string`` names the string, and the text past it is the program's to cut.
         """
         choice = Choice(temperature, top_p, top_k, seed)
         eos = self.info.eos_token_ids
-        return self._drive(flows.generate(kv, prompt, max_tokens, choice, grammar, stop, eos))
+        return self._drive(flows.generate(kv, prompt, max_tokens, choice, grammar, stop, eos, stop_strings))
 
     def release(self, dists: Iterable[Dist]) -> None:
         ds = list(dists)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from symphony import checks
@@ -51,6 +51,16 @@ class Predicted:
 
     dists: tuple[int, ...] = ()
     tokens: tuple[int, ...] = ()
+    #: The stop string the chosen tokens' text came to contain (``stop_strings``), or None.
+    stop_string: str | None = None
+
+
+class Decoded(list[int]):
+    """The tokens ``pred_tokens`` and ``generate`` return (a list of ids), with ``stop_string``:
+    the one of their ``stop_strings`` the tokens' text came to contain, the last token completing
+    it, or None when the decode ended otherwise."""
+
+    stop_string: str | None = None
 
 
 def _dists(value: dict[str, Any]) -> Predicted:
@@ -58,7 +68,8 @@ def _dists(value: dict[str, Any]) -> Predicted:
 
 
 def _chosen(value: dict[str, Any]) -> Predicted:
-    return Predicted(tokens=tuple(int(t) for t in protocol.ChosenTokens.from_wire(value).tokens))
+    reply = protocol.ChosenTokens.from_wire(value)
+    return Predicted(tokens=tuple(int(t) for t in reply.tokens), stop_string=reply.stop_string)
 
 
 @dataclass(frozen=True)
@@ -172,6 +183,10 @@ class StepCall:
     wanted: int
     stop: list[int]
     stream: bool
+    #: Text that ends the decode (``protocol.Pred``'s ``stop_strings``), and the tokens whose text
+    #: comes before this call's (its ``stop_context``: the decode's tokens so far, their tail).
+    stop_strings: list[str] = field(default_factory=list)
+    stop_context: list[int] = field(default_factory=list)
 
     @property
     def steps(self) -> int:
@@ -186,6 +201,7 @@ class StepCall:
         """The ``pred`` calls, in order: a prompt longer than one call goes first in calls that
         choose a token nobody reads (as ``pred_token``'s do); the last one decodes the steps."""
         head = [call for call, _ in pred_chunks(self.kv, self.tokens, None, then)]
+        context = self.stop_context[-protocol.MAX_STOP_CONTEXT_TOKENS :] if self.stop_strings else []
         last = protocol.Pred(
             kv=handle_id(self.kv),
             tokens=head.pop().args["tokens"],
@@ -193,13 +209,16 @@ class StepCall:
             steps=self.steps,
             stop=self.stop or None,
             stream=self.stream,
+            stop_strings=self.stop_strings or None,
+            stop_context=context or None,
         )
         return [*head, _call(last, _chosen)]
 
-    def ended(self, chosen: list[int]) -> bool:
-        """Whether the decode is over after this call chose ``chosen``: a stop token, or fewer
-        steps than asked (a step could not run; the next call would say why)."""
-        return chosen[-1] in self.stop or len(chosen) < self.steps
+    def ended(self, reply: Predicted) -> bool:
+        """Whether the decode is over after this call's ``reply``: a stop token or string, or
+        fewer steps than asked (a step could not run; the next call would say why)."""
+        chosen = reply.tokens
+        return reply.stop_string is not None or chosen[-1] in self.stop or len(chosen) < self.steps
 
 
 class TokenRelay:

@@ -43,6 +43,20 @@ def token_ids(tokens: Any, op: str) -> list[int]:
     return out
 
 
+def stop_strings(value: Any, op: str) -> list[str]:
+    """``stop_strings`` as a list of strings (one string alone is one stop string); their number
+    and lengths are the worker's to refuse (``protocol.MAX_STOP_STRINGS``)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, Iterable) or isinstance(value, (bytes, bytearray)):
+        raise InvalidArgument(f"stop_strings must be a list of strings, not {type(value).__name__}", op=op)
+    out = list(value)
+    for s in out:
+        if not isinstance(s, str):
+            raise InvalidArgument(f"stop_strings must hold strings, got {type(s).__name__} {s!r:.40}", op=op)
+    return out
+
+
 def mask(value: Any, op: str) -> None:
     """Refuse a compiled grammar where a matcher state belongs (``mask=grammar.state()``)."""
     if value is not None and callable(getattr(value, "state", None)) and hasattr(value, "id"):

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
 from symphony import calls, checks
-from symphony.calls import Call, Predicted, TokenRelay
+from symphony.calls import Call, Decoded, Predicted, TokenRelay
 from symphony.errors import InvalidArgument
 from symphony.handles import GrammarHandle, GrammarStateHandle
+from symphony.wire import protocol
 
 T = TypeVar("T")
 
@@ -109,14 +110,19 @@ def pred_tokens(
     stop: Iterable[int],
     choice: Choice,
     on_token: Callable[[int], Any] | None,
-) -> Flow[list[int]]:
+    stop_strings: Iterable[str] | str = (),
+    stop_context: Iterable[int] = (),
+) -> Flow[Decoded]:
     checks.mask(choice.mask, "pred")
     steps = checks.steps(steps, "pred")
     stops = checks.token_ids(stop, "pred")
-    out: list[int] = []
+    strings = checks.stop_strings(stop_strings, "pred")
+    # The text a stop string may begin in: the caller's, then each call's tokens for the next.
+    context = checks.token_ids(stop_context, "pred") if strings else []
+    out = Decoded()
     pending = checks.token_ids(tokens, "pred")
     while len(out) < steps:  # one call per ``MAX_PRED_STEPS`` tokens
-        step = calls.StepCall(kv, pending, steps - len(out), stops, on_token is not None)
+        step = calls.StepCall(kv, pending, steps - len(out), stops, on_token is not None, strings, context)
         *head, last = step.calls(choice.then(step.seed(choice.seed, len(out))))
         for call in head:  # the prompt's chunks: their chosen tokens are not read
             _ = yield call
@@ -124,9 +130,12 @@ def pred_tokens(
         reply: Predicted = yield (Streamed(last, relay) if on_token is not None else last)
         chosen = relay.rest(reply)
         out.extend(chosen)
-        if step.ended(chosen):
+        out.stop_string = reply.stop_string
+        if step.ended(reply):
             break
         pending = [chosen[-1]]
+        if strings:
+            context = (context + chosen)[-protocol.MAX_STOP_CONTEXT_TOKENS :]
     return out
 
 
@@ -138,7 +147,8 @@ def generate(
     grammar: Any,
     stop: Iterable[int] | None,
     eos_token_ids: Sequence[int],
-) -> Flow[list[int]]:
+    stop_strings: Iterable[str] | str = (),
+) -> Flow[Decoded]:
     """``generate``'s contract (``api.Session.generate``). ``grammar``: None, a grammar state
     to go on from (its ``finished`` is set when the decode ends at the grammar's end) or a
     compiled grammar, from which a fresh state is made."""
@@ -158,12 +168,12 @@ def generate(
     ends = stops | eos if mask is not None else stops
     pending = checks.token_ids(prompt, "generate")
     if max_tokens <= 0:
-        return []
+        return Decoded()
     if not pending:
         pending = yield from _reopen_last_token(kv)
     decode = Choice(choice.temperature, choice.top_p, choice.top_k, choice.seed, mask)
-    out = yield from pred_tokens(kv, pending, max_tokens, sorted(ends), decode, None)
-    if out[-1] in ends:
+    out = yield from pred_tokens(kv, pending, max_tokens, sorted(ends), decode, None, stop_strings)
+    if out.stop_string is None and out[-1] in ends:
         if state is not None and out[-1] in eos:
             state.finished = True
         if out[-1] in stops:  # not returned; every token before it is in the file already

@@ -140,6 +140,10 @@ def test_asyncio_flavour_streams_steps_on_its_loop(gpu_worker_process) -> None:
 
         got = await s.pred_tokens(await s.kv_create(), ids, 6, on_token=on_token)
         ref = await s.generate(await s.kv_create(), ids, 6, stop=[])
+        # The text of the first three tokens, as a stop string: first whole at the third.
+        text = await s.detokenize(got[:3])
+        cut = await s.pred_tokens(await s.kv_create(), ids, 6, stop_strings=[text])
+        assert list(cut) == got[:3] and cut.stop_string == text
         s.close()
         return got, streamed, ref
 
@@ -159,3 +163,92 @@ def test_generate_ended_by_a_stop_token_leaves_prompt_and_output_in_the_file(ses
     kv = session.kv_create()
     out = session.generate(kv, ids, 12, stop=[stop], temperature=1.0, seed=5)
     assert out == want[:cut] and session.kv_tokens(kv) == ids + out
+
+
+def _spanning_stop(s: sy.Session, tokens: list[int], first: int = 1) -> tuple[str, int]:
+    """A string whose first whole-text occurrence spans tokens ``k`` and ``k + 1`` (``k`` from
+    ``first`` on): (it, k + 1)."""
+    for k in range(first, len(tokens) - 1):
+        a, b = s.detokenize(tokens[k : k + 1]), s.detokenize(tokens[k + 1 : k + 2])
+        if not a or not b or "\ufffd" in a + b:
+            continue
+        stop = a[-1] + b[0]
+        if stop not in s.detokenize(tokens[: k + 1]) and stop in s.detokenize(tokens[: k + 2]):
+            return stop, k + 1
+    raise AssertionError(f"no stop string spans two tokens of {tokens}")
+
+
+def test_a_stop_string_spanning_two_tokens_ends_the_call_at_the_token_completing_it(session) -> None:
+    """The worker detokenises the tokens it chooses: the call ends at the token whose text
+    completes a string, returns it last (not in the file yet) and says which string it was."""
+    ids = session.tokenize(PROMPT)
+    want = one_by_one(session, ids, 24, temperature=1.0, seed=5)
+    stop, end = _spanning_stop(session, want)
+    kv = session.kv_create()
+    got = session.pred_tokens(kv, ids, 24, temperature=1.0, seed=5, stop_strings=["\x00never", stop])
+    assert list(got) == want[: end + 1] and got.stop_string == stop
+    assert session.kv_tokens(kv) == ids + want[:end], "the last token is not in the file yet, as always"
+    # A string that never comes: every step runs, and nothing is named.
+    kv = session.kv_create()
+    got = session.pred_tokens(kv, ids, 24, temperature=1.0, seed=5, stop_strings="\x00never")
+    assert list(got) == want and got.stop_string is None
+    # A string begun in the context's text: the answer's first token, chosen by an earlier call
+    # and passed as ``stop_context``; without it the call sees only its own tokens' text.
+    opening, second = _spanning_stop(session, want, first=0)
+    assert second == 1, "the string spans the first two tokens"
+    for context, want_end in (([want[0]], 1), ([], None)):
+        kv = session.kv_create()
+        first = session.pred_token(kv, ids, temperature=1.0, seed=5)
+        assert first == want[0]
+        rest = session.pred_tokens(
+            kv, [first], 23, temperature=1.0, seed=6, stop_strings=[opening], stop_context=context
+        )
+        if want_end is None:
+            assert rest.stop_string is None or len(rest) > 1
+        else:
+            assert [first, *rest] == want[: want_end + 1] and rest.stop_string == opening
+    # generate: the token completing the string is returned and appended.
+    kv = session.kv_create()
+    out = session.generate(kv, ids, 24, temperature=1.0, seed=5, stop=[], stop_strings=[stop])
+    assert list(out) == want[: end + 1] and out.stop_string == stop
+    assert session.kv_tokens(kv) == ids + list(out)
+
+
+def test_a_stop_string_across_two_calls_is_found_by_the_second(session, monkeypatch) -> None:
+    """Past ``MAX_PRED_STEPS`` the next call watches on from the text of the tokens before it."""
+    ids = session.tokenize(PROMPT)
+    want = one_by_one(session, ids, 24, temperature=1.0, seed=5)
+    stop, end = _spanning_stop(session, want)
+    monkeypatch.setattr(protocol, "MAX_PRED_STEPS", end)  # the first call ends one token short
+    streamed: list[int] = []
+    got = session.pred_tokens(
+        session.kv_create(), ids, 24, temperature=1.0, seed=5, stop_strings=[stop], on_token=streamed.append
+    )
+    assert list(got) == streamed == want[: end + 1] and got.stop_string == stop
+
+
+def test_stop_strings_past_their_bounds_are_refused_with_einval(session) -> None:
+    ids = session.tokenize(PROMPT)
+    kv = session.kv_create()
+    then = {"argmax": {}}
+    conn = session.conn
+    for args, message in (
+        ({"steps": 4, "then": then, "stop_strings": ["a"] * (protocol.MAX_STOP_STRINGS + 1)}, "stop_strings"),
+        ({"steps": 4, "then": then, "stop_strings": ["x" * (protocol.MAX_STOP_STRING_CHARS + 1)]}, "stop_strings"),
+        ({"steps": 4, "then": then, "stop_strings": [""]}, "non-empty strings"),
+        ({"steps": 4, "then": then, "stop_strings": [7]}, "stop_strings"),
+        ({"stop_strings": ["a"]}, "need then"),
+        ({"steps": 4, "then": then, "stop_strings": ["a"], "positions": [0]}, "last position only"),
+        ({"steps": 4, "then": then, "stop_strings": ["a"], "stop_context": [1] * 600}, "stop_context"),
+    ):
+        with pytest.raises(sy.InvalidArgument, match=message) as raised:
+            conn.call("pred", {"kv": kv.id, "tokens": ids, **args})
+        assert raised.value.code == "EINVAL"
+    with pytest.raises(sy.InvalidArgument, match="at most 128 characters"):
+        session.pred_tokens(kv, ids, 4, stop_strings=["y" * 129])
+    assert len(kv) == 0, "nothing refused landed"
+    # At the bounds: accepted.
+    got = session.pred_tokens(
+        kv, ids, 3, stop_strings=["z" * protocol.MAX_STOP_STRING_CHARS] * protocol.MAX_STOP_STRINGS
+    )
+    assert len(got) == 3 and got.stop_string is None
