@@ -31,12 +31,19 @@ the top-1024 tokens whose probability is at least ``min_p`` times the most likel
 Round trips per token (each one is time the batch may wait for this program): without
 ``logprobs`` and ``min_p`` the decode loop uses ``pred_token`` (the forward and the choice of the
 next token in one call, no Dist handle), and the prompt's prefill of a single choice chooses its
-first token the same way. When no stop string (or ``auto`` tool marker) is watched, the text
-cannot end the decode, so detokenising and streaming it run on a second thread (``Streamer``)
-while the next forward is already queued; and when, besides, every step chooses alike (no
-presence or frequency penalty, which count the tokens so far) the worker decodes the tokens
-itself (``pred_tokens``): one call for the whole answer, each token streamed as it is chosen,
-and no round trip to this program between two forwards.
+first token the same way. When every step chooses alike (no presence or frequency penalty,
+which count the tokens so far, nor ``min_tokens`` or a repetition penalty) the worker decodes the
+tokens itself (``pred_tokens``): one call for the whole answer, each token streamed as it is
+chosen, and no round trip to this program between two forwards. Stop strings and the ``auto``
+tool marker do not keep it from that: the worker watches the text for them (``stop_strings``)
+and ends the call at the token that completes one; the program then cuts the text at the
+earliest one as before (the string is not returned) and, for the marker, goes on to the call's
+grammar as before. The answer's first token, chosen by the prefill, the program looks at
+itself (one ``detokenize``) and passes as the text the worker's watch goes on from. The text is detokenised
+and streamed on a second thread (``Streamer``), holding back what a stop string could still
+claim. Otherwise the program looks at each token's text itself (``detokenize`` of the answer so
+far, then the next ``pred_token``); without a stop string or marker watched that too runs on
+the ``Streamer`` while the next forward is already queued.
 
 Tool calls: a call is ``<tool_call>`` + JSON generated under the grammar of the call schema
 (the name of an offered function and arguments matching its parameters) + ``</tool_call>``.
@@ -89,6 +96,12 @@ MIN_P_CANDIDATES = 1024
 MAX_BIAS_ENTRIES = 4096
 #: Most token ids one ``pred_tokens`` may stop at (the worker's bound).
 MAX_STOP_TOKENS = 256
+#: Most stop strings one ``pred_tokens`` may watch, and their longest (the worker's bounds):
+#: past them the program watches the text itself, token by token.
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 128
+#: Answer tokens passed as the text the worker's watch goes on from (its bound).
+MAX_STOP_CONTEXT_TOKENS = 4 * MAX_STOP_STRING_CHARS
 #: Prompt positions one ``pred`` may return distributions for (echo with logprobs).
 MAX_ECHO_LOGPROB_TOKENS = 1024
 #: The bias that bars a token (``min_tokens``): far below any logit, within the worker's bound.
@@ -250,16 +263,19 @@ def _token_logprob(dist, tok, k, vocab):
 class Streamer:
     """Detokenises and streams a choice's text on its own thread while the decode goes on.
 
-    Only used when no stop string is watched: then the text never ends the decode, and the
-    two round trips a token costs (``detokenize`` of the answer so far, ``send_to_user``) need
-    not sit between one forward and the next. Each token's text goes out as its own message,
-    in order, even when several arrived during one send: the bytes a run streams (which its
-    bill counts) then depend on the tokens alone, not on how fast sends were against the decode.
-    The choice sends the final text itself after :meth:`close`.
+    Used when the program need not look at the text before the next forward: nothing is
+    watched, or the worker watches the strings (``watch``) itself. Then the two round trips a
+    token costs (``detokenize`` of the answer so far, ``send_to_user``) need not sit between one
+    forward and the next. Each token's text goes out as its own message, in order, even when
+    several arrived during one send: the bytes a run streams (which its bill counts) then depend
+    on the tokens alone, not on how fast sends were against the decode. With ``watch``, what a
+    string could still claim is held back (``_held_back``, as the program's own loop does) and
+    nothing goes out once the text holds one. The choice sends the final text itself after
+    :meth:`close`.
     """
 
-    def __init__(self, choice, ids):
-        self.choice, self.ids = choice, ids
+    def __init__(self, choice, ids, watch=()):
+        self.choice, self.ids, self.watch = choice, ids, watch
         self.queue = queue.SimpleQueue()
         self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -282,7 +298,9 @@ class Streamer:
                 count = self.queue.get()
                 if count is None:
                     return
-                self.choice.stream(detokenize(self.ids[:count]), final=False)
+                text = detokenize(self.ids[:count])
+                if _first(text, self.watch)[0] < 0:  # past a stop: the final text is cut there
+                    self.choice.stream(text, final=False, hold=_held_back(text, self.watch))
         except Exception as exc:  # handed to the decode thread by ``close``
             self.error = exc
 
@@ -345,10 +363,11 @@ class Choice:
         else:
             self.dist = self._pred([tok])[-1]
 
-    def decode_in_worker(self, mask, ids, streamer):
-        """The text phase when nothing is watched and every step chooses alike: the worker
-        chooses and appends the tokens (``pred_tokens``, in as few calls as it can) and each one
-        streams as soon as it is chosen. Returns the finish reason."""
+    def decode_in_worker(self, mask, ids, streamer, watch):
+        """The text phase when every step chooses alike: the worker chooses and appends the
+        tokens (``pred_tokens``, in as few calls as it can), ends at a string of ``watch`` too,
+        and each token streams as soon as it is chosen. Returns the finish reason (the caller
+        cuts the text at a string)."""
         eos = self.ctx.eos
 
         def take(tok):  # on the thread reading the socket: no Symphony call here
@@ -362,15 +381,21 @@ class Choice:
         if tok in eos:
             return "stop"
         take(tok)
+        if watch and _first(detokenize(ids), watch)[0] >= 0:  # the prefill's token alone
+            return "stop"
         while self.steps < self.max_tokens:
             left, params = self.max_tokens - self.steps, self.sampler.params(self.steps, mask)
+            # The text so far (its tail): a string may begin in it and end in the new tokens'.
+            text = {"stop_strings": watch, "stop_context": ids[-MAX_STOP_CONTEXT_TOKENS:]} if watch else {}
             chosen = self._on_kv(
-                lambda kv, tok=tok, left=left, params=params: pred_tokens(
-                    kv, [tok], left, stop=sorted(eos), on_token=take, **params
+                lambda kv, tok=tok, left=left, params=params, text=text: pred_tokens(
+                    kv, [tok], left, stop=sorted(eos), on_token=take, **text, **params
                 )
             )
-            tok = chosen[-1]  # not in the file yet: the next call appends it (fewer than asked
-            if tok in eos:  # came back when a step could not run; that call then says why)
+            # The last token is not in the file yet: the next call appends it (fewer than asked
+            # came back when a step could not run; that call then says why).
+            tok = chosen[-1]
+            if tok in eos or chosen.stop_string is not None:
                 return "stop"
         return "length"
 
@@ -402,11 +427,17 @@ class Choice:
         ids, finish, opened = [], "length", False
         text, after, tok = "", "", None
         plain = not watch and self.logprobs is None and self.max_tokens > 1
-        streamer = Streamer(self, ids) if plain else None
-        in_worker = plain and self.same_choice and len(ctx.eos) <= MAX_STOP_TOKENS
+        in_worker = (
+            self.same_choice
+            and self.max_tokens > 1
+            and len(ctx.eos) <= MAX_STOP_TOKENS
+            and len(watch) <= MAX_STOP_STRINGS
+            and all(len(s) <= MAX_STOP_STRING_CHARS for s in watch)
+        )
+        streamer = Streamer(self, ids, watch) if plain or in_worker else None
         try:
             if in_worker:
-                finish = self.decode_in_worker(mask, ids, streamer)
+                finish = self.decode_in_worker(mask, ids, streamer, watch)
             else:
                 while self.steps < self.max_tokens:
                     tok = self.next_token(mask)
@@ -440,8 +471,13 @@ class Choice:
         finally:
             if streamer is not None:
                 streamer.close()
-        if streamer is not None:  # nothing is watched: the text is all the tokens'
+        if streamer is not None:  # the text is all the tokens', up to a string the worker saw
             text = detokenize(ids)
+            cut, which = _first(text, watch)
+            if cut >= 0:
+                after = text[cut + len(which) :]
+                text, finish, opened = text[:cut], "stop", which == CALL_OPEN
+                tok = ids[-1]  # the marker's last token (not in the file yet)
         self.stream(text, final=True)
         if opened:  # the marker's last token (and its line break, as calls are written), then the call
             newline = [] if "\n" in after else ctx.newline_ids

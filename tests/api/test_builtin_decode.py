@@ -1,6 +1,7 @@
-"""The built-in OpenAI program's decode against a real worker: a plain answer (nothing the
-program must look at between tokens) is decoded inside the worker in one multi-step call and
-streamed token by token, with the same text as the token-by-token path."""
+"""The built-in OpenAI program's decode against a real worker: an answer whose every step
+chooses alike is decoded inside the worker in one multi-step call and streamed token by token,
+stop strings and all (the worker watches the text), with the same text as the token-by-token
+path."""
 
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ def _builtin_program():
     return module
 
 
-def _run(worker, **args):
-    """(result, streamed deltas, the worker's pred calls for it)."""
+def _run(worker, messages=MESSAGES, in_worker=True, **args):
+    """(result, streamed deltas, the worker's pred calls for it). Not ``in_worker``: the program
+    as if the worker took no stop strings, so it watches the text itself, token by token."""
     program = _builtin_program()
+    if not in_worker:
+        program.MAX_STOP_STRINGS = 0
     deltas: list[str] = []
     program.send_to_user = lambda message: deltas.append(message.get("delta", ""))
     info = worker.create_session()
@@ -35,7 +39,7 @@ def _run(worker, **args):
     sy.set_session(session)
     calls_before = worker.admin.stats()["scheduler"]["calls"]
     try:
-        result = program.main({"messages": MESSAGES, "temperature": 0, **args})
+        result = program.main({"messages": messages, "temperature": 0, **args})
     finally:
         sy.set_session(None)
         session.close()
@@ -45,8 +49,10 @@ def _run(worker, **args):
 
 def test_a_plain_answer_is_one_worker_call_streamed_token_by_token(gpu_worker_process) -> None:
     plain, deltas, calls, usage = _run(gpu_worker_process, max_tokens=24)
-    # A stop string the text never contains makes the program look at every token.
-    stepped, _, stepped_calls, stepped_usage = _run(gpu_worker_process, max_tokens=24, stop=["\x00never"])
+    # A stop string the text never contains, watched by the program: it looks at every token.
+    stepped, _, stepped_calls, stepped_usage = _run(
+        gpu_worker_process, max_tokens=24, stop=["\x00never"], in_worker=False
+    )
     (choice,) = plain["choices"]
     assert choice == stepped["choices"][0] and plain["usage"] == stepped["usage"]
     assert choice["text"] and "".join(deltas) == choice["text"]
@@ -56,6 +62,62 @@ def test_a_plain_answer_is_one_worker_call_streamed_token_by_token(gpu_worker_pr
     steps = plain["usage"]["completion_tokens"]
     assert stepped_calls == 1 + steps - (choice["finish_reason"] == "length")
     assert usage["pred_calls"] == stepped_usage["pred_calls"], "billed alike"
+
+
+PROMPTS = [
+    MESSAGES,
+    [{"role": "user", "content": "Write a short story about a lighthouse."}],
+    [{"role": "user", "content": "Übersetze: 日本語 and naïve café."}],
+]
+
+
+def test_stop_strings_are_watched_by_the_worker_with_the_text_of_the_token_by_token_path(gpu_worker_process) -> None:
+    """A chat with ``stop``: the same choice (text cut before the string, finish, tokens), usage
+    and streamed text as when the program looks at every token itself, in two worker calls
+    (the prompt's, then the whole answer's) instead of one per token. Greedy and seeded
+    sampling (the tiny random model's greedy answer is one line break after another)."""
+    shorter = 0
+    for messages, params in [(m, {"temperature": 0}) for m in PROMPTS] + [
+        (PROMPTS[0], {"temperature": 0.9, "seed": 7}),
+        (PROMPTS[1], {"temperature": 1.0, "seed": 3}),
+        (PROMPTS[2], {"temperature": 1.0, "seed": 11}),
+    ]:
+        plain, _, _, _ = _run(gpu_worker_process, messages, max_tokens=32, **params)
+        whole = plain["choices"][0]["text"]
+        # Strings whose first occurrence starts at the first character, a third and two thirds in.
+        starts = sorted({0, len(whole) // 3, 2 * len(whole) // 3})
+        stops = {whole[i : i + 3] for i in starts if whole.find(whole[i : i + 3]) == i}
+        assert stops, whole
+        for stop in sorted(stops):
+            run = {"max_tokens": 32, "stop": ["\x00never", stop], **params}
+            new, deltas, calls, usage = _run(gpu_worker_process, messages, **run)
+            old, old_deltas, old_calls, old_usage = _run(gpu_worker_process, messages, in_worker=False, **run)
+            (choice,) = new["choices"]
+            assert choice == old["choices"][0] and new["usage"] == old["usage"], (stop, choice, old)
+            assert choice["text"] == whole[: whole.find(stop)] and choice["finish_reason"] == "stop", (stop, choice)
+            assert "".join(deltas) == "".join(old_deltas) == choice["text"]
+            assert usage["pred_calls"] == old_usage["pred_calls"], "billed alike"
+            # Token by token: the prompt's call, then one per token but the one completing the stop.
+            assert old_calls == new["usage"]["completion_tokens"]
+            assert calls == min(2, old_calls), (stop, calls)
+            shorter += old_calls >= 8
+    assert shorter >= 3, "strings many tokens in were tried"
+
+
+def test_the_auto_tool_marker_is_watched_by_the_worker_too(gpu_worker_process) -> None:
+    """``auto`` tools: the marker that opens a call is one more string the worker watches; an
+    answer that never writes it is the token-by-token path's, in two calls."""
+    from api.services.openai_tools import call_schema_text
+
+    weather = {"name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+    tools = {"call_schema": call_schema_text([weather]), "mode": "auto", "parallel": False}
+    run = {"max_tokens": 24, "tools": tools, "temperature": 1.0, "seed": 5}
+    new, deltas, calls, _ = _run(gpu_worker_process, **run)
+    old, old_deltas, old_calls, _ = _run(gpu_worker_process, in_worker=False, **run)
+    (choice,) = new["choices"]
+    assert choice == old["choices"][0] and "tool_calls" not in choice and choice["finish_reason"] == "length"
+    assert "".join(deltas) == "".join(old_deltas) == choice["text"]
+    assert calls == 2 and old_calls == 24
 
 
 def test_penalties_keep_the_program_in_the_loop(gpu_worker_process) -> None:
@@ -76,7 +138,7 @@ def test_the_streamer_sends_every_token_however_slow_its_sends_are():
     first_send = threading.Event()
 
     class SlowChoice:
-        def stream(self, text, final):
+        def stream(self, text, final, hold=0):
             sent.append(text)
             first_send.set()
             time.sleep(0.05)  # every further token arrives during this send

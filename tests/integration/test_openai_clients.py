@@ -264,7 +264,7 @@ def test_fused_decode_chooses_what_the_distribution_path_chooses(stack, api_tena
         )
         assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text, params
         assert chunks[-1].choices[0].finish_reason == fused.choices[0].finish_reason
-    # A stop string (watched: decoded one token at a time) ends the text where it starts.
+    # A stop string (watched by the worker as it decodes) ends the text where it starts.
     whole = client.chat.completions.create(model="any", messages=prompt, max_tokens=24, temperature=0)
     word = whole.choices[0].message.content.split()[3]
     cut = client.chat.completions.create(model="any", messages=prompt, max_tokens=24, temperature=0, stop=[word])
