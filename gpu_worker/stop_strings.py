@@ -51,7 +51,9 @@ class StopWatch:
         self.decode = decode
         self.strings = tuple(strings)
         self.longest = max(map(len, self.strings))
-        self.ids = list(context)
+        # Enough of the context for its last ``longest - 1`` characters (a character is at most
+        # four byte tokens) and the tokens the next ones decode after: the rest is not decoded.
+        self.ids = list(context[-(4 * self.longest + CONTEXT_TOKENS) :])
         self.read = len(self.ids)
         while self.read > max(0, len(self.ids) - 3) and decode(self.ids[: self.read]).endswith(_INCOMPLETE):
             self.read -= 1

@@ -113,3 +113,14 @@ def test_every_string_ends_at_the_token_where_the_whole_lists_text_first_holds_i
             watch = StopWatch(tok.decode, [stop])
             got = next((i for i, t in enumerate(ids) if watch.ends_at(t)), None)
             assert got == want, f"{stop!r}"
+
+
+def test_a_long_context_is_decoded_only_as_far_as_the_strings_reach(tok) -> None:
+    ids = tok.encode("word " * 600 + "the end of it")
+    cut = len(ids) - 2
+    assert tok.decode(ids[:cut]).endswith(" end"), "the string begins in the context"
+    counting = CountingDecode(tok)
+    watch = StopWatch(counting, ["d of"], ids[:cut])
+    assert counting.tokens < 100, "not the 600-token context"
+    ended = [watch.ends_at(t) for t in ids[cut:]]
+    assert ended[0] and watch.matched == "d of"
