@@ -18,9 +18,9 @@ that of decoding the whole list, less a trailing incomplete character; the strin
 for in that text followed by the text not taken yet, which is what decoding the whole list
 shows at that token (so a string ends the call at the token it would end a program's loop of
 ``detokenize`` at, even next to an incomplete character). One bound keeps a
-degenerate decode (a mask that allows only lone UTF-8 lead bytes) from growing the window: past
-``MAX_UNREAD`` tokens not yet taken the text is taken as it is, U+FFFD included, as decoding the
-whole list would show it then.
+degenerate decode (a mask that allows only lone UTF-8 lead bytes, or tokens that decode to no
+text) from growing the window: past ``MAX_UNREAD`` tokens not yet taken the text is taken as it
+is, U+FFFD included, as decoding the whole list would show it then.
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ class StopWatch:
         new = window[len(before) :]
         if new:
             self._look(new)
-        if not new or (new.endswith(_INCOMPLETE) and len(self.ids) - self.read <= MAX_UNREAD):
-            return ""
+        if (not new or new.endswith(_INCOMPLETE)) and len(self.ids) - self.read <= MAX_UNREAD:
+            return ""  # (tokens that decode to no text wait the same way, within the same bound)
         self.prefix, self.read = self.read, len(self.ids)
         if self.longest > 1:
             self.tail = (self.tail + new)[-(self.longest - 1) :]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_worker.stop_strings import StopWatch
+from gpu_worker.stop_strings import MAX_UNREAD, StopWatch
 from gpu_worker.tokenizer import Tokenizer
 
 TEXT = "Hello, wörld! 日本語 text 🎉 and more: naïve café, Ελληνικά.\nThe end."
@@ -124,3 +124,15 @@ def test_a_long_context_is_decoded_only_as_far_as_the_strings_reach(tok) -> None
     assert counting.tokens < 100, "not the 600-token context"
     ended = [watch.ends_at(t) for t in ids[cut:]]
     assert ended[0] and watch.matched == "d of"
+
+
+def test_tokens_that_never_complete_a_character_keep_the_window_bounded(tok) -> None:
+    """A decode a mask keeps to lone UTF-8 lead bytes: each step still decodes a bounded window."""
+    lead = next(
+        t for t in range(tok.vocab_size) if tok.decode([t]) == "\ufffd" and tok.decode([t, t]) == "\ufffd\ufffd"
+    )
+    counting = CountingDecode(tok)
+    watch = StopWatch(counting, ["\x00never"])
+    for _ in range(300):
+        watch.feed(lead)
+    assert counting.tokens < 300 * 2 * (2 * MAX_UNREAD + 2), "not the whole answer (90,000)"
