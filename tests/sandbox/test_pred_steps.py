@@ -252,3 +252,27 @@ def test_stop_strings_past_their_bounds_are_refused_with_einval(session) -> None
         kv, ids, 3, stop_strings=["z" * protocol.MAX_STOP_STRING_CHARS] * protocol.MAX_STOP_STRINGS
     )
     assert len(got) == 3 and got.stop_string is None
+
+
+@pytest.mark.docker
+def test_a_sandboxed_program_ends_its_decode_at_a_stop_string(lip_runner) -> None:
+    """The same through gVisor and the image's SDK: one ``pred_tokens`` call where the program
+    would otherwise detokenise after every token."""
+    run = lip_runner.run(
+        """
+        import symphony as sy
+
+        def main(args):
+            ids = sy.tokenize(args["prompt"])
+            want = sy.pred_tokens(sy.kv_create(), ids, 16, temperature=1.0, seed=5)
+            text = sy.detokenize(want[:5])
+            got = sy.generate(sy.kv_create(), ids, 16, temperature=1.0, seed=5, stop=[], stop_strings=[text])
+            return {"want": list(want), "got": list(got), "stop": got.stop_string, "text": text}
+        """,
+        {"prompt": PROMPT},
+    )
+    assert run.result.status == "succeeded", run.result
+    out = run.result.result
+    assert out["got"] == out["want"][:5] and out["stop"] == out["text"]
+    # Prompt, the first decode's 16 steps and the second's 5 (its last token appended by generate).
+    assert run.session_end.usage["pred_calls"] == 16 + 5 + 1
