@@ -39,7 +39,7 @@ def _run(worker, messages=MESSAGES, in_worker=True, **args):
     sy.set_session(session)
     calls_before = worker.admin.stats()["scheduler"]["calls"]
     try:
-        result = program.main({"messages": messages, "temperature": 0, **args})
+        result = program.main({**({} if messages is None else {"messages": messages}), "temperature": 0, **args})
     finally:
         sy.set_session(None)
         session.close()
@@ -118,6 +118,47 @@ def test_the_auto_tool_marker_is_watched_by_the_worker_too(gpu_worker_process) -
     assert choice == old["choices"][0] and "tool_calls" not in choice and choice["finish_reason"] == "length"
     assert "".join(deltas) == "".join(old_deltas) == choice["text"]
     assert calls == 2 and old_calls == 24
+
+
+@pytest.fixture(scope="module")
+def model_worker(default_model_dir):
+    """A worker on the real default model: it writes the ``auto`` tool marker when asked to."""
+    from tests.plugins.worker import start_worker
+
+    with start_worker(default_model_dir, dtype="float32", name="builtin-decode") as worker:
+        yield worker
+
+
+def test_an_auto_tool_call_opened_in_the_worker_is_the_token_by_token_paths(model_worker) -> None:
+    """The marker ends the worker's decode like a stop string; the program cuts the text there
+    and generates the call under its grammar, as when it watched every token itself."""
+    from api.services.openai_tools import call_schema_text
+
+    weather = {
+        "name": "get_weather",
+        "description": "Current weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    }
+    # A prompt whose examples make the model answer with a call after a few words.
+    shot = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>\n'
+    prompt = (
+        f"Q: What is the weather in Rome?\nA: Let me check. {shot % 'Rome'}"
+        f"Q: What is the weather in Oslo?\nA: Let me check. {shot % 'Oslo'}"
+        "Q: What is the weather in Paris?\nA:"
+    )
+    tools = {"call_schema": call_schema_text([weather]), "mode": "auto", "parallel": False}
+    run = {"max_tokens": 60, "tools": tools, "prompts": [prompt]}
+    new, deltas, calls, _ = _run(model_worker, None, **run)
+    old, old_deltas, old_calls, _ = _run(model_worker, None, in_worker=False, **run)
+    (choice,) = new["choices"]
+    strip = [{k: v for k, v in call.items() if k != "id"} for call in choice.get("tool_calls", [])]
+    old_strip = [{k: v for k, v in call.items() if k != "id"} for call in old["choices"][0].get("tool_calls", [])]
+    assert strip and strip == old_strip and choice["finish_reason"] == "tool_calls", (choice, old)
+    assert choice["text"] == old["choices"][0]["text"] and new["usage"] == old["usage"]
+    assert "".join(deltas) == "".join(old_deltas)
+    # The call's grammar phase is token by token on both; the text before it is two calls here
+    # (the prompt's and the worker's decode up to the marker), one per token there.
+    assert choice["text"] and old_calls - calls >= 5, (choice["text"], calls, old_calls)
 
 
 def test_penalties_keep_the_program_in_the_loop(gpu_worker_process) -> None:
