@@ -234,14 +234,17 @@ class Sampler:
 
 
 def _held_back(text, stops):
-    """How many trailing characters could still grow into a stop string (not streamed yet)."""
+    """How many trailing characters could still grow into a stop string (not streamed yet).
+    An incomplete character at the end (U+FFFD until its next byte token comes, never streamed)
+    may complete one: what comes before it is held with it."""
+    body = text[:-1] if text.endswith("\ufffd") else text
     hold = 0
     for stop in stops:
-        for k in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:k]):
+        for k in range(min(len(stop) - 1, len(body)), 0, -1):
+            if body.endswith(stop[:k]):
                 hold = max(hold, k)
                 break
-    return hold
+    return hold + len(text) - len(body) if hold else 0
 
 
 def _first(text, needles):

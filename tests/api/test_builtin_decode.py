@@ -71,37 +71,44 @@ PROMPTS = [
 ]
 
 
-def test_stop_strings_are_watched_by_the_worker_with_the_text_of_the_token_by_token_path(gpu_worker_process) -> None:
-    """A chat with ``stop``: the same choice (text cut before the string, finish, tokens), usage
-    and streamed text as when the program looks at every token itself, in two worker calls
-    (the prompt's, then the whole answer's) instead of one per token. Greedy and seeded
-    sampling (the tiny random model's greedy answer is one line break after another)."""
-    shorter = 0
-    for messages, params in [(m, {"temperature": 0}) for m in PROMPTS] + [
-        (PROMPTS[0], {"temperature": 0.9, "seed": 7}),
-        (PROMPTS[1], {"temperature": 1.0, "seed": 3}),
-        (PROMPTS[2], {"temperature": 1.0, "seed": 11}),
-    ]:
-        plain, _, _, _ = _run(gpu_worker_process, messages, max_tokens=32, **params)
+def _same_stops_fewer_calls(worker, cases) -> int:
+    """For each (messages, sampling) case and strings whose first occurrence in its answer starts
+    at the first character, a third and two thirds in: the same choice (text cut before the
+    string, finish, tokens), usage and streamed text with the worker watching the strings as
+    with the program watching every token, in two worker calls (the prompt's, then the whole
+    answer's) instead of one per token. Returns how many took eight or more tokens."""
+    many = 0
+    for messages, params in cases:
+        plain, _, _, _ = _run(worker, messages, max_tokens=32, **params)
         whole = plain["choices"][0]["text"]
-        # Strings whose first occurrence starts at the first character, a third and two thirds in.
         starts = sorted({0, len(whole) // 3, 2 * len(whole) // 3})
         stops = {whole[i : i + 3] for i in starts if whole.find(whole[i : i + 3]) == i}
         assert stops, whole
         for stop in sorted(stops):
             run = {"max_tokens": 32, "stop": ["\x00never", stop], **params}
-            new, deltas, calls, usage = _run(gpu_worker_process, messages, **run)
-            old, old_deltas, old_calls, old_usage = _run(gpu_worker_process, messages, in_worker=False, **run)
+            new, deltas, calls, usage = _run(worker, messages, **run)
+            old, old_deltas, old_calls, old_usage = _run(worker, messages, in_worker=False, **run)
             (choice,) = new["choices"]
             assert choice == old["choices"][0] and new["usage"] == old["usage"], (stop, choice, old)
             assert choice["text"] == whole[: whole.find(stop)] and choice["finish_reason"] == "stop", (stop, choice)
-            assert "".join(deltas) == "".join(old_deltas) == choice["text"]
+            assert "".join(deltas) == "".join(old_deltas) == choice["text"], (stop, deltas, old_deltas, whole)
             assert usage["pred_calls"] == old_usage["pred_calls"], "billed alike"
             # Token by token: the prompt's call, then one per token but the one completing the stop.
             assert old_calls == new["usage"]["completion_tokens"]
             assert calls == min(2, old_calls), (stop, calls)
-            shorter += old_calls >= 8
-    assert shorter >= 3, "strings many tokens in were tried"
+            many += old_calls >= 8
+    return many
+
+
+def test_stop_strings_are_watched_by_the_worker_with_the_text_of_the_token_by_token_path(gpu_worker_process) -> None:
+    """Greedy and seeded sampling on the tiny model (its greedy answer is one line break after
+    another, so sampling makes the strings fall past the first tokens)."""
+    cases = [(m, {"temperature": 0}) for m in PROMPTS] + [
+        (PROMPTS[0], {"temperature": 0.9, "seed": 7}),
+        (PROMPTS[1], {"temperature": 1.0, "seed": 3}),
+        (PROMPTS[2], {"temperature": 1.0, "seed": 11}),
+    ]
+    assert _same_stops_fewer_calls(gpu_worker_process, cases) >= 3, "strings many tokens in were tried"
 
 
 def test_the_auto_tool_marker_is_watched_by_the_worker_too(gpu_worker_process) -> None:
@@ -127,6 +134,11 @@ def model_worker(default_model_dir):
 
     with start_worker(default_model_dir, dtype="float32", name="builtin-decode") as worker:
         yield worker
+
+
+def test_greedy_answers_of_the_real_model_stop_alike(model_worker) -> None:
+    """Greedy decoding of the default model: real text, strings across words and tokens."""
+    assert _same_stops_fewer_calls(model_worker, [(m, {"temperature": 0}) for m in PROMPTS]) >= 4
 
 
 def test_an_auto_tool_call_opened_in_the_worker_is_the_token_by_token_paths(model_worker) -> None:
@@ -194,3 +206,12 @@ def test_the_streamer_sends_every_token_however_slow_its_sends_are():
         streamer.push()
     streamer.close()
     assert sent == ["<1>", "<1><2>", "<1><2><3>", "<1><2><3><4>"]
+
+
+def test_what_a_stop_string_could_still_claim_is_held_back_before_an_incomplete_character():
+    """Streamed text never shows a stop string's beginning: not when an incomplete character
+    (U+FFFD until its next byte token) follows it either, as "お" before "わ" of "おわん" does."""
+    program = _builtin_program()
+    assert program._held_back("abc", ["cd"]) == 1 and program._held_back("abc", ["xy"]) == 0
+    assert program._held_back("xお\ufffd", ["おわん"]) == 2
+    assert program._held_back("xお\ufffd", ["zz"]) == 0  # (the stream drops the U+FFFD itself)
