@@ -300,7 +300,7 @@ class BenchResult:
             "started": self.started,
             "wall_s": self.wall_s,
             "machine": machine(),
-            "code": code_version(),
+            "code": CODE_AT_START,
             "command": command(),
             "protocol": self.protocol(),
             "comparisons": [c.to_dict() for c in self.comparisons],
@@ -364,6 +364,11 @@ def code_version() -> dict[str, Any]:
     if not commit:
         return {"commit": None, "dirty": None}
     return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
+#: The code this benchmark process measures, read as it starts (a commit made while it runs is
+#: not what it measured).
+CODE_AT_START = code_version()
 
 
 def machine() -> dict[str, Any]:
