@@ -353,8 +353,8 @@ def command() -> str:
 
 
 def code_version() -> dict[str, Any]:
-    """The commit the run measured, and whether tracked files differed from it (a record of a
-    dirty tree says so: its code is not in the history)."""
+    """The commit the run measured, and whether tracked files other than the records differed
+    from it (a record of a dirty tree says so: its code is not in the history)."""
 
     def git(*args: str) -> str:
         out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30)
@@ -363,7 +363,10 @@ def code_version() -> dict[str, Any]:
     commit = git("rev-parse", "HEAD")
     if not commit:
         return {"commit": None, "dirty": None}
-    return {"commit": commit, "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+    # The records and their table are the runs' output, not code: a run after another that
+    # left its record uncommitted measured the same code.
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results", ":!bench/RESULTS.md")
+    return {"commit": commit, "dirty": bool(changed)}
 
 
 #: The code this benchmark process measures, read as it starts (a commit made while it runs is
