@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import threading
 import time
@@ -187,8 +188,6 @@ class SocketSide:
 def engine_resources(engine: Any, max_batch: int) -> dict[str, Any]:
     """The in-process engine's side of the record: it runs in this process, on the forward
     threads it set up (``Engine.forward_threads``), with its own KV pages and page size."""
-    import os
-
     from bench.harness import this_process_env
     from bench.resources import side
 
@@ -200,6 +199,7 @@ def engine_resources(engine: Any, max_batch: int) -> dict[str, Any]:
         kv_pages=engine.num_pages,
         page_bytes=engine.page_bytes,
         forward_threads=engine.forward_threads,
+        compiled=engine.compiled,
     )
 
 
@@ -253,7 +253,10 @@ def run(
     opts = worker.opts
     num_pages = opts.num_pages
     try:
+        from gpu_worker.config import env_defaults
         from gpu_worker.engine import Engine, EngineConfig
+
+        defaults = env_defaults()
 
         engine = Engine(
             EngineConfig(
@@ -263,6 +266,10 @@ def run(
                 max_num_batched_tokens=opts.max_num_batched_tokens + opts.max_model_len,
                 max_num_seqs=opts.max_num_seqs,
                 max_model_len=opts.max_model_len,
+                # Compiled or eager as the worker is (its default, SYMPHONY_COMPILE), from the
+                # same compile cache: the two sides run the same model code.
+                compile=bool(defaults["compile"] == "on"),
+                compile_cache_dir=os.path.abspath(str(defaults["compile_cache_dir"])),
             )
         )
         worker.wait_ready()

@@ -146,6 +146,7 @@ class VLLMServer:
             max_batch=self.max_num_seqs,
             kv_pages=int(cache["num_gpu_blocks"]),
             page_bytes=kv_page_bytes(self.model, self.dtype, int(cache["block_size"])),
+            compiled=True,  # `vllm serve` compiles its model (no --enforce-eager is passed)
         )
 
     def client(self) -> CompletionClient:

@@ -105,6 +105,7 @@ class VLLMBaseline:
         self.num_blocks: int = int(cache.num_gpu_blocks or num_blocks)
         self.max_num_seqs: int = int(config.scheduler_config.max_num_seqs)
         self.dtype: str = str(config.model_config.dtype).removeprefix("torch.")
+        self.compiled: bool = not settings["enforce_eager"]
 
     def resources(self) -> dict[str, Any]:
         """This side's entry of the record's ``protocol.sides``: the engine runs its forward in
@@ -123,6 +124,7 @@ class VLLMBaseline:
             kv_pages=self.num_blocks,
             page_bytes=kv_page_bytes(self.model, self.dtype, self.block_size),
             forward_threads=torch.get_num_threads(),
+            compiled=self.compiled,
         )
 
     def generate(self, prompts: list[list[int]], max_tokens: int) -> GenStats:

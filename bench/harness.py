@@ -604,6 +604,7 @@ class WorkerProcess:
                 max_batch=self.opts.max_num_seqs,
                 kv_pages=pages,
                 page_bytes=kv_page_bytes(self.opts.model, str(health["dtype"]), int(health["block_size"])),
+                compiled=health.get("compiled"),
             ),
             "device_pages": int(kvfs["total_pages"]),
             "host_pages": int(kvfs.get("host_capacity_pages") or 0),

@@ -177,11 +177,13 @@ def side(
     kv_pages: int,
     page_bytes: int,
     forward_threads: int | None = None,
+    compiled: bool | None = None,
 ) -> dict[str, Any]:
     """One side's entry of ``BenchResult.sides``, read from process ``pid`` (the process that
     runs the forward) and ``env`` (the environment the side was started with; ``None``: read
     ``pid``'s own). ``forward_threads``: the count the forward's own process reported (an
-    in-process engine), else read from the process as :func:`openmp_threads` says."""
+    in-process engine), else read from the process as :func:`openmp_threads` says.
+    ``compiled``: whether its forward runs compiled (the protocol wants both sides alike)."""
     started_env = dict(env) if env is not None else process_env(pid)
     cpus = thread_cpus(pid)
     threads = forward_threads if forward_threads is not None else openmp_threads({**started_env}, cpus)
@@ -194,6 +196,8 @@ def side(
         "kv_pages": kv_pages,
         "kv_bytes": kv_pages * page_bytes,
         "pid": pid,
+        # Whether the forward ran compiled (torch.compile) or eagerly; None: not known.
+        "compiled": compiled,
     }
 
 

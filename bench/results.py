@@ -87,6 +87,10 @@ def protocol_problems(record: Record) -> list[str]:
     problems += [f"unequal {key}: {ours[key]} vs {theirs[key]}" for key in EQUAL_KEYS if ours[key] != theirs[key]]
     if len(ours["cpu_affinity"]) != len(theirs["cpu_affinity"]):
         problems.append(f"unequal CPUs: {len(ours['cpu_affinity'])} vs {len(theirs['cpu_affinity'])}")
+    # Recorded since the forward could run compiled: an older record does not say.
+    compiled = (ours.get("compiled"), theirs.get("compiled"))
+    if None not in compiled and compiled[0] != compiled[1]:
+        problems.append(f"unequal compiled: {ours['compiled']} vs {theirs['compiled']}")
     if int(theirs["kv_bytes"]) < int(ours["kv_bytes"]):
         problems.append(f"the baseline had less KV memory: {theirs['kv_bytes']} vs {ours['kv_bytes']} bytes")
     return problems

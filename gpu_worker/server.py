@@ -98,6 +98,8 @@ class Worker:
             "model": self.config.model_dir,
             "device": self.device,
             "dtype": self.dtype,
+            # Compiled (vLLM's torch.compile) or eager: a benchmark gives its baseline the same.
+            "compiled": bool(getattr(self.engine, "compiled", False)),
             "block_size": self.block_size,
             "pages_total": st.total_pages,
             # Pages only the prefix cache holds are reclaimed before anything else: as free as free

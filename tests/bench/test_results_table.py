@@ -128,6 +128,18 @@ def test_a_record_that_does_not_prove_the_protocol_is_shown_with_why_and_not_cou
     assert "protocol 1 (busy host)" in results.render({"b2": busy})
 
 
+def test_a_compiled_side_against_an_eager_one_is_not_under_the_protocol() -> None:
+    row = _cmp("decode step", "ms", _side(70.0), _side(90.0), higher_is_better=False)
+    record = _record("b3_pred_overhead", [row])
+    record["protocol"]["sides"]["symphony"]["compiled"] = True
+    record["protocol"]["sides"]["baseline"]["compiled"] = False
+    assert results.protocol_problems(record) == ["unequal compiled: True vs False"]
+    record["protocol"]["sides"]["baseline"]["compiled"] = True
+    assert results.protocol_problems(record) == []
+    del record["protocol"]["sides"]["baseline"]["compiled"]  # a record from before it was kept
+    assert results.protocol_problems(record) == []
+
+
 def test_the_paired_ratio_is_shown_beside_the_ratio_of_medians() -> None:
     paired = {"median": 1.05, "min": 0.98, "max": 1.1, "values": [1.1, 0.98, 1.05]}
     row = _cmp("socket only", "tok/s", _side(184.0), _side(180.0), paired_ratio=paired)
