@@ -89,35 +89,11 @@ def _redis_up() -> bool:
 
 
 @contextlib.contextmanager
-def start_worker(
-    model_dir: Path,
-    *,
-    dtype: str = "float32",
-    name: str = "test",
-    num_pages: int = 64,
-    kv_store: Path | None = None,
-    redis_url: str | None = None,
-    extra_args: Sequence[str] = (),
-    env: dict[str, str] | None = None,
-    compile_model: bool = False,
-) -> Iterator[RunningWorker]:
+def start_worker(model_dir: Path, *, name: str = "test", **options: Any) -> Iterator[RunningWorker]:
     """Run ``python -m gpu_worker`` on ``model_dir`` until the block exits; fail (not skip) if it
-    does not become healthy. ``kv_store`` (default: a private temp dir) outlives the worker;
-    ``extra_args`` are more worker flags (e.g. ``["--max-connections", "24"]``); ``env``: more
-    environment for the worker (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``). The model runs eagerly
-    unless ``compile_model``: the suite starts workers many times, in configurations a compile
-    cache would each have to compile anew (gpu_worker/README.md, "Compiled forward")."""
-    with start_workers(
-        model_dir,
-        [name],
-        dtype=dtype,
-        num_pages=num_pages,
-        kv_store=kv_store,
-        redis_url=redis_url,
-        extra_args=extra_args,
-        env=env,
-        compile_model=compile_model,
-    ) as (worker,):
+    does not become healthy. ``options``: those of :func:`_launch` (pages, KV store, Redis, more
+    flags and environment, compiled or eager)."""
+    with start_workers(model_dir, [name], **options) as (worker,):
         yield worker
 
 
@@ -152,6 +128,12 @@ def _launch(
     env: dict[str, str] | None = None,
     compile_model: bool = False,
 ) -> tuple[RunningWorker, Path]:
+    """Start one worker process (not awaited). ``kv_store`` (default: a private temp dir)
+    outlives the worker; ``extra_args`` are more worker flags (e.g. ``["--max-connections",
+    "24"]``); ``env``: more environment for the worker (e.g. ``OTEL_EXPORTER_OTLP_ENDPOINT``).
+    The model runs eagerly unless ``compile_model``: the suite starts workers many times, in
+    configurations a compile cache would each have to compile anew (gpu_worker/README.md,
+    "Compiled forward")."""
     from gpu_worker.admin_client import AdminClient
 
     base = Path(tempfile.mkdtemp(prefix="symw-", dir="/tmp"))
