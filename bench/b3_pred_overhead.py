@@ -253,6 +253,7 @@ def run(
     opts = worker.opts
     num_pages = opts.num_pages
     try:
+        from bench.baseline_vllm import worker_compiles
         from gpu_worker.config import env_defaults
         from gpu_worker.engine import Engine, EngineConfig
 
@@ -268,7 +269,7 @@ def run(
                 max_model_len=opts.max_model_len,
                 # Compiled or eager as the worker is (its default, SYMPHONY_COMPILE), from the
                 # same compile cache: the two sides run the same model code.
-                compile=bool(defaults["compile"] == "on"),
+                compile=worker_compiles(),
                 compile_cache_dir=os.path.abspath(str(defaults["compile_cache_dir"])),
             )
         )

@@ -61,7 +61,7 @@ def engine_settings(
         "num_gpu_blocks_override": num_blocks,
         # Compiled or eager as the worker is (its --compile default, SYMPHONY_COMPILE), so both
         # sides run the same model code.
-        "enforce_eager": on_cpu and not _worker_compiles(),
+        "enforce_eager": on_cpu and not worker_compiles(),
         # On CPU this is the share of *host* memory vLLM insists is free at start-up; the KV size
         # is fixed by num_gpu_blocks_override, so a small value only avoids a refusal to start on
         # a machine other processes share.
@@ -69,7 +69,9 @@ def engine_settings(
     }
 
 
-def _worker_compiles() -> bool:
+def worker_compiles() -> bool:
+    """Whether a worker started now compiles its model (its ``--compile`` default,
+    ``SYMPHONY_COMPILE``): a baseline in this process runs the same model code."""
     from gpu_worker.config import env_defaults
 
     return env_defaults()["compile"] == "on"

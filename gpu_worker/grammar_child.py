@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import socket
 import struct
-import sys
 from typing import Any, BinaryIO
 
 import msgpack
@@ -68,28 +67,15 @@ def compile_one(compiler: Any, kind: str, source: str, max_bytes: int) -> dict[s
 
 def serve(sock: socket.socket) -> None:
     """A forked child's life: frames on ``sock``, whose other end the worker holds."""
-    with sock, sock.makefile("rb") as rfile, sock.makefile("wb") as wfile:
-        _serve(rfile, wfile)
-
-
-def main() -> int:
-    _serve(sys.stdin.buffer, sys.stdout.buffer)
-    return 0
-
-
-def _serve(rfile: BinaryIO, wfile: BinaryIO) -> None:
     # Compiles yield the CPU to the worker's forwards: a hostile one then slows only compiles.
     os.nice(10)
-    init = read_frame(rfile)
-    if init is None:
-        return
-    info = xgr.TokenizerInfo.deserialize_json(init["tokenizer_info"])
-    compiler = xgr.GrammarCompiler(info, max_threads=1)
-    max_bytes = int(init["max_bytes"])
-    write_frame(wfile, {"ready": True})
-    while (request := read_frame(rfile)) is not None:
-        write_frame(wfile, compile_one(compiler, request["kind"], request["source"], max_bytes))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    with sock, sock.makefile("rb") as rfile, sock.makefile("wb") as wfile:
+        init = read_frame(rfile)
+        if init is None:
+            return
+        info = xgr.TokenizerInfo.deserialize_json(init["tokenizer_info"])
+        compiler = xgr.GrammarCompiler(info, max_threads=1)
+        max_bytes = int(init["max_bytes"])
+        write_frame(wfile, {"ready": True})
+        while (request := read_frame(rfile)) is not None:
+            write_frame(wfile, compile_one(compiler, request["kind"], request["source"], max_bytes))

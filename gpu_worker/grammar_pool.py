@@ -28,7 +28,6 @@ import msgpack
 from gpu_worker import grammar_child
 from gpu_worker.account_slots import AccountSlots
 from gpu_worker.grammar_backoff import CompileBackoff
-from gpu_worker.grammar_child import encode_frame
 from gpu_worker.resource_model import Pool, PoolName
 
 log = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ class _Child:
         return cls(proc, reader, writer)
 
     async def request(self, obj: Any) -> Any:
-        self.writer.write(encode_frame(obj))
+        self.writer.write(grammar_child.encode_frame(obj))
         await self.writer.drain()
         header = await self.reader.readexactly(4)
         body = await self.reader.readexactly(int.from_bytes(header, "big"))
