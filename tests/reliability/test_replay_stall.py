@@ -90,6 +90,21 @@ def _open(url: str, secret: str, run: Run) -> tuple[socket.socket, bytes]:
     return sock, sock.recv(4096)
 
 
+def _whole_body(sock: socket.socket, head: bytes) -> bytes:
+    """The body of a refused (non-streamed) reply: its first ``recv`` may have held only headers."""
+    while b"\r\n\r\n" not in head:
+        head += sock.recv(4096)
+    headers, body = head.split(b"\r\n\r\n", 1)
+    length = next(
+        int(line.split(b":", 1)[1]) for line in headers.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = sock.recv(4096)
+        assert chunk, f"the connection closed after {len(body)} of {length} body bytes"
+        body += chunk
+    return body
+
+
 def _leases(tenant: Tenant) -> int:
     client = redis.Redis.from_url(settings.REDIS_URL)
     return int(client.zcard(f"symphony:streams:{tenant.pk}"))
@@ -140,7 +155,7 @@ def test_replay_memory_is_shared_per_account_not_per_tenant(web, api_tenant_a, a
         socks.append(sock)
         assert head.startswith(b"HTTP/1.1 429"), head[:300]
         assert b"retry-after: 5" in head.lower()
-        body = json.loads(head.split(b"\r\n\r\n", 1)[1])
+        body = json.loads(_whole_body(sock, head))
         assert body["error"]["code"] == "throttled" and body["error"]["detail"] == {"retry_after": 5}, body
         assert str(POOL.ceiling) in body["error"]["message"]
         sock, head = _open(url, api_tenant_b.key_secret, runs[api_tenant_b.tenant.pk])
