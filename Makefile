@@ -61,7 +61,7 @@ format:
 
 ## Tests: lint and typecheck, then pytest against real PostgreSQL, Redis, dockerd/runsc and vLLM.
 test: lint typecheck model sandbox-image frontend check-infra
-	scripts/pytest.sh -m "not slow" --durations=25
+	scripts/pytest.sh -m "not slow" --durations=60 --durations-min=8
 
 test-all: lint typecheck model sandbox-image frontend check-infra
 	scripts/pytest.sh

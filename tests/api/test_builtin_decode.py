@@ -128,12 +128,9 @@ def test_the_auto_tool_marker_is_watched_by_the_worker_too(gpu_worker_process) -
 
 
 @pytest.fixture(scope="module")
-def model_worker(default_model_dir):
+def model_worker(shared_real_model_worker):
     """A worker on the real default model: it writes the ``auto`` tool marker when asked to."""
-    from tests.plugins.worker import start_worker
-
-    with start_worker(default_model_dir, dtype="float32", name="builtin-decode") as worker:
-        yield worker
+    return shared_real_model_worker
 
 
 def test_greedy_answers_of_the_real_model_stop_alike(model_worker) -> None:

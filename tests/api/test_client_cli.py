@@ -17,7 +17,6 @@ import socket
 import stat
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from api.services import programs
 from api.services.runs import publish_end, publish_event
 from gpu_worker.contracts import EndEvent, KvEvent, MessageEvent, StatusEvent, TokenEvent
 from tests.conftest import ROOT, wait_for
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
 
@@ -434,9 +433,8 @@ def main(args):
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="cli") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 @pytest.mark.docker

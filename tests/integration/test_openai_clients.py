@@ -9,13 +9,10 @@ calls (``required`` / a named tool) where the model's own choice would make them
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.integration.openai_support import WEATHER_FUNCTION, openai_client, valid_weather
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -30,9 +27,9 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
-def stack_worker(default_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(default_model_dir, dtype="float32", name="clients") as worker:
-        yield worker
+def stack_worker(shared_real_model_worker: RunningWorker) -> RunningWorker:
+    """The worker on the real default model in float32 (so transformers can be matched exactly)."""
+    return shared_real_model_worker
 
 
 def test_openai_client_tools_logprobs_and_sampling_parameters(stack, api_tenant_a, default_model_dir):

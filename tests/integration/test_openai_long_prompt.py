@@ -11,13 +11,11 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -33,9 +31,8 @@ CANARY_S = 120.0
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="long-prompt") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 def _post(stack: str, secret: str, body: dict) -> httpx.Response:

@@ -5,13 +5,10 @@ the penalty, 1 changes nothing, and a value vLLM refuses is refused here too."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.integration.openai_support import openai_client
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -25,9 +22,9 @@ REPEAT = [{"role": "user", "content": "Write the word apple twenty times, separa
 
 
 @pytest.fixture(scope="module")
-def stack_worker(default_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(default_model_dir, dtype="float32", name="penalty") as worker:
-        yield worker
+def stack_worker(shared_real_model_worker: RunningWorker) -> RunningWorker:
+    """The worker on the real default model in float32 (so transformers can be matched exactly)."""
+    return shared_real_model_worker
 
 
 def test_repetition_penalty_changes_what_the_sampler_chooses(stack, api_tenant_a):

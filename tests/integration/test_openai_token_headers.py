@@ -7,15 +7,13 @@ with the same headers saying 0."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import wait_for
 from tests.integration.openai_support import openai_client
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -30,9 +28,8 @@ QUESTION = [{"role": "user", "content": "Say hi."}]
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="token-headers") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 def _seconds(duration: str) -> int:

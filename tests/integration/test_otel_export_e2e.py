@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -20,7 +19,7 @@ import pytest
 
 from tests.integration.otel_collector import Collector, running_collector
 from tests.integration.otel_collector import attrs as _attrs
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -46,9 +45,8 @@ CLIENT_SPAN = "00f067aa0ba902b7"
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="otel") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 @pytest.fixture

@@ -6,13 +6,10 @@ tenant sending the same conversation gets nothing from the first tenant's cache.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.integration.openai_support import openai_client
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -28,9 +25,8 @@ SYSTEM = "You are the support assistant of a small bicycle shop. Answer in one s
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="prefix-cache") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 def test_second_turn_reports_the_first_turns_prompt_as_cached(stack, stack_worker, api_tenant_a, api_tenant_b):

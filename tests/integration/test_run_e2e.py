@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -24,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, wait_for
 from tests.integration.openai_support import openai_client
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -55,10 +54,9 @@ def main(args):
 
 
 @pytest.fixture(scope="module")
-def stack_worker(default_model_dir: Path) -> Iterator[RunningWorker]:
+def stack_worker(shared_real_model_worker: RunningWorker) -> RunningWorker:
     """The worker on the real default model in float32 (so transformers can be matched exactly)."""
-    with start_worker(default_model_dir, dtype="float32", name="e2e") as worker:
-        yield worker
+    return shared_real_model_worker
 
 
 def _hf_greedy(model_dir: Path, prompt_ids: list[int], n: int) -> list[int]:
@@ -70,7 +68,7 @@ def _hf_greedy(model_dir: Path, prompt_ids: list[int], n: int) -> list[int]:
     return out[0, len(prompt_ids) :].tolist()
 
 
-def test_run_through_api_celery_sandbox_and_worker(stack, api_tenant_a, default_model_dir, tmp_path):
+def test_run_through_api_celery_sandbox_and_worker(stack, stack_worker, api_tenant_a, default_model_dir, tmp_path):
     from symphony_client import Client
 
     lip = tmp_path / "greedy.py"
@@ -117,12 +115,15 @@ def test_run_through_api_celery_sandbox_and_worker(stack, api_tenant_a, default_
         }
 
     wait_for(
-        lambda: scraped().get(("symphony_worker_pred_calls_total", "e2e"), 0) >= usage.pred_calls,
+        lambda: scraped().get(("symphony_worker_pred_calls_total", stack_worker.name), 0) >= usage.pred_calls,
         timeout=30,
         message="the run's pred calls in the worker's metrics",
     )
     metrics = scraped()
-    assert metrics["symphony_worker_up", "e2e"] == 1 and metrics["symphony_worker_forwards_total", "e2e"] > 0
+    assert (
+        metrics["symphony_worker_up", stack_worker.name] == 1
+        and metrics["symphony_worker_forwards_total", stack_worker.name] > 0
+    )
     assert metrics["symphony_runs_finished_total", "succeeded"] >= 1
 
 

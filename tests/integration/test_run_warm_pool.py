@@ -6,14 +6,12 @@ are handed to it: Docker creates no run container for them, only the pool's refi
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from sandbox.spec import LABEL_OWNER, LABEL_POOL
 from tests.conftest import container_names, wait_for
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -34,9 +32,8 @@ def main(args):
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="pool") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 @pytest.fixture

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
 from tests.conftest import celery_worker, wait_for
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -34,9 +32,8 @@ CHAT = [{"role": "system", "content": "You are terse."}, {"role": "user", "conte
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="trusted") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 @pytest.fixture

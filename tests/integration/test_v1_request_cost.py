@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,7 +33,7 @@ from django.db.backends.utils import CursorWrapper
 
 from api.services import trusted_runs
 from gpu_worker.admin_client import AdminClient
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 from web.asgi import application
 
 pytestmark = [
@@ -168,9 +167,8 @@ def costs(monkeypatch) -> Iterator[Costs]:
 
 
 @pytest.fixture(scope="module")
-def cost_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="cost") as worker:
-        yield worker
+def cost_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 @pytest.fixture

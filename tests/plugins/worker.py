@@ -207,3 +207,12 @@ def empty_stream_pool() -> None:
     for start in range(0, len(stale), 500):
         client.delete(*stale[start : start + 500])
     client.delete(*stream_ledger.KEYS)
+
+
+@pytest.fixture(scope="session")
+def default_model_worker(default_model_dir: Path) -> Iterator[RunningWorker]:
+    """One worker on the real default model in float32 (so transformers can be matched exactly),
+    shared by the modules that need the real model and nothing else of their own: its start
+    costs ~25 s of a core here, twice that on a loaded CI machine."""
+    with start_worker(default_model_dir, dtype="float32", name="real-model") as worker:
+        yield worker

@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ import redis
 from django.conf import settings
 
 from tests.conftest import ROOT, container_names, wait_for
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -44,9 +43,8 @@ DOCKER_PID_FILE = Path("/var/run/docker.pid")
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="dockerd-restart") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 @pytest.fixture

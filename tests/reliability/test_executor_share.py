@@ -11,7 +11,6 @@ slot lease is left in Redis afterwards (api/services/executor_slots.py).
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import pytest
 import redis
@@ -19,7 +18,7 @@ from django.conf import settings
 
 from tests.conftest import wait_for
 from tests.plugins.api import ApiTenant
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -54,9 +53,8 @@ def main(args):
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path):
-    with start_worker(tiny_model_dir, name="executor-share") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 @pytest.fixture

@@ -16,14 +16,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 from tests.conftest import redis_db_url, wait_for
-from tests.plugins.worker import RunningWorker, start_worker
+from tests.plugins.worker import RunningWorker
 
 pytestmark = [pytest.mark.integration, pytest.mark.docker, pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -96,9 +94,8 @@ def test_send_to_user_is_bounded_per_message_and_per_run_and_metered(lip_runner,
 
 
 @pytest.fixture(scope="module")
-def stack_worker(tiny_model_dir: Path) -> Iterator[RunningWorker]:
-    with start_worker(tiny_model_dir, name="stream-budget") as worker:
-        yield worker
+def stack_worker(shared_stack_worker: RunningWorker) -> RunningWorker:
+    return shared_stack_worker
 
 
 @pytest.mark.django_db(transaction=True)
