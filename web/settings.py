@@ -294,7 +294,7 @@ SYMPHONY_QUOTA_ALERT_PERCENTS = env_list("SYMPHONY_QUOTA_ALERT_PERCENTS", "80,10
 REST_FRAMEWORK: dict[str, Any] = {
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.SessionAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["api.session_authentication.ConsoleSessionAuthentication"],
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Symphony API",
@@ -347,7 +347,7 @@ REST_FRAMEWORK.update(
     {
         "DEFAULT_AUTHENTICATION_CLASSES": [
             "api.authentication.ApiKeyAuthentication",
-            "rest_framework.authentication.SessionAuthentication",
+            "api.session_authentication.ConsoleSessionAuthentication",
         ],
         "EXCEPTION_HANDLER": "api.errors.exception_handler",
         # JSON as PostgreSQL can store it (no NaN, 1e400 or lone surrogates): a 400, not a 500.

@@ -14,7 +14,9 @@ A request with an API key is admitted before its key is looked up (the lookup ta
 connection too, which the request's thread then keeps): its account is known from a cache of key
 -> account (api/services/key_accounts.py), and a key not in it yet is looked up in the share of
 :data:`UNIDENTIFIED`, which every such lookup shares. So no flood of valid keys' requests takes
-more than a ceiling of the pool doing lookups (tests/reliability/test_db_share.py).
+more than a ceiling of the pool doing lookups (tests/reliability/test_db_share.py). A console
+request is admitted the same way before its session is read (api/services/session_accounts.py),
+sessions not known yet in the share of :data:`UNIDENTIFIED_SESSIONS`.
 
 Counted per process, as the pool is: each web process has its own connections. What they all
 draw from is PostgreSQL's ``max_connections``; ``manage.py check --deploy`` refuses a deploy whose
@@ -34,13 +36,20 @@ from gpu_worker.resource_model import Pool, PoolName
 
 #: The share that lookups of API keys whose account is not known yet count against.
 UNIDENTIFIED = "unidentified-keys"
+#: The share that reads of console sessions whose account is not known yet count against.
+UNIDENTIFIED_SESSIONS = "unidentified-sessions"
+#: How a refusal names each of those shares.
+_UNIDENTIFIED_WHOSE = {
+    UNIDENTIFIED: "API keys not seen here recently have",
+    UNIDENTIFIED_SESSIONS: "console sessions not seen here recently have",
+}
 
 
 class AccountOverShare(Exception):
     """The account has its ceiling of requests using the database in this process."""
 
     def __init__(self, held: int, pool: Pool, account: str) -> None:
-        whose = "API keys not seen here recently have" if account == UNIDENTIFIED else "this account has"
+        whose = _UNIDENTIFIED_WHOSE.get(account, "this account has")
         super().__init__(
             f"{whose} {held} requests using the database at once, the most one account may"
             f" (its share of the web process's {pool.capacity} database connections; {pool.reserve} are kept"
@@ -115,3 +124,12 @@ def admit_key_lookup(account: str | None) -> DbShareLease | None:
     :class:`AccountOverShare` when that share is full, ``None`` without a pool."""
     share = web_share()
     return None if share is None else share.acquire(account or UNIDENTIFIED)
+
+
+def admit_session_read(account: str | None) -> DbShareLease | None:
+    """A place for reading a console session and its user, in the share of ``account`` (the
+    session's account as last seen, api/services/session_accounts.py) or, unknown, of
+    :data:`UNIDENTIFIED_SESSIONS`; :class:`AccountOverShare` when that share is full, ``None``
+    without a pool."""
+    share = web_share()
+    return None if share is None else share.acquire(account or UNIDENTIFIED_SESSIONS)

@@ -47,10 +47,13 @@ from rest_framework.exceptions import PermissionDenied
 from api import redis_client
 from api.asyncdb import db_call
 from api.authentication import KeyRefused, bearer_key
+from api.db_admission import RETRY_AFTER_S
 from api.models import Run, Tenant
 from api.services import replay_memory, stream_leases
+from api.services.db_share import AccountOverShare
 from api.services.quotas import plan_limits
 from api.services.runs import closing_events
+from api.session_authentication import console_user
 from api.tenancy import active_tenant
 from api.throttling import TenantThrottled, check_tenant_rate
 from gpu_worker import contracts
@@ -108,7 +111,8 @@ class _Refused(Exception):
 def _caller(request: HttpRequest) -> Tenant | None:
     """The caller's tenant; ``None`` without credentials (or for a user in no tenant);
     :class:`_Refused` for a key that is wrong (401), throttled (429) or lacks the ``runs`` scope
-    (403), and for a tenant over its request rate (429), as the DRF routes answer."""
+    (403), for a console session whose account's share of database connections is full (429),
+    and for a tenant over its request rate (429), as the DRF routes answer."""
     try:
         key = bearer_key(request)
     except KeyRefused as refused:
@@ -119,9 +123,13 @@ def _caller(request: HttpRequest) -> Tenant | None:
         if "runs" not in key.scopes:
             raise _Refused(403, "permission_denied", "this API key lacks the 'runs' scope")
         tenant = key.tenant
-    elif not request.user.is_authenticated:
-        return None
     else:
+        try:
+            person = console_user(request)
+        except AccountOverShare as over:
+            raise _Refused(429, "throttled", str(over), {"Retry-After": str(RETRY_AFTER_S)}) from None
+        if person is None:
+            return None
         try:
             tenant = active_tenant(request)  # the console session's active tenant
         except PermissionDenied:

@@ -18,6 +18,10 @@ checked, so one account's requests with a valid key held every connection while 
 waited (here on the key's row, which the test locks while the key's ``last_used_at`` is due for
 its write). Now a request with a known key waits in its account's share before it is looked up
 (api/services/key_accounts.py), and revoking the key still refuses it on its next request.
+
+A console session's read is inside the share too (api/session_authentication.py): one person's
+console requests, and requests with made-up session cookies, whose session reads wait (here on
+the sessions table, which the test locks) hold at most a ceiling of the pool each.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from collections.abc import Callable, Iterator
 import httpx
 import psycopg
 import pytest
+from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from psycopg import sql
 
 from api.models import ApiKey, Membership, Plan, Program, Tenant
-from api.services import key_accounts, programs
+from api.services import key_accounts, programs, session_accounts
 from api.services.keys import issue_key, revoke_key
 from api.tenancy import KEY_SCOPES
 from gpu_worker.resource_model import Pool, PoolName
@@ -117,6 +122,26 @@ def _held_row(table: str, row_id: int, release: threading.Event, held: threading
             conn.execute(query, [row_id])
             held.set()
             release.wait(HOLD_S + 30)
+
+
+def _held_table(table: str, release: threading.Event, held: threading.Event) -> None:
+    """Hold ``table`` locked against every read until ``release``: each request that reads it
+    (a console session's read, for ``django_session``) waits on its pooled connection."""
+    params = connection.get_connection_params()
+    with psycopg.connect(**{k: v for k, v in params.items() if k != "cursor_factory"}) as conn:
+        with conn.transaction():
+            conn.execute(sql.SQL("LOCK TABLE {} IN ACCESS EXCLUSIVE MODE").format(sql.Identifier(table)))
+            held.set()
+            release.wait(HOLD_S + 30)
+
+
+def _signed_in_cookie(user) -> str:
+    """A console session of ``user`` (a real sign-in's row in the test database)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user)
+    return client.cookies[settings.SESSION_COOKIE_NAME].value
 
 
 def test_one_account_at_its_share_of_db_connections_leaves_another_tenants_quota_fast(
@@ -252,4 +277,56 @@ def test_a_flood_of_one_accounts_valid_key_cannot_take_the_connections_with_its_
     assert r.json()["error"]["code"] == "authentication_failed", r.text
     assert r.json()["error"]["message"] == "invalid, revoked or expired API key", r.text
     assert _quota(other)[1] == 200
+    other.close()
+
+
+@pytest.mark.parametrize("who", ["one person", "made-up cookies"])
+def test_a_flood_of_console_session_reads_cannot_take_the_connections(web, api_tenant_a, api_tenant_b, who) -> None:
+    person = _signed_in_cookie(api_tenant_a.user)
+    other = httpx.Client(base_url=web, headers={"Authorization": f"Bearer {api_tenant_b.key_secret}"}, timeout=30)
+    _quota(other)  # warm
+    idle = [_quota(other)[0] for _ in range(SAMPLES)]
+    with httpx.Client(base_url=web, cookies={settings.SESSION_COOKIE_NAME: person}, timeout=30) as client:
+        assert client.get("/api/v1/quota").status_code == 200  # the session's person is remembered
+    assert cache.get(session_accounts.cache_name(person)) == f"u{api_tenant_a.user.pk}"
+
+    release, held = threading.Event(), threading.Event()
+    locker = threading.Thread(target=_held_table, args=("django_session", release, held))
+    locker.start()
+    assert held.wait(10)
+    stop_at = time.monotonic() + HOLD_S
+    codes: list[int] = []
+    refusals: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def flood(i: int) -> None:
+        while time.monotonic() < stop_at:
+            cookie = person if who == "one person" else f"{i:02d}{time.monotonic_ns():030d}"[-32:]
+            with httpx.Client(base_url=web, cookies={settings.SESSION_COOKIE_NAME: cookie}, timeout=60) as client:
+                r = client.get("/api/v1/quota")
+            with lock:
+                codes.append(r.status_code)
+                if r.status_code == 429 and len(refusals) < 3:
+                    refusals.append(r)
+            if r.status_code == 429:
+                time.sleep(0.05)
+
+    # The admitted reads wait on the sessions table, each on a connection.
+    loaded = _flood_and_sample(flood, other, stop_at, release, locker)
+    times = [t for t, _ in loaded]
+    print(
+        f"\nconsole session reads ({who}): pool {POOL_SIZE} (ceiling {POOL.ceiling}); codes "
+        f"{sorted((c, codes.count(c)) for c in set(codes))}; other /quota idle median "
+        f"{statistics.median(idle) * 1000:.0f} ms, while the reads wait {statistics.median(times) * 1000:.0f} ms "
+        f"(max {max(times) * 1000:.0f} ms)"
+    )
+    assert [code for _, code in loaded] == [200] * SAMPLES, loaded
+    assert statistics.median(times) <= QUOTA_BOUND_S, (idle, times)
+    answered = {200} if who == "one person" else {401, 403}  # made up: no one signed in
+    assert set(codes) <= answered | {429}, sorted(set(codes))
+    assert len([c for c in codes if c in answered]) >= POOL.ceiling and codes.count(429) > 0, codes
+    error = refusals[0].json()["error"]
+    assert refusals[0].headers["Retry-After"] == "1" and error["code"] == "throttled", error
+    whose = "this account has" if who == "one person" else "console sessions not seen here recently have"
+    assert f"{whose} {POOL.ceiling} requests using the database at once" in error["message"], error
     other.close()
