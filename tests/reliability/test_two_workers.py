@@ -7,6 +7,11 @@ to A (its heartbeat has not expired yet) are refused by A's admin socket before 
 started: they are re-routed to B within seconds instead of failing, and the reader among them
 opens the file on B, which never had it in its catalogue, and gets identical logits. Every run
 is billed exactly once. (Concurrent writers on two workers: tests/kvfs/test_coherence.py.)
+
+A test that kills or stops a worker gets a fresh pair (``two_workers``); the tests that only kill
+an executor, or kill nothing, share one pair for the module (``kept_workers``, on a Redis database
+of its own), each with executors of its own and without the tenant's files of the test before:
+starting two workers costs ~30 s here, twice that on a loaded CI machine.
 """
 
 from __future__ import annotations
@@ -30,8 +35,10 @@ pytestmark = [
     pytest.mark.vllm,
 ]
 
-#: A Redis database of this test alone: other workers on the machine must not be routed to.
+#: Redis databases of this module alone (the fresh pairs', the kept pair's): other workers on
+#: the machine must not be routed to, nor the two pairs to each other.
 REDIS_DB = 12
+KEPT_REDIS_DB = 13
 PROMPT = [(17 * i + 5) % 3000 + 40 for i in range(96)]
 
 WRITER = b"""
@@ -61,14 +68,11 @@ def main(args):
 EXECUTORS: dict[str, object] = {}
 
 
-@pytest.fixture
-def two_workers(tiny_model_dir: Path, tmp_path: Path, sandbox_image: str, settings) -> Iterator[tuple]:
-    """Workers ``pair-a`` and ``pair-b`` on one store, each with the executor consuming its queue
-    (three slots each; ``EXECUTORS[name]`` is its process)."""
-    redis_url = redis_db_url(REDIS_DB)
-    redis.Redis.from_url(redis_url).flushdb()
+@contextlib.contextmanager
+def _executors(workers: list[RunningWorker], redis_url: str, sandbox_image: str, settings) -> Iterator[None]:
+    """The Celery executor of each of ``workers`` (three slots each; ``EXECUTORS[name]`` is its
+    process), the web side (``settings``) on the pair's Redis."""
     db = settings.DATABASES["default"]
-    store = tmp_path / "kvstore"
     common = {
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "REDIS_URL": redis_url,
@@ -77,10 +81,8 @@ def two_workers(tiny_model_dir: Path, tmp_path: Path, sandbox_image: str, settin
     }
     settings.REDIS_URL = redis_url
     with contextlib.ExitStack() as stack:
-        workers: list[RunningWorker] = stack.enter_context(
-            start_workers(tiny_model_dir, ["pair-a", "pair-b"], kv_store=store, redis_url=redis_url)
-        )
         for w in workers:
+            w.assert_alive()
             env = {
                 **common,
                 "SYMPHONY_WORKER_NAME": w.name,
@@ -88,9 +90,56 @@ def two_workers(tiny_model_dir: Path, tmp_path: Path, sandbox_image: str, settin
                 "SYMPHONY_SESSIONS_DIR": w.sessions_dir,
             }
             EXECUTORS[w.name] = stack.enter_context(celery_worker(f"worker.{w.name}", env, concurrency=3))
-        yield workers[0], workers[1]
-    EXECUTORS.clear()
+        try:
+            yield
+        finally:
+            EXECUTORS.clear()
+
+
+@pytest.fixture
+def two_workers(tiny_model_dir: Path, tmp_path: Path, sandbox_image: str, settings) -> Iterator[tuple]:
+    """Fresh workers ``pair-a`` and ``pair-b`` on one store, each with its executor: for a test
+    that kills or stops a worker."""
+    redis_url = redis_db_url(REDIS_DB)
     redis.Redis.from_url(redis_url).flushdb()
+    with start_workers(
+        tiny_model_dir, ["pair-a", "pair-b"], kv_store=tmp_path / "kvstore", redis_url=redis_url
+    ) as workers:
+        with _executors(workers, redis_url, sandbox_image, settings):
+            yield workers[0], workers[1]
+    redis.Redis.from_url(redis_url).flushdb()
+
+
+@pytest.fixture(scope="module")
+def _kept_pair(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RunningWorker]]:
+    redis_url = redis_db_url(KEPT_REDIS_DB)
+    redis.Redis.from_url(redis_url).flushdb()
+    store = tmp_path_factory.mktemp("kept-kvstore")
+    with start_workers(tiny_model_dir, ["kept-a", "kept-b"], kv_store=store, redis_url=redis_url) as workers:
+        yield workers
+    redis.Redis.from_url(redis_url).flushdb()
+
+
+@pytest.fixture
+def kept_workers(
+    _kept_pair: list[RunningWorker], sandbox_image: str, settings, api_tenant_a, docker_client
+) -> Iterator[tuple]:
+    """The module's workers ``kept-a`` and ``kept-b``, with executors of this test's own: for a test
+    that kills at most an executor. Left for the next without this test's sandboxes (a run whose
+    executor was killed would go on) or the tenant's files."""
+    from api.models import Run
+    from sandbox.spec import LABEL_RUN
+
+    with _executors(_kept_pair, redis_db_url(KEPT_REDIS_DB), sandbox_image, settings):
+        yield _kept_pair[0], _kept_pair[1]
+    for run_id in Run.objects.filter(tenant=api_tenant_a.tenant).values_list("pk", flat=True):
+        for container in docker_client.containers.list(
+            all=True, sparse=True, filters={"label": f"{LABEL_RUN}={run_id}"}
+        ):
+            with contextlib.suppress(Exception):
+                container.remove(force=True)
+    for w in _kept_pair:
+        w.admin.kv_delete_tenant(api_tenant_a.tenant.slug)
 
 
 def _live(names: set[str]) -> bool:
@@ -189,7 +238,7 @@ def _finished(run_id: str, timeout: float = 180):
     return Run.objects.get(pk=run_id)
 
 
-def test_a_dead_executor_strands_no_queued_run(two_workers, api_tenant_a, settings):
+def test_a_dead_executor_strands_no_queued_run(kept_workers, api_tenant_a, settings):
     """Only ``pair-b``'s Celery executor is SIGKILLed; its gpu_worker heartbeats on. New runs go
     to ``pair-a`` once the executor's presence expired, and the runs queued on ``pair-b`` (as a
     stale routing decision left them) are re-routed by ``pair-a``'s executor within
@@ -199,7 +248,7 @@ def test_a_dead_executor_strands_no_queued_run(two_workers, api_tenant_a, settin
     from api.services.routing import choose_worker
     from api.services.runs import create_run
 
-    a, b = two_workers
+    a, b = kept_workers
     tenant = api_tenant_a.tenant
     Plan.objects.update_or_create(name="pro", defaults={"max_concurrent_runs": 8})
     tenant.plan = "pro"
@@ -234,7 +283,7 @@ def test_a_dead_executor_strands_no_queued_run(two_workers, api_tenant_a, settin
     print(f"executor death: queued runs moved {moved_s:.1f}s after the SIGKILL (bound {REROUTE_BOUND_S}s)")
 
 
-def test_simultaneous_runs_spread_over_both_workers(two_workers, api_tenant_a, settings):
+def test_simultaneous_runs_spread_over_both_workers(kept_workers, api_tenant_a, settings):
     """Six runs created at once by one tenant (which holds a pinned file on ``pair-b``, as the
     tenant-wide affinity pulled every run to it) go three and three: by free executor slots."""
     from api.models import Plan, Program
@@ -242,7 +291,7 @@ def test_simultaneous_runs_spread_over_both_workers(two_workers, api_tenant_a, s
     from api.services.runs import create_run
     from tests.conftest import at_once
 
-    a, b = two_workers
+    a, b = kept_workers
     tenant = api_tenant_a.tenant
     Plan.objects.update_or_create(name="pro", defaults={"max_concurrent_runs": 8})
     tenant.plan = "pro"
@@ -284,7 +333,7 @@ def main(args):
 """
 
 
-def test_kv_admin_acts_on_the_worker_holding_the_file(two_workers, api_tenant_a, admin_client, settings):
+def test_kv_admin_acts_on_the_worker_holding_the_file(kept_workers, api_tenant_a, admin_client, settings):
     """The web process sits with ``pair-a`` (its admin socket); the files live on ``pair-b``.
     Listing shows each file once, unpin and staff evict change ``pair-b``'s own catalogue,
     delete removes the file for good, and with ``pair-b``'s executor dead an operation is a
@@ -293,7 +342,7 @@ def test_kv_admin_acts_on_the_worker_holding_the_file(two_workers, api_tenant_a,
     from api.services import programs
     from api.services.runs import create_run
 
-    a, b = two_workers
+    a, b = kept_workers
     tenant = api_tenant_a.tenant
     tenant.plan = "pro"
     tenant.save()
@@ -355,7 +404,7 @@ def main(args):
 """
 
 
-def test_a_run_whose_executor_died_is_billed_for_what_its_session_used(two_workers, api_tenant_a, settings):
+def test_a_run_whose_executor_died_is_billed_for_what_its_session_used(kept_workers, api_tenant_a, settings):
     """``pair-b``'s executor is SIGKILLed mid-run; the reaper (beat's task, called here as beat
     would) fails the run and bills the usage ``pair-b`` checkpointed for its session."""
     from api.models import Program, Run, UsageRecord
@@ -363,7 +412,7 @@ def test_a_run_whose_executor_died_is_billed_for_what_its_session_used(two_worke
     from api.services.runs import create_run, reap_orphaned_runs
     from gpu_worker import contracts
 
-    a, b = two_workers
+    a, b = kept_workers
     tenant = api_tenant_a.tenant
     wait_for(lambda: _routable({a.name, b.name}), timeout=60, message="both workers and executors to announce")
     prog = Program.objects.create(tenant=tenant, name="long")
