@@ -247,6 +247,32 @@ def test_b7_and_b8_are_judged_on_their_own_figures() -> None:
     assert exit_[1] == "15 ms" and exit_[2] == "540 ms" and exit_[5] == "**missed**"  # cold > 0.5 s
 
 
+def test_b3_tracing_is_judged_on_its_measured_cost_unless_the_ab_contradicts_it() -> None:
+    def traced(batch: int, on: list[float], off: list[float]) -> dict:
+        pairs = [a / b for a, b in zip(on, off, strict=True)]
+        paired = {"median": sorted(pairs)[2], "min": min(pairs), "max": max(pairs), "values": pairs}
+        return _cmp(
+            f"decode step, batch {batch}, tracing on vs off", "ms", _side(*on), _side(*off), False, paired_ratio=paired
+        )
+
+    rows = [
+        traced(1, [58, 55, 59, 58, 56], [64, 64, 56, 57, 63]),  # noisy both ways
+        traced(32, [210, 212, 215, 220, 230], [180, 182, 185, 190, 200]),  # every repetition ~15% slower
+    ]
+    b3 = _record("b3_pred_overhead", rows)
+    b3["memory"] = {"trace_call_us": {"spans_kept_us": 2.5, "bucketed_us": 2.0, "off_us": 0.1}}
+    assert results.b3_trace_share(rows[0], b3) == pytest.approx(2.5e-6 / 63e-3)
+    (one, many) = _rows(results.render({"b3": b3}), "B3 `pred` overhead")
+    assert one[5] == "met (span work 0.004% of a step, measured directly; the A/B cannot resolve 1%)", one
+    assert (
+        many[5].startswith("**missed** (span work 0.043% of a step")
+        and "no repetition came within it (1.15×)" in many[5]
+    )
+    b3["memory"] = {}  # an older record: judged on the A/B alone
+    (one, many) = _rows(results.render({"b3": b3}), "B3 `pred` overhead")
+    assert one[5] == "met" and many[5] == "**missed**"
+
+
 def test_b11_rows_are_judged_by_their_own_targets() -> None:
     b11 = _record(
         "b11_multiturn",
