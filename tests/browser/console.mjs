@@ -517,7 +517,14 @@ const scenarios = {
     await page.getByRole("button", { name: label }).click();
     await page.getByRole("button", { name: "Evict now" }).click();
     await page.getByText(`Evicted ${cfg.kvTenant}/${cfg.kvName}`).waitFor({ timeout: T });
-    return {};
+    // The worker's engine timeline, read from the worker on request: the run's forwards as bars.
+    await page.getByTestId("engine-timeline-show").first().click();
+    await page.getByTestId("engine-strip").first().waitFor({ timeout: T });
+    const engineBars = await page.getByTestId("engine-bar").count();
+    const engineBusy = ((await page.getByTestId("engine-busy").first().textContent()) ?? "").trim();
+    const engineLongest = ((await page.getByTestId("engine-longest").first().textContent()) ?? "").trim();
+    await shot(page, "staff-engine-timeline");
+    return { engineBars, engineBusy, engineLongest };
   },
 
   /** The operator signs in with what `make up` printed (the username), lands on the staff page

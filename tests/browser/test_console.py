@@ -421,7 +421,7 @@ def test_live_run_view_and_populated_pages(console_server, browser, tmp_path):
 def test_real_run_streams_tokens_live_and_staff_evicts(symphony_stack, browser):
     """End to end with a real run: console → API → Celery → gVisor sandbox → gpu_worker → Redis
     → SSE → console. Tokens appear live, the KV panel fills, usage counts the tokens, and a staff
-    user evicts the KV file the run left behind."""
+    user evicts the KV file the run left behind and reads the worker's engine timeline."""
     from django.contrib.auth import get_user_model
 
     from api.models import AuditLog, KVFile, Membership, Program, Tenant
@@ -452,7 +452,7 @@ def test_real_run_streams_tokens_live_and_staff_evicts(symphony_stack, browser):
     assert not result["usage"].startswith("0 tokens"), result["usage"]
 
     assert KVFile.objects.filter(tenant=tenant, name="story-e2e").exists(), "run's KV file not mirrored"
-    browser(
+    staff = browser(
         "evict",
         baseUrl=symphony_stack,
         email="live@example.com",
@@ -463,3 +463,7 @@ def test_real_run_streams_tokens_live_and_staff_evicts(symphony_stack, browser):
     # Eviction spills the file out of device/host memory on the worker; the audit row is written
     # only after the worker confirmed it.
     assert AuditLog.objects.filter(tenant=tenant, action="kv_evict", target="story-e2e", actor=user).exists()
+    # The staff page drew the worker's engine timeline: the run's forwards, how busy, the longest.
+    assert staff["engineBars"] >= 2, staff
+    assert staff["engineBusy"].endswith("%"), staff
+    assert staff["engineLongest"].startswith("Longest forwards: at +"), staff

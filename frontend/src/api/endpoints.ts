@@ -5,6 +5,7 @@ import type {
   AdminTenant,
   AuditEntry,
   ApiKey,
+  EngineTimeline,
   Invitation,
   InvitationPreview,
   Invoice,
@@ -340,6 +341,14 @@ export async function getServiceHealth(): Promise<ServiceHealth> {
   return (await response.json()) as ServiceHealth;
 }
 /** Worker health (`GET /api/v1/admin/workers`); null while the control plane does not serve it. */
+/** `GET /api/v1/staff/workers/<name>/timeline`: the worker's last forwards, staff only
+ * (``format=chrome``: the same as Chrome trace events, for Perfetto). */
+export function engineTimelineUrl(name: string, format: "json" | "chrome"): string {
+  return `/api/v1/staff/workers/${encodeURIComponent(name)}/timeline?format=${format}`;
+}
+export async function getEngineTimeline(name: string): Promise<EngineTimeline> {
+  return (await (await rawFetch(engineTimelineUrl(name, "json"))).json()) as EngineTimeline;
+}
 export async function listWorkers(): Promise<WorkerHealth[] | null> {
   try {
     const body = (await (await rawFetch("/api/v1/admin/workers")).json()) as unknown;

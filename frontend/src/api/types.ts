@@ -15,6 +15,9 @@ export type Run = Schemas["Run"];
 export type RunLogs = Schemas["RunLogs"];
 export type RunTrace = Schemas["RunTrace"];
 export type RunTraceSpan = Schemas["RunTraceSpan"];
+/** `GET /staff/workers/<name>/timeline`: a worker's last forwards (staff only). */
+export type EngineTimeline = Schemas["EngineTimeline"];
+export type EngineForward = Schemas["EngineForward"];
 export type KVFile = Schemas["KVFile"];
 
 export type Role = Schemas["RoleEnum"];

@@ -13,17 +13,13 @@ import {
 import type { AdminTenant, WorkerHealth } from "../api/types";
 import { useAuth } from "../auth/AuthContext";
 import { ConfirmButton } from "../components/ConfirmButton";
+import { EngineTimeline } from "../components/EngineTimeline";
 import { KVFileTable } from "../components/KVFileTable";
 import { Meter } from "../components/Meter";
 import { PageHeader } from "../components/PageHeader";
 import { AsyncBlock, Empty, ErrorBanner, Notice } from "../components/Status";
 import { useAsync } from "../hooks/useAsync";
 import { formatDate, formatNumber } from "../lib/format";
-
-/** `GET /api/v1/staff/workers/<name>/timeline`: the worker's last forwards, staff only. */
-function timelineUrl(name: string, format: "json" | "chrome"): string {
-  return `/api/v1/staff/workers/${encodeURIComponent(name)}/timeline?format=${format}`;
-}
 
 function WorkerCard({ worker }: { worker: WorkerHealth }) {
   const total = worker.pages_total ?? 0;
@@ -47,13 +43,7 @@ function WorkerCard({ worker }: { worker: WorkerHealth }) {
         <dt>Forward (avg)</dt>
         <dd>{worker.metrics?.forward_ms_avg !== undefined ? `${worker.metrics.forward_ms_avg.toFixed(1)} ms` : "—"}</dd>
       </dl>
-      <p className="muted">
-        Engine timeline (last forwards):{" "}
-        <a href={timelineUrl(worker.name, "json")}>JSON</a> ·{" "}
-        <a href={timelineUrl(worker.name, "chrome")} download={`${worker.name}-timeline.json`}>
-          Chrome trace for Perfetto
-        </a>
-      </p>
+      <EngineTimeline worker={worker.name} />
     </article>
   );
 }
