@@ -23,6 +23,14 @@ whole history, turn by turn across all conversations (so all are live at once). 
 skipped, with the reason in the record's notes, while Symphony answers ``/v1/responses`` with a
 404 (a build without it).
 
+**Tracing on vs off** (``--tracing-ab 1``, default in full mode): a second worker started with
+``--trace off`` and a second web process on it; each repetition of (a) also runs on that stack,
+next to the traced one (on, off, vLLM; then vLLM, off, on), and the row "(a) multi-turn chat,
+tracing on vs off" compares the two. Because two runs of (a) differ by more than 1% from one
+repetition to the next here, the record also keeps the spans' cost measured directly: the
+traced runs' ``pred`` calls (their usage records) times one span's CPU time
+(``bench/trace_cost.py``) over the repetition's wall time.
+
 **1-token latency**: sequential non-streamed requests of one short user message and
 ``max_tokens=1``; p50 per side (target: within 50 ms of ``vllm serve``), and for
 Symphony the split of its time by phase from the run's row (:data:`PHASES`). With
@@ -64,6 +72,7 @@ from bench.harness import (
     share_out,
     workload_args,
 )
+from bench.trace_cost import span_share, trace_call_cost_us
 
 NAME = "b11_multiturn"
 PLAN = "bench-b11"
@@ -97,6 +106,9 @@ class Workload:
     #: Live conversations in part (b): far more than the device KV holds (``pages``), so each
     #: side's history has to leave the device between turns, which is what (b) compares.
     responses_conversations: int = 48
+    #: Also run (a) on a second stack whose worker records no spans (``--trace off``): what
+    #: per-run tracing costs a chat workload.
+    tracing_ab: int = 1
 
     def conversation_tokens(self) -> int:
         """An upper bound of a conversation's final prompt (chat template overhead included)."""
@@ -132,6 +144,7 @@ QUICK = Workload(
     latency_requests=8,
     sandbox_path=0,
     responses_conversations=6,
+    tracing_ab=0,
 )
 
 
@@ -273,6 +286,18 @@ def multiturn(endpoint: Endpoint, sc: Script, wl: Workload) -> Run:
     return run
 
 
+def warm_up(endpoint: Endpoint, wl: Workload) -> None:
+    """The protocol's warm-up, off the clock: two streamed turns of one short conversation, so
+    no side's first timed request pays for its first connections, imports or compilation."""
+    client = endpoint.client()
+    messages: list[dict] = [{"role": "system", "content": "Warm-up."}]
+    for user in ("Say hello.", "Say goodbye."):
+        messages.append({"role": "user", "content": user})
+        answer, _ = chat_turn(client, endpoint.model, messages, wl.answer_tokens)
+        messages.append({"role": "assistant", "content": answer})
+    client.close()
+
+
 #: Where a Symphony 1-token request's time goes, from the client's clock and the run's row.
 PHASES = (
     "request -> run created",
@@ -323,6 +348,51 @@ def _phases(run_id: str, sent: float, received: float) -> dict[str, float]:
 def phase_note(side: str, phases: dict[str, list[float]]) -> str:
     parts = [f"{name} {1000 * statistics.median(v):.0f} ms" for name, v in phases.items()]
     return f"{side} 1-token p50 by phase: " + "; ".join(parts)
+
+
+# ------------------------------------------------------------------ tracing on vs off
+class TracingSides:
+    """(a) with tracing on (the ordinary stack) against the same on a worker started with
+    ``--trace off`` (``off``; None: not measured), and the spans' cost measured directly: the
+    ``pred`` calls the traced runs made, from their usage records, times one span's CPU time."""
+
+    def __init__(self, tenant: str, off: Endpoint | None) -> None:
+        self.tenant = tenant
+        self.off = off
+        self.ab = Comparison("(a) multi-turn chat, tracing on vs off", "req/s")
+        #: Per traced repetition: (pred calls, wall seconds).
+        self.calls: list[tuple[int, float]] = []
+
+    def timed(self, fn: Callable[..., Run], *args: Any) -> Run:
+        """Run (a) on the traced stack, counting the ``pred`` calls its runs were billed."""
+        from django.db.models import Sum
+        from django.utils import timezone
+
+        from api.models import UsageRecord
+
+        since = timezone.now()
+        run = fn(*args)
+        records = UsageRecord.objects.filter(run__tenant__slug=self.tenant, run__created_at__gte=since)
+        self.calls.append((int(records.aggregate(n=Sum("pred_calls"))["n"] or 0), run.wall_s))
+        return run
+
+    def comparison(self) -> Comparison:
+        cost = trace_call_cost_us()
+        per_call_us = max(cost["spans_kept_us"], cost["bucketed_us"])
+        shares = [span_share(calls, per_call_us, wall) for calls, wall in self.calls]
+        share = statistics.median(shares)
+        calls = statistics.median(c for c, _ in self.calls)
+        self.ab.extra = {
+            "trace_call_us": cost,
+            "pred_calls_per_rep": [calls for calls, _ in self.calls],
+            "span_share": share,
+            "span_shares": shares,
+            "note": (
+                f"span work {100 * share:.3f}% of a repetition's wall time ({calls:.0f} pred calls x "
+                f"{per_call_us:.1f} us), measured directly"
+            ),
+        }
+        return self.ab
 
 
 # ------------------------------------------------------------------- part (b): the hook
@@ -401,8 +471,8 @@ def chat_turns_turn_major(endpoint: Endpoint, sc: Script, wl: Workload) -> Run:
 
 
 # ------------------------------------------------------------------------------ Symphony
-def _tenant_key() -> str:
-    """A fresh tenant on the benchmark's plan and an API key of it (plaintext)."""
+def _tenant_key() -> tuple[str, str]:
+    """A fresh tenant on the benchmark's plan: (its slug, an API key of it in plaintext)."""
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "web.settings")
     import django
 
@@ -427,22 +497,41 @@ def _tenant_key() -> str:
     tenant = Tenant.objects.create(name=slug, slug=slug, plan=PLAN)
     user = get_user_model().objects.create_user(username=f"{slug}@example.com", email=f"{slug}@example.com")
     Membership.objects.create(user=user, tenant=tenant, role="owner")
-    return issue_key(tenant, "b11", list(KEY_SCOPES), user).secret
+    return slug, issue_key(tenant, "b11", list(KEY_SCOPES), user).secret
 
 
-@contextlib.contextmanager
-def symphony_stack(worker: WorkerProcess, sandbox_path: bool) -> Iterator[tuple[str, str | None, Processes]]:
-    """(URL of the web process on the in-process path, URL of one on the sandbox path or None)."""
-    procs = Processes()
-    common = {
-        "SYMPHONY_WORKER_NAME": "bench",
+def _worker_env(worker: WorkerProcess) -> dict[str, str]:
+    """What a web process or executor needs to reach ``worker`` (statically routed)."""
+    return {
+        "SYMPHONY_WORKER_NAME": worker.opts.name,
         "SYMPHONY_WORKER_ADMIN_SOCKET": worker.admin_socket,
         "SYMPHONY_SESSIONS_DIR": str(worker.base / "s"),
         "SYMPHONY_ROUTING": "static",
         "SYMPHONY_OPENAI_QUEUE_S": "60",
     }
+
+
+@dataclass(frozen=True)
+class Stack:
+    """The web processes' URLs: the in-process path, the sandbox path (or None), and the
+    in-process path on the worker without tracing (or None)."""
+
+    fast: str
+    slow: str | None
+    untraced: str | None
+
+
+@contextlib.contextmanager
+def symphony_stack(
+    worker: WorkerProcess, sandbox_path: bool, untraced: WorkerProcess | None = None
+) -> Iterator[tuple[Stack, Processes]]:
+    procs = Processes()
+    common = _worker_env(worker)
     try:
         fast = procs.web("web-trusted", control_plane_env(**common, SYMPHONY_TRUSTED_BUILTIN="1"))
+        off = None
+        if untraced is not None:
+            off = procs.web("web-untraced", control_plane_env(**_worker_env(untraced), SYMPHONY_TRUSTED_BUILTIN="1"))
         slow = None
         if sandbox_path:
             from sandbox.image import ensure
@@ -454,7 +543,7 @@ def symphony_stack(worker: WorkerProcess, sandbox_path: bool) -> Iterator[tuple[
             slow = procs.web(
                 "web-sandbox", control_plane_env(**common, SYMPHONY_TRUSTED_BUILTIN="0", SYMPHONY_SANDBOX_IMAGE=image)
             )
-        yield fast, slow, procs
+        yield Stack(fast, slow, off), procs
     finally:
         procs.close()
 
@@ -488,17 +577,21 @@ def measure(cfg: Any, wl: Workload, result: BenchResult) -> None:
         host_pages=wl.host_pages,
     )
     worker = WorkerProcess(opts)
+    untraced = WorkerProcess(replace(opts, name="bench-untraced", trace=False)) if wl.tracing_ab else None
     server = _vllm_server(cfg, opts)
     try:
         database_ready()
-        key = _tenant_key()
+        tenant, key = _tenant_key()
         worker.wait_ready()
+        if untraced is not None:
+            untraced.wait_ready()
         server.wait_ready()
-        with symphony_stack(worker, bool(wl.sandbox_path)) as (fast_url, slow_url, procs):
-            symphony = Endpoint("symphony", fast_url, key, "bench")
+        with symphony_stack(worker, bool(wl.sandbox_path), untraced) as (stack, procs):
+            symphony = Endpoint("symphony", stack.fast, key, "bench")
             vllm = Endpoint("vllm serve", f"http://127.0.0.1:{server.port}", "none", "bench")
+            off = Endpoint("symphony (tracing off)", stack.untraced, key, "bench") if stack.untraced else None
             try:
-                _measure_sides(cfg, wl, texts, symphony, vllm, slow_url, key, result)
+                _measure_sides(cfg, wl, texts, symphony, vllm, stack.slow, key, result, TracingSides(tenant, off))
                 fill_sides(result, worker, server)
             except Exception:
                 for name, _, _ in procs.procs:
@@ -508,6 +601,8 @@ def measure(cfg: Any, wl: Workload, result: BenchResult) -> None:
     finally:
         server.close()
         worker.close()
+        if untraced is not None:
+            untraced.close()
 
 
 def _measure_sides(
@@ -519,6 +614,7 @@ def _measure_sides(
     slow_url: str | None,
     key: str,
     result: BenchResult,
+    tracing: TracingSides,
 ) -> None:
     chat = Comparison("(a) multi-turn chat", "req/s")
     ttft = Comparison("(a) TTFT p50", "s", higher_is_better=False)
@@ -528,15 +624,25 @@ def _measure_sides(
     slow = Endpoint("symphony (sandbox path)", slow_url, key, "bench") if slow_url else None
     fast_phases: dict[str, list[float]] = {}
     slow_phases: dict[str, list[float]] = {}
+    for endpoint in (symphony, tracing.off, vllm):
+        if endpoint is not None:
+            warm_up(endpoint, wl)
     for rep in range(cfg.reps):
         repetition_starts()
         sc = script(texts, wl, cfg.seed, rep)
         sides: list[tuple[str, Callable[[], Run]]] = [
-            ("symphony", functools.partial(multiturn, symphony, sc, wl)),
+            ("symphony", functools.partial(tracing.timed, multiturn, symphony, sc, wl)),
             ("vllm", functools.partial(multiturn, vllm, sc, wl)),
         ]
+        if tracing.off is not None:  # on and off back to back: (on, off, vLLM), then (vLLM, off, on)
+            sides.insert(1, ("untraced", functools.partial(multiturn, tracing.off, sc, wl)))
         for side, fn in sides if rep % 2 == 0 else reversed(sides):
             run = fn()
+            if side == "untraced":
+                tracing.ab.baseline.add(run.requests_per_s)
+                continue
+            if side == "symphony":
+                tracing.ab.symphony.add(run.requests_per_s)
             target = chat.symphony if side == "symphony" else chat.baseline
             target.add(run.requests_per_s)
             (ttft.symphony if side == "symphony" else ttft.baseline).add(run.ttft_p50)
@@ -564,6 +670,8 @@ def _measure_sides(
         "note": f"Symphony - vLLM: {difference_ms:+.0f} ms",
     }
     result.comparisons += [chat, ttft, token]
+    if tracing.off is not None:
+        result.comparisons.append(tracing.comparison())
     result.notes.append(phase_note("in-process path", fast_phases))
     if slow is not None:
         slow_ms = 1000 * (sandboxed.symphony.median - sandboxed.baseline.median)

@@ -189,11 +189,11 @@ def measure(cfg: Any, wl: Workload, result: BenchResult) -> None:
     )
     try:
         database_ready()
-        key = _tenant_key()
+        _, key = _tenant_key()
         worker.wait_ready()
         server.wait_ready()
-        with symphony_stack(worker, False) as (symphony_url, _, procs):
-            sides = [("symphony", symphony_url, key), ("baseline", f"http://127.0.0.1:{server.port}", None)]
+        with symphony_stack(worker, False) as (stack, procs):
+            sides = [("symphony", stack.fast, key), ("baseline", f"http://127.0.0.1:{server.port}", None)]
             try:
                 run_sides(cfg, wl, sides, result)
             except Exception:

@@ -45,6 +45,7 @@ from bench.harness import (
     interleaved,
     random_tokens,
 )
+from bench.trace_cost import trace_call_cost_us
 
 NAME = "b3_pred_overhead"
 
@@ -58,39 +59,6 @@ def reply_bytes() -> dict[str, int]:
         "pred_then_argmax": len(protocol.pack(protocol.ok_reply(req_id, {"tokens": [12_345]}))),
         "pred_dists": len(protocol.pack(protocol.ok_reply(req_id, {"dists": [2**40 + 17]}))),
         "dist_argmax": len(protocol.pack(protocol.ok_reply(req_id, 12_345))),
-    }
-
-
-def trace_call_cost_us(n: int = 20_000) -> dict[str, float]:
-    """Microseconds the worker spends per ``pred`` on its trace span (``ops.pred.trace_call``:
-    a clock read, the span's values, the append or the bucket's additions), timed in-process
-    with a real ``SessionTrace``: while spans are kept one by one (the first ``MAX_SPANS``),
-    past them (per-second buckets), and with tracing off. CPU time of this thread, not wall
-    time: on a shared host the wall clock also counts the time the thread waited for a core.
-    Set against a round trip in ms this is the share of it tracing costs."""
-    from types import SimpleNamespace
-
-    from gpu_worker.ops.pred import trace_call
-    from gpu_worker.scheduler import PredCall
-    from gpu_worker.tracing import MAX_SPANS, SessionTrace
-
-    def timed(trace: SessionTrace, calls: int) -> float:
-        session = SimpleNamespace(trace=trace)
-        call = PredCall(session, 1, (5,), (0,))  # type: ignore[arg-type]
-        call.started, call.forwards, call.forward_s, call.forward_share_s = call.enqueued, 1, 0.001, 0.0005
-        call.batch_size, call.batch_tokens, call.own_tokens, call.chosen = 8, 8, 1, [7]
-        t0 = time.thread_time()
-        for _ in range(calls):
-            trace_call(session, call)  # type: ignore[arg-type]
-        return 1e6 * (time.thread_time() - t0) / calls
-
-    kept = min(timed(SessionTrace(), MAX_SPANS) for _ in range(20))
-    full = SessionTrace()
-    timed(full, MAX_SPANS)
-    return {
-        "spans_kept_us": round(kept, 3),
-        "bucketed_us": round(timed(full, n), 3),
-        "off_us": round(timed(SessionTrace(enabled=False), n), 3),
     }
 
 

@@ -233,8 +233,29 @@ def _b12r(row: Row, record: Record) -> Verdict:
     return Verdict("— (queue wait: reported)", None)
 
 
+#: B11's trace target: what per-run tracing may cost a chat workload.
+B11_TRACE_TARGET = "tracing ≤ 1% of req/s"
+
+
+def _b11_tracing(row: Row) -> Verdict:
+    """Tracing on vs off: as B3's, the span work measured directly (``span_share``: the traced
+    runs' ``pred`` calls times one span's CPU time, over the repetition's wall time), provided the
+    A/B of two stacks does not contradict it (some repetition within 1%: on ÷ off ≥ 0.99)."""
+    share = row.get("span_share")
+    paired = row.get("paired_ratio") or {}
+    highest = float(paired.get("max", ratio(row)))
+    if share is None:
+        return Verdict(B11_TRACE_TARGET, ratio(row) >= 0.99)
+    detail = f"span work {100 * float(share):.3f}% of the wall time, measured directly; the A/B cannot resolve 1%"
+    if highest < 0.99:
+        detail += f", and no repetition came within it ({highest:.2f}×)"
+    return Verdict(B11_TRACE_TARGET, float(share) <= 0.01 and highest >= 0.99, detail)
+
+
 def _b11(row: Row, record: Record) -> Verdict:
     name = str(row["name"])
+    if "tracing on vs off" in name:
+        return _b11_tracing(row)
     if name.startswith("(a) multi-turn"):
         return Verdict("≥ 1.0× vLLM req/s", ratio(row) >= 1.0)
     if name.startswith("(a) TTFT"):

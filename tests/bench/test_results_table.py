@@ -293,6 +293,30 @@ def test_b11_rows_are_judged_by_their_own_targets() -> None:
     assert verdicts["(b) responses, previous_response_id"] == "**missed**"  # below 1.5x
 
 
+def test_b11_tracing_is_judged_on_its_measured_cost_unless_the_ab_contradicts_it() -> None:
+    def traced(on: list[float], off: list[float], share: float | None) -> dict:
+        pairs = [a / b for a, b in zip(on, off, strict=True)]
+        paired = {"median": sorted(pairs)[2], "min": min(pairs), "max": max(pairs), "values": pairs}
+        extra = {"span_share": share} if share is not None else {}
+        return _cmp(
+            "(a) multi-turn chat, tracing on vs off", "req/s", _side(*on), _side(*off), paired_ratio=paired, **extra
+        )
+
+    def verdict(row: dict) -> str:
+        rows = _rows(results.render({"b11": _record("b11_multiturn", [row])}), "B11 multi-turn chat (OpenAI protocol)")
+        return rows[0][5]
+
+    noisy = traced([1.20, 1.25, 1.18, 1.22, 1.30], [1.22, 1.21, 1.24, 1.20, 1.26], 0.0004)
+    assert verdict(noisy) == "met (span work 0.040% of the wall time, measured directly; the A/B cannot resolve 1%)"
+    slower = traced([1.00, 1.01, 1.02, 1.00, 1.03], [1.20, 1.21, 1.24, 1.20, 1.26], 0.0004)
+    assert verdict(slower).startswith("**missed** (span work 0.040%") and "no repetition came within it" in verdict(
+        slower
+    )
+    costly = traced([1.20, 1.25, 1.18, 1.22, 1.30], [1.22, 1.21, 1.24, 1.20, 1.26], 0.02)
+    assert verdict(costly).startswith("**missed** (span work 2.000%")
+    assert verdict(traced([1.20, 1.25, 1.18, 1.22, 1.30], [1.22, 1.21, 1.24, 1.20, 1.26], None)) == "met"
+
+
 def test_a_scaled_run_says_so_and_a_quick_run_is_never_recorded(tmp_path: Path) -> None:
     scaled = _record(
         "b4_parallel_decode",
