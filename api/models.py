@@ -87,6 +87,12 @@ class Plan(models.Model):
         return self.name
 
 
+def user_account_key(user_id: int) -> str:
+    """The account of the person with ``user_id``: every tenant they create counts against it
+    (``Tenant.account_key``), and so do their console requests before a tenant is known."""
+    return f"u{user_id}"
+
+
 class Tenant(models.Model):
     """A billing and isolation unit; every tenant resource carries a foreign key to one."""
 
@@ -116,7 +122,7 @@ class Tenant(models.Model):
     def account_key(self) -> str:
         """The account's name on the wire and in counters: ``u<user id>``, or ``t<tenant id>``
         for a tenant with no creator of record."""
-        return f"u{self.account_id}" if self.account_id is not None else f"t{self.pk}"
+        return user_account_key(self.account_id) if self.account_id is not None else f"t{self.pk}"
 
 
 class Membership(models.Model):

@@ -24,6 +24,7 @@ from django.http import HttpRequest
 from rest_framework import authentication, exceptions
 
 from api.db_admission import RETRY_AFTER_S, keep_lease
+from api.models import user_account_key
 from api.services import session_accounts
 from api.services.db_share import AccountOverShare, DbShareLease, admit_session_read
 
@@ -52,7 +53,7 @@ def console_user_in_share(request: HttpRequest) -> tuple[Any, DbShareLease | Non
         if lease is not None:
             lease.release()
         return None, None
-    mine = session_accounts.account_of_user(user.pk)
+    mine = user_account_key(user.pk)
     if account != mine:
         session_accounts.remember(session_key, mine)
     return user, lease

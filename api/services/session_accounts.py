@@ -27,12 +27,6 @@ from django.core.cache import cache
 log = logging.getLogger(__name__)
 
 
-def account_of_user(user_id: int) -> str:
-    """The account a signed-in person's requests count against before their tenant is known:
-    the same name as a tenant they created (``Tenant.account_key``)."""
-    return f"u{user_id}"
-
-
 def cache_name(session_key: str) -> str:
     """The cache entry of ``session_key``'s account: a digest, so the cache holds no sign-in."""
     digest = hashlib.sha256(session_key.encode(errors="replace")).hexdigest()[:40]
