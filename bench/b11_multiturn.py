@@ -28,8 +28,9 @@ skipped, with the reason in the record's notes, while Symphony answers ``/v1/res
 next to the traced one (on, off, vLLM; then vLLM, off, on), and the row "(a) multi-turn chat,
 tracing on vs off" compares the two. Because two runs of (a) differ by more than 1% from one
 repetition to the next here, the record also keeps the spans' cost measured directly: the
-traced runs' ``pred`` calls (their usage records) times one span's CPU time
-(``bench/trace_cost.py``) over the repetition's wall time.
+traced runs' ``pred`` calls (their usage records, which bill each step of a multi-step call:
+more than the one span per call the worker records, so an upper bound) times one span's CPU
+time (``bench/trace_cost.py``) over the repetition's wall time.
 
 **1-token latency**: sequential non-streamed requests of one short user message and
 ``max_tokens=1``; p50 per side (target: within 50 ms of ``vllm serve``), and for
@@ -723,7 +724,8 @@ def _part_b(cfg: Any, wl: Workload, texts: Texts, symphony: Endpoint, vllm: Endp
             f"cached_tokens share: Symphony {statistics.median(cached['symphony']):.0%}, "
             f"vLLM {statistics.median(cached['vllm']):.0%}; {wl.conversations} live conversations "
             f"need up to {live} KV pages at their longest ({distinct} distinct: the system prompt's {shared} "
-            f"full blocks are shared), the device holds {pages} on both sides"
+            f"full blocks are shared); the worker's device holds {pages} pages and its host tier "
+            f"{wl.host_pages}, vLLM {pages + wl.host_pages} blocks (equal KV bytes)"
         ),
     }
     result.comparisons.append(cmp)
