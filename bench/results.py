@@ -145,20 +145,30 @@ def b3_trace_share(row: Row, record: Record) -> float | None:
     return per_call_us * batch / (step_ms * 1000)
 
 
+def measured_trace_verdict(row: Row, target: str, share: float | None, of_what: str) -> Verdict:
+    """A "tracing on vs off" row (B3, B11): two stacks differ by several percent from one
+    repetition to the next on a shared host, so their ratio cannot show 1%: the verdict is the
+    span work measured directly (``share``), provided the A/B does not contradict it (some
+    repetition within 1% of off, in the row's direction). ``None``: an older record without the
+    direct measure, judged on the A/B alone."""
+    higher = bool(row.get("higher_is_better", True))
+    paired = row.get("paired_ratio") or {}
+    closest = float(paired.get("max" if higher else "min", ratio(row)))
+
+    def within(r: float) -> bool:
+        return r >= 0.99 if higher else r <= 1.01
+
+    if share is None:
+        return Verdict(target, within(ratio(row)))
+    detail = f"span work {100 * share:.3f}% {of_what}, measured directly; the A/B cannot resolve 1%"
+    if not within(closest):
+        detail += f", and no repetition came within it ({closest:.2f}×)"
+    return Verdict(target, share <= 0.01 and within(closest), detail)
+
+
 def _b3(row: Row, record: Record) -> Verdict:
     if "tracing on vs off" in row["name"]:  # ``--trace both``: the two workers, not the engine
-        # Two workers' steps differ by several percent from one repetition to the next on a
-        # shared host, so their ratio cannot show 1%: the verdict is the cost measured directly,
-        # provided the A/B does not contradict it (some repetition within 1%).
-        share = b3_trace_share(row, record)
-        if share is None:
-            return Verdict(B3_TRACE_TARGET, ratio(row) <= 1.01)
-        paired = row.get("paired_ratio") or {}
-        lowest = float(paired.get("min", ratio(row)))
-        detail = f"span work {100 * share:.3f}% of a step, measured directly; the A/B cannot resolve 1%"
-        if lowest > 1.01:
-            detail += f", and no repetition came within it ({lowest:.2f}×)"
-        return Verdict(B3_TRACE_TARGET, share <= 0.01 and lowest <= 1.01, detail)
+        return measured_trace_verdict(row, B3_TRACE_TARGET, b3_trace_share(row, record), "of a step")
     batch = int(row["name"].split("batch ")[1].split(",")[0])
     if batch < 8:
         return Verdict("≤ 5% at batch ≥ 8", None, "batch < 8: no target")
@@ -237,25 +247,13 @@ def _b12r(row: Row, record: Record) -> Verdict:
 B11_TRACE_TARGET = "tracing ≤ 1% of req/s"
 
 
-def _b11_tracing(row: Row) -> Verdict:
-    """Tracing on vs off: as B3's, the span work measured directly (``span_share``: the traced
-    runs' ``pred`` calls times one span's CPU time, over the repetition's wall time), provided the
-    A/B of two stacks does not contradict it (some repetition within 1%: on ÷ off ≥ 0.99)."""
-    share = row.get("span_share")
-    paired = row.get("paired_ratio") or {}
-    highest = float(paired.get("max", ratio(row)))
-    if share is None:
-        return Verdict(B11_TRACE_TARGET, ratio(row) >= 0.99)
-    detail = f"span work {100 * float(share):.3f}% of the wall time, measured directly; the A/B cannot resolve 1%"
-    if highest < 0.99:
-        detail += f", and no repetition came within it ({highest:.2f}×)"
-    return Verdict(B11_TRACE_TARGET, float(share) <= 0.01 and highest >= 0.99, detail)
-
-
 def _b11(row: Row, record: Record) -> Verdict:
     name = str(row["name"])
     if "tracing on vs off" in name:
-        return _b11_tracing(row)
+        share = row.get("span_share")
+        return measured_trace_verdict(
+            row, B11_TRACE_TARGET, None if share is None else float(share), "of the wall time"
+        )
     if name.startswith("(a) multi-turn"):
         return Verdict("≥ 1.0× vLLM req/s", ratio(row) >= 1.0)
     if name.startswith("(a) TTFT"):
