@@ -288,15 +288,9 @@ def multiturn(endpoint: Endpoint, sc: Script, wl: Workload) -> Run:
 
 
 def warm_up(endpoint: Endpoint, wl: Workload) -> None:
-    """The protocol's warm-up, off the clock: two streamed turns of one short conversation, so
+    """The protocol's warm-up, off the clock: one short conversation of two streamed turns, so
     no side's first timed request pays for its first connections, imports or compilation."""
-    client = endpoint.client()
-    messages: list[dict] = [{"role": "system", "content": "Warm-up."}]
-    for user in ("Say hello.", "Say goodbye."):
-        messages.append({"role": "user", "content": user})
-        answer, _ = chat_turn(client, endpoint.model, messages, wl.answer_tokens)
-        messages.append({"role": "assistant", "content": answer})
-    client.close()
+    multiturn(endpoint, Script("Warm-up.", [["Say hello.", "Say goodbye."]]), replace(wl, conversations=1, in_flight=1))
 
 
 #: Where a Symphony 1-token request's time goes, from the client's clock and the run's row.
@@ -365,7 +359,10 @@ class TracingSides:
         self.calls: list[tuple[int, float]] = []
 
     def timed(self, fn: Callable[..., Run], *args: Any) -> Run:
-        """Run (a) on the traced stack, counting the ``pred`` calls its runs were billed."""
+        """Run (a) on the traced stack, counting the ``pred`` calls its runs were billed (only
+        while the A/B is measured: nothing reads them otherwise)."""
+        if self.off is None:
+            return fn(*args)
         from django.db.models import Sum
         from django.utils import timezone
 
