@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, container_names, wait_for
 from tests.plugins.worker import RunningWorker, start_worker
 
 pytestmark = [
@@ -301,7 +301,7 @@ def _nothing_left(worker: RunningWorker, docker_client, run_ids: list[str]) -> N
         pytest.fail(f"sessions left: {left} runs: {statuses} ours: {run_ids}\n{worker.log_tail(6000)}")
     for run_id in run_ids:
         wait_for(
-            lambda rid=run_id: not docker_client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={rid}"}),
+            lambda rid=run_id: not container_names(docker_client, label=f"{LABEL_RUN}={rid}"),
             timeout=60,
             message=f"container of {run_id} removed",
         )
