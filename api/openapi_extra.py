@@ -40,20 +40,29 @@ _MESSAGE = {
     "required": ["role"],
 }
 
+#: Sampling parameters beyond OpenAI's chat ones, as vLLM takes them on chat, completions and
+#: Responses (api/serializers/openai.py ``VllmSamplingSerializer``).
+_VLLM_SAMPLING = {
+    "top_k": {"type": "integer", "minimum": 0},
+    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
+    "seed": {"type": "integer"},
+    "ignore_eos": {"type": "boolean", "description": "the model's end-of-sequence token does not end the answer"},
+    "min_tokens": {"type": "integer", "minimum": 0, "description": "no end of sequence before this many tokens"},
+    "repetition_penalty": {"type": "number", "exclusiveMinimum": 0, "maximum": 100},
+}
+
 _SAMPLING = {
     "model": {"type": "string"},
     "max_tokens": {"type": "integer", "minimum": 1},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
     "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "top_k": {"type": "integer", "minimum": 0},
-    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
     "logit_bias": {"type": "object", "additionalProperties": {"type": "number"}},
     "n": {"type": "integer", "minimum": 1, "maximum": 8},
     "stop": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]},
     "stop_token_ids": {"type": "array", "items": {"type": "integer"}},
-    "seed": {"type": "integer"},
+    **_VLLM_SAMPLING,
     "stream": {"type": "boolean"},
     "stream_options": {"type": "object", "properties": {"include_usage": {"type": "boolean"}}},
     "user": {"type": "string"},
@@ -233,6 +242,7 @@ _RESPONSE_REQUEST = {
         "max_output_tokens": {"type": "integer", "minimum": 1},
         "temperature": {"type": "number", "minimum": 0, "maximum": 2},
         "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        **_VLLM_SAMPLING,
         "text": {"type": "object", "description": "format: text, json_object or json_schema"},
         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
         "user": {"type": "string"},

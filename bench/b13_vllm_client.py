@@ -11,14 +11,23 @@ the same client). Nobody here wrote it, so neither side is measured by code tune
 * **baseline**: ``vllm serve`` with prefix caching, the worker's KV (device + host pages), CPUs,
   forward threads, OpenMP wait policy, dtype, batch and length (the protocol, bench/README.md).
 
-Workload (fixed before the first measurement): the ``openai-chat`` backend, the
-``prefix_repetition`` dataset with ``num_prefixes`` (4) prefixes of ``prefix_tokens`` (512)
-tokens, each prompt a prefix and a ``suffix_tokens`` (128) suffix, ``prompts`` (32) prompts,
-``output_tokens`` (32) tokens each (``ignore_eos``, temperature 0), ``concurrency`` (2) requests
-in flight. Each repetition draws its own prompts (seed + repetition), so no side starts one with
-the last one's cache; one untimed run a side first (warm-up). Reported per repetition: requests/s,
-TTFT p50 and TPOT p50 as the client measured them; every request must succeed (the client's
-``completed`` equals ``prompts``, or the benchmark fails).
+Workload (fixed before the first measurement): ``prompts`` (32) prompts, ``output_tokens`` (32)
+tokens each (``ignore_eos``, temperature 0), ``concurrency`` (2) requests in flight, through
+each of the client's cases (:data:`CASES`):
+
+* ``openai-chat`` on ``/v1/chat/completions`` with the ``prefix_repetition`` dataset:
+  ``num_prefixes`` (4) prefixes of ``prefix_tokens`` (512) tokens, each prompt a prefix and a
+  ``suffix_tokens`` (128) suffix (the first case, measured alone until 2026-11-28);
+* ``openai-chat`` with the ``random`` dataset: ``random_input_tokens`` (512) random tokens a
+  prompt, no shared prefix (its prompts may hold U+0000, which both servers must take);
+* ``openai-responses`` on ``/v1/responses`` (``store: false``, as the client sends) with each of
+  the two datasets (cases added 2026-11-28, before their first measurement).
+
+Each repetition draws its own prompts (seed + repetition), so no side starts one with the last
+one's cache; one untimed run a side and case first (warm-up). Repetitions interleave the sides
+(S, B, then B, S) within each case, and the cases within each repetition. Reported per case and
+repetition: requests/s, TTFT p50 and TPOT p50 as the client measured them; every request must
+succeed (the client's ``completed`` equals ``prompts``, or the benchmark fails).
 """
 
 from __future__ import annotations
@@ -53,11 +62,33 @@ MODEL_NAME = "bench"
 
 
 @dataclass(frozen=True)
+class Case:
+    """One of the client's backends against one of its datasets."""
+
+    backend: str
+    endpoint: str
+    dataset: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}, {self.dataset}"
+
+
+CASES = (
+    Case("openai-chat", "/v1/chat/completions", "prefix_repetition"),
+    Case("openai-chat", "/v1/chat/completions", "random"),
+    Case("openai-responses", "/v1/responses", "prefix_repetition"),
+    Case("openai-responses", "/v1/responses", "random"),
+)
+
+
+@dataclass(frozen=True)
 class Workload:
     prompts: int = 32
     num_prefixes: int = 4
     prefix_tokens: int = 512
     suffix_tokens: int = 128
+    random_input_tokens: int = 512
     output_tokens: int = 32
     concurrency: int = 2
 
@@ -69,27 +100,31 @@ class Workload:
         return 1 + self.num_prefixes * prefix + self.concurrency * (prefix + own) + 2
 
 
-QUICK = Workload(prompts=8, num_prefixes=2, prefix_tokens=64, suffix_tokens=16, output_tokens=8, concurrency=2)
+QUICK = Workload(
+    prompts=8,
+    num_prefixes=2,
+    prefix_tokens=64,
+    suffix_tokens=16,
+    random_input_tokens=64,
+    output_tokens=8,
+    concurrency=2,
+)
 
 
-def client_args(model_dir: str, base_url: str, wl: Workload, seed: int, warmups: int = 0) -> argparse.Namespace:
-    """The client's arguments, as ``vllm bench serve`` would parse them from its command line."""
-    from vllm.benchmarks.serve import add_cli_args
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser()
-    add_cli_args(parser)
-    argv = [
-        "--backend",
-        "openai-chat",
-        "--base-url",
-        base_url,
-        "--endpoint",
-        "/v1/chat/completions",
-        "--model",
-        MODEL_NAME,
-        "--tokenizer",
-        model_dir,
+def dataset_args(case: Case, wl: Workload) -> list[str]:
+    """The client's flags for ``case``'s dataset."""
+    if case.dataset == "random":
+        return [
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(wl.random_input_tokens),
+            "--random-output-len",
+            str(wl.output_tokens),
+            "--random-range-ratio",
+            "0",
+        ]
+    return [
         "--dataset-name",
         "prefix_repetition",
         "--prefix-repetition-prefix-len",
@@ -100,6 +135,30 @@ def client_args(model_dir: str, base_url: str, wl: Workload, seed: int, warmups:
         str(wl.num_prefixes),
         "--prefix-repetition-output-len",
         str(wl.output_tokens),
+    ]
+
+
+def client_args(
+    model_dir: str, base_url: str, case: Case, wl: Workload, seed: int, warmups: int = 0
+) -> argparse.Namespace:
+    """The client's arguments, as ``vllm bench serve`` would parse them from its command line."""
+    from vllm.benchmarks.serve import add_cli_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser()
+    add_cli_args(parser)
+    argv = [
+        "--backend",
+        case.backend,
+        "--base-url",
+        base_url,
+        "--endpoint",
+        case.endpoint,
+        "--model",
+        MODEL_NAME,
+        "--tokenizer",
+        model_dir,
+        *dataset_args(case, wl),
         "--num-prompts",
         str(wl.prompts),
         "--max-concurrency",
@@ -148,16 +207,18 @@ class Run:
     failed: int
 
 
-def drive(model_dir: str, base_url: str, key: str | None, wl: Workload, seed: int, warmups: int = 0) -> Run:
+def drive(model_dir: str, base_url: str, key: str | None, case: Case, wl: Workload, seed: int, warmups: int = 0) -> Run:
     """One run of vLLM's client against ``base_url``; fails unless every request succeeded."""
     from vllm.benchmarks.serve import main as client_main
 
     with api_key(key):
-        out: dict[str, Any] = client_main(client_args(model_dir, base_url, wl, seed, warmups))
+        out: dict[str, Any] = client_main(client_args(model_dir, base_url, case, wl, seed, warmups))
     completed, failed = int(out.get("completed", 0)), int(out.get("failed", 0) or 0)
     if completed != wl.prompts or failed:
         errors = [e for e in out.get("errors", []) if e][:3]
-        raise RuntimeError(f"{base_url}: {completed} of {wl.prompts} requests succeeded ({failed} failed): {errors}")
+        raise RuntimeError(
+            f"{base_url} ({case.label}): {completed} of {wl.prompts} requests succeeded ({failed} failed): {errors}"
+        )
     return Run(
         requests_per_s=float(out["request_throughput"]),
         ttft_p50_s=float(out["median_ttft_ms"]) / 1000,
@@ -170,7 +231,8 @@ def drive(model_dir: str, base_url: str, key: str | None, wl: Workload, seed: in
 def measure(cfg: Any, wl: Workload, result: BenchResult) -> None:
     from bench.baseline_server import VLLMServer
 
-    max_len = max_len_for(wl.prefix_tokens + wl.suffix_tokens + wl.output_tokens + 64)
+    prompt = max(wl.prefix_tokens + wl.suffix_tokens, wl.random_input_tokens)
+    max_len = max_len_for(prompt + wl.output_tokens + 64)
     opts = WorkerOptions(
         model=cfg.model,
         num_pages=max(wl.pages(), max_len // 128 + 2),
@@ -208,31 +270,43 @@ def measure(cfg: Any, wl: Workload, result: BenchResult) -> None:
 
 
 def run_sides(cfg: Any, wl: Workload, sides: list[tuple[str, str, str | None]], result: BenchResult) -> None:
-    """Warm-up, then interleaved repetitions (S, B, then B, S), each with prompts of its own."""
-    rate = Comparison("vllm bench serve, openai-chat, prefix_repetition", "req/s")
-    ttft = Comparison("TTFT p50", "s", higher_is_better=False)
-    tpot = Comparison("TPOT p50", "s", higher_is_better=False)
-    for _, url, key in sides:
-        drive(cfg.model, url, key, wl, cfg.seed + 10_000, warmups=wl.concurrency)
+    """Warm-up, then interleaved repetitions (S, B, then B, S) of every case, each with prompts
+    of its own."""
+    rows = {
+        case: (
+            Comparison(f"vllm bench serve, {case.label}", "req/s"),
+            Comparison(f"{case.label}: TTFT p50", "s", higher_is_better=False),
+            Comparison(f"{case.label}: TPOT p50", "s", higher_is_better=False),
+        )
+        for case in CASES
+    }
+    for case in CASES:
+        for _, url, key in sides:
+            drive(cfg.model, url, key, case, wl, cfg.seed + 10_000, warmups=wl.concurrency)
     for rep in range(cfg.reps):
         repetition_starts()
-        for side, url, key in sides if rep % 2 == 0 else list(reversed(sides)):
-            run = drive(cfg.model, url, key, wl, cfg.seed + rep)
-            pick = "symphony" if side == "symphony" else "baseline"
-            getattr(rate, pick).add(run.requests_per_s)
-            getattr(ttft, pick).add(run.ttft_p50_s)
-            getattr(tpot, pick).add(run.tpot_p50_s)
-            print(
-                f"  b13: rep {rep} {side} {run.requests_per_s:.3f} req/s, TTFT p50 {1000 * run.ttft_p50_s:.0f} ms, "
-                f"TPOT p50 {1000 * run.tpot_p50_s:.1f} ms ({time.strftime('%H:%M:%S')})",
-                flush=True,
-            )
-    rate.extra["note"] = f"every request of every run succeeded ({wl.prompts} a run)"
-    result.comparisons += [rate, ttft, tpot]
+        for case, (rate, ttft, tpot) in rows.items():
+            for side, url, key in sides if rep % 2 == 0 else list(reversed(sides)):
+                run = drive(cfg.model, url, key, case, wl, cfg.seed + rep)
+                pick = "symphony" if side == "symphony" else "baseline"
+                getattr(rate, pick).add(run.requests_per_s)
+                getattr(ttft, pick).add(run.ttft_p50_s)
+                getattr(tpot, pick).add(run.tpot_p50_s)
+                print(
+                    f"  b13: rep {rep} {case.label} {side} {run.requests_per_s:.3f} req/s, TTFT p50 "
+                    f"{1000 * run.ttft_p50_s:.0f} ms, TPOT p50 {1000 * run.tpot_p50_s:.1f} ms "
+                    f"({time.strftime('%H:%M:%S')})",
+                    flush=True,
+                )
+    for rate, ttft, tpot in rows.values():
+        rate.extra["note"] = f"every request of every run succeeded ({wl.prompts} a run)"
+        result.comparisons += [rate, ttft, tpot]
     result.notes.append(
-        "client: vllm.benchmarks.serve (the installed vllm's `vllm bench serve`), backend openai-chat, "
-        f"dataset prefix_repetition ({wl.num_prefixes} prefixes x {wl.prefix_tokens} tokens, suffix "
-        f"{wl.suffix_tokens}, output {wl.output_tokens}, ignore_eos, temperature 0), concurrency {wl.concurrency}"
+        "client: vllm.benchmarks.serve (the installed vllm's `vllm bench serve`); backends openai-chat "
+        "(/v1/chat/completions) and openai-responses (/v1/responses, store false); datasets prefix_repetition "
+        f"({wl.num_prefixes} prefixes x {wl.prefix_tokens} tokens, suffix {wl.suffix_tokens}) and random "
+        f"({wl.random_input_tokens} tokens); output {wl.output_tokens} tokens (ignore_eos, temperature 0), "
+        f"{wl.prompts} prompts a run, concurrency {wl.concurrency}"
     )
 
 

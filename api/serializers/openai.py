@@ -157,7 +157,67 @@ def _given(initial: dict, name: str) -> bool:
     return initial.get(name) is not None
 
 
-class _CommonSerializer(serializers.Serializer):
+def check_min_tokens(attrs: dict, limit: int | None, limit_name: str) -> None:
+    """``min_tokens`` within the request's token limit (``limit_name`` as the request spells it)."""
+    if attrs.get("min_tokens") and limit is not None and attrs["min_tokens"] > limit:
+        raise serializers.ValidationError({"min_tokens": [f"min_tokens must not exceed {limit_name}"]})
+
+
+class VllmSamplingSerializer(serializers.Serializer):
+    """vLLM's sampling parameters beyond OpenAI's, which vLLM's own clients send (``vllm bench
+    serve`` sets ``ignore_eos`` on every request, chat, completions or Responses): one
+    definition, so every endpoint honours them, and refuses the same combinations, alike."""
+
+    top_k = serializers.IntegerField(min_value=-1, required=False, allow_null=True)
+    min_p = serializers.FloatField(min_value=0.0, max_value=1.0, required=False, allow_null=True)
+    presence_penalty = serializers.FloatField(min_value=-2.0, max_value=2.0, required=False, allow_null=True)
+    frequency_penalty = serializers.FloatField(min_value=-2.0, max_value=2.0, required=False, allow_null=True)
+    seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31)
+    #: The model's EOS does not end a choice (``ignore_eos``); EOS and ``stop_token_ids`` are
+    #: barred until ``min_tokens`` tokens.
+    ignore_eos = serializers.BooleanField(required=False, allow_null=True)
+    min_tokens = serializers.IntegerField(min_value=0, required=False, allow_null=True)
+    #: vLLM's repetition penalty: above 1 a token the prompt or the output already holds is made
+    #: less likely, below 1 more (built-in program: ``Sampler``); 1 leaves the choice alone.
+    repetition_penalty = serializers.FloatField(
+        min_value=0.0, max_value=MAX_REPETITION_PENALTY, required=False, allow_null=True
+    )
+
+    def validate_repetition_penalty(self, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise serializers.ValidationError("repetition_penalty must be greater than 0 (as vLLM answers)")
+        return value
+
+    def check_sampling_extras(self, attrs: dict, *, constrained: bool, constraints: str) -> None:
+        """Refuse what cannot be honoured together: ``min_p`` under a grammar (``constrained``:
+        a JSON format or tools, named ``constraints`` as the endpoint spells them), and
+        ``ignore_eos`` / ``min_tokens`` under a grammar (it ends at EOS) or with stop strings (one
+        seen before ``min_tokens`` would still cut the text where it starts)."""
+        if attrs.get("min_p") and constrained:
+            raise serializers.ValidationError(
+                {"min_p": [f"min_p cannot be combined with {constraints} in this deployment"]}
+            )
+        for name in ("ignore_eos", "min_tokens"):
+            if attrs.get(name) and (constrained or attrs.get("stop")):
+                also = constraints.replace(" or ", ", ") + " or stop"
+                raise serializers.ValidationError({name: [f"{name} cannot be combined with {also} in this deployment"]})
+
+    def sampling_extras(self) -> dict[str, Any]:
+        """These parameters as the built-in program's args take them (defaults filled in)."""
+        data = self.validated_data
+        return {
+            "top_k": max(data.get("top_k") or 0, 0),
+            "min_p": data.get("min_p") or 0.0,
+            "presence_penalty": data.get("presence_penalty") or 0.0,
+            "frequency_penalty": data.get("frequency_penalty") or 0.0,
+            "seed": data.get("seed"),
+            "ignore_eos": bool(data.get("ignore_eos")),
+            "min_tokens": data.get("min_tokens") or 0,
+            "repetition_penalty": data.get("repetition_penalty") or 1.0,
+        }
+
+
+class _CommonSerializer(VllmSamplingSerializer):
     #: Request keys accepted besides the declared fields (no effect on the answer).
     ACCEPTED = {"user"}
 
@@ -165,10 +225,6 @@ class _CommonSerializer(serializers.Serializer):
     max_tokens = serializers.IntegerField(min_value=1, required=False, allow_null=True)
     temperature = serializers.FloatField(min_value=0.0, max_value=2.0, default=1.0, allow_null=True)
     top_p = serializers.FloatField(min_value=0.0, max_value=1.0, default=1.0, allow_null=True)
-    top_k = serializers.IntegerField(min_value=-1, required=False, allow_null=True)
-    min_p = serializers.FloatField(min_value=0.0, max_value=1.0, required=False, allow_null=True)
-    presence_penalty = serializers.FloatField(min_value=-2.0, max_value=2.0, required=False, allow_null=True)
-    frequency_penalty = serializers.FloatField(min_value=-2.0, max_value=2.0, required=False, allow_null=True)
     logit_bias = serializers.DictField(
         child=serializers.FloatField(min_value=-100.0, max_value=100.0), required=False, allow_null=True
     )
@@ -176,16 +232,6 @@ class _CommonSerializer(serializers.Serializer):
     stop = serializers.JSONField(required=False, allow_null=True)
     stop_token_ids = serializers.ListField(
         child=serializers.IntegerField(min_value=0), required=False, allow_null=True, max_length=MAX_STOP_TOKEN_IDS
-    )
-    seed = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31)
-    #: vLLM's sampling extras, which its own clients send: the model's EOS does not end a choice
-    #: (``ignore_eos``); EOS and ``stop_token_ids`` are barred until ``min_tokens`` tokens.
-    ignore_eos = serializers.BooleanField(required=False, allow_null=True)
-    min_tokens = serializers.IntegerField(min_value=0, required=False, allow_null=True)
-    #: vLLM's repetition penalty: above 1 a token the prompt or the output already holds is made
-    #: less likely, below 1 more (built-in program: ``Sampler``); 1 leaves the choice alone.
-    repetition_penalty = serializers.FloatField(
-        min_value=0.0, max_value=MAX_REPETITION_PENALTY, required=False, allow_null=True
     )
     stream = serializers.BooleanField(default=False, allow_null=True)
     stream_options = StreamOptionsSerializer(required=False, allow_null=True)
@@ -208,11 +254,6 @@ class _CommonSerializer(serializers.Serializer):
             raise serializers.ValidationError(f"stop must be a string or a list of up to {MAX_STOPS} strings")
         return stops
 
-    def validate_repetition_penalty(self, value: float | None) -> float | None:
-        if value is not None and value <= 0:
-            raise serializers.ValidationError("repetition_penalty must be greater than 0 (as vLLM answers)")
-        return value
-
     def validate_logit_bias(self, value: dict | None) -> dict[str, float] | None:
         if not value:
             return None
@@ -224,17 +265,9 @@ class _CommonSerializer(serializers.Serializer):
 
     def validate(self, attrs: dict) -> dict:
         grammar = bool(attrs.get("response_format") and attrs["response_format"]["type"] != "text")
-        if attrs.get("min_p") and (grammar or self._uses_tool_grammar(attrs)):
-            raise serializers.ValidationError(
-                {"min_p": ["min_p cannot be combined with response_format or tools in this deployment"]}
-            )
-        # A grammar ends at EOS, and a stop string seen before min_tokens would still cut the
-        # text where it starts: neither can be honoured with these, so say so.
-        for name in ("ignore_eos", "min_tokens"):
-            if attrs.get(name) and (grammar or self._uses_tool_grammar(attrs) or attrs.get("stop")):
-                raise serializers.ValidationError(
-                    {name: [f"{name} cannot be combined with response_format, tools or stop in this deployment"]}
-                )
+        self.check_sampling_extras(
+            attrs, constrained=grammar or self._uses_tool_grammar(attrs), constraints="response_format or tools"
+        )
         if attrs.get("stream_options") is not None and not attrs.get("stream"):
             raise serializers.ValidationError(
                 {"stream_options": ["stream_options is only allowed when stream is true (as OpenAI answers)"]}
@@ -243,9 +276,7 @@ class _CommonSerializer(serializers.Serializer):
             raise serializers.ValidationError(
                 {"max_tokens": ["give max_tokens or max_completion_tokens, not both (as OpenAI answers)"]}
             )
-        limit = attrs.get("max_tokens") or attrs.get("max_completion_tokens")
-        if attrs.get("min_tokens") and limit is not None and attrs["min_tokens"] > limit:
-            raise serializers.ValidationError({"min_tokens": ["min_tokens must not exceed max_tokens"]})
+        check_min_tokens(attrs, attrs.get("max_tokens") or attrs.get("max_completion_tokens"), "max_tokens")
         return attrs
 
     def _uses_tool_grammar(self, attrs: dict) -> bool:
@@ -253,23 +284,15 @@ class _CommonSerializer(serializers.Serializer):
 
     def sampling_args(self, max_tokens: int) -> dict:
         data = self.validated_data
-        top_k = data.get("top_k") or 0
         args = {
             "max_tokens": max_tokens,
             "temperature": 1.0 if data.get("temperature") is None else data["temperature"],
             "top_p": 1.0 if data.get("top_p") is None else data["top_p"],
-            "top_k": max(top_k, 0),
-            "min_p": data.get("min_p") or 0.0,
-            "presence_penalty": data.get("presence_penalty") or 0.0,
-            "frequency_penalty": data.get("frequency_penalty") or 0.0,
+            **self.sampling_extras(),
             "logit_bias": data.get("logit_bias") or {},
             "n": data.get("n") or 1,
             "stop": data.get("stop") or [],
             "stop_token_ids": data.get("stop_token_ids") or [],
-            "seed": data.get("seed"),
-            "ignore_eos": bool(data.get("ignore_eos")),
-            "min_tokens": data.get("min_tokens") or 0,
-            "repetition_penalty": data.get("repetition_penalty") or 1.0,
         }
         schema = _schema(self.initial_data.get("response_format"), data.get("response_format"))
         if schema is not None:

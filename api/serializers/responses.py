@@ -5,7 +5,11 @@ with a 400 naming it; ``null`` counts as not given. ``input`` is a string or a l
 messages (roles ``user``, ``assistant``, ``system``, ``developer``; content a string or
 ``input_text`` / ``output_text`` parts), ``function_call`` and ``function_call_output`` items.
 Items become chat messages in :mod:`api.services.responses`; here they are only checked and
-normalised to item objects (what a stored response keeps as its input).
+normalised to item objects (what a stored response keeps as its input). Their text may carry
+U+0000, as OpenAI and ``vllm serve`` take it (vLLM's benchmark client's random prompts do; the
+stored response's ``json`` columns keep it, the run's arguments are enveloped:
+api/services/run_args.py); ``instructions`` and ``metadata`` may not (DRF's text fields refuse it).
+vLLM's sampling extras are taken as on the chat endpoint (``VllmSamplingSerializer``).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from api.serializers.openai import (
     MAX_TOOLS,
     MAX_TOOLS_CHARS,
     FunctionSerializer,
+    VllmSamplingSerializer,
+    check_min_tokens,
 )
-from api.validators import reject_nul, storable_json
+from api.validators import storable_json
 
 #: Keys a client may send with these values (OpenAI's defaults), which change nothing here.
 DEFAULTS_ACCEPTED = {"truncation": ("disabled",), "include": ([],), "service_tier": ("auto", "default")}
@@ -53,8 +59,7 @@ def _text(content: object, param: str) -> str:
         raise Invalid("content must be a string or a list of text content parts", param)
     if len(content) > MAX_CONTENT_CHARS:
         raise Invalid(f"content is longer than {MAX_CONTENT_CHARS} characters", param)
-    reject_nul(content)
-    return content
+    return content  # U+0000 included, as OpenAI and vLLM take it (the json column keeps it)
 
 
 def _string(item: dict, key: str, param: str, limit: int = 200) -> str:
@@ -81,7 +86,6 @@ def normalise_item(item: object, param: str) -> dict:
         arguments = item.get("arguments")
         if not isinstance(arguments, str) or len(arguments) > MAX_CONTENT_CHARS:
             raise Invalid("'arguments' must be a string (the call's JSON)", f"{param}.arguments")
-        reject_nul(arguments)
         return {
             "type": "function_call",
             "call_id": _string(item, "call_id", param),
@@ -94,7 +98,6 @@ def normalise_item(item: object, param: str) -> dict:
             output = _text(output, f"{param}.output")
         if not isinstance(output, str) or len(output) > MAX_CONTENT_CHARS:
             raise Invalid("'output' must be a string", f"{param}.output")
-        reject_nul(output)
         return {"type": "function_call_output", "call_id": _string(item, "call_id", param), "output": output}
     raise Invalid(
         f"unsupported input item type {kind!r}: this deployment takes message, function_call and "
@@ -105,7 +108,6 @@ def normalise_item(item: object, param: str) -> dict:
 
 def normalise_input(value: object) -> list[dict]:
     if isinstance(value, str):
-        reject_nul(value)
         if len(value) > MAX_CONTENT_CHARS:
             raise Invalid(f"input is longer than {MAX_CONTENT_CHARS} characters", "input")
         return [{"type": "message", "role": "user", "content": value}]
@@ -139,7 +141,10 @@ class TextSerializer(serializers.Serializer):
     format = TextFormatSerializer(required=False, allow_null=True)
 
 
-class ResponseCreateSerializer(serializers.Serializer):
+class ResponseCreateSerializer(VllmSamplingSerializer):
+    """OpenAI's parameters, and vLLM's sampling extras as ``vllm serve``'s Responses API takes
+    them (``ignore_eos``, ``min_tokens``, ``top_k``, ``min_p``, ``repetition_penalty``, ...)."""
+
     model = serializers.CharField(max_length=200)
     input = serializers.JSONField()
     instructions = serializers.CharField(
@@ -184,10 +189,6 @@ class ResponseCreateSerializer(serializers.Serializer):
         except Invalid as exc:
             raise serializers.ValidationError(f"{exc.param}: {exc.message}") from None
 
-    def validate_instructions(self, value: str | None) -> str | None:
-        reject_nul(value)
-        return value
-
     def validate_metadata(self, value: dict | None) -> dict | None:
         if value and len(value) > MAX_METADATA:
             raise serializers.ValidationError(f"metadata may have at most {MAX_METADATA} keys")
@@ -223,6 +224,9 @@ class ResponseCreateSerializer(serializers.Serializer):
         fmt = (attrs.get("text") or {}).get("format")
         if tools and choice != "none" and fmt and fmt["type"] != "text":
             raise serializers.ValidationError({"text": ["a JSON text format cannot be combined with tools"]})
+        constrained = bool(fmt and fmt["type"] != "text") or bool(tools and choice != "none")
+        self.check_sampling_extras(attrs, constrained=constrained, constraints="text.format or tools")
+        check_min_tokens(attrs, attrs.get("max_output_tokens"), "max_output_tokens")
         if attrs.get("background") and attrs.get("store") is False:
             raise serializers.ValidationError({"background": ["background responses must be stored (store: true)"]})
         if attrs.get("background") and attrs.get("stream"):

@@ -222,6 +222,7 @@ def prepare(tenant: Tenant, serializer: Any) -> Turn:
         "max_tokens": max_tokens,
         "temperature": echo["temperature"],
         "top_p": echo["top_p"],
+        **serializer.sampling_extras(),
         "n": 1,
     }
     schema = serializer.schema_as_written()

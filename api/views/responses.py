@@ -175,7 +175,11 @@ class _Events:
         self.sequence = 0
         self.index = 0  # the next output item's position
         self.text: str | None = None  # the open message's text so far (None: none open)
-        self.held = ""  # leading whitespace not sent yet (a message opens with real text)
+        self.held = ""  # leading whitespace not sent yet (see ``holds_space``)
+        #: With tools offered, a message opens with real text: whitespace before a tool call is
+        #: no message (as the settled response has none). Without tools every answer is a message,
+        #: so its first delta is sent at once (a held one would delay the first token).
+        self.holds_space = bool(turn.completion is not None and turn.completion.args.get("tools"))
         self.message_index = 0
 
     def event(self, kind: str, **payload: object) -> bytes:
@@ -208,9 +212,11 @@ class _Events:
 
     def delta(self, text: str) -> list[bytes]:
         out: list[bytes] = []
+        if not text:
+            return out
         if self.text is None:
             self.held += text
-            if not self.held.strip():
+            if self.holds_space and not self.held.strip():
                 return out
             out += self._open_message()
             text, self.held = self.held, ""

@@ -39,6 +39,12 @@ def _error(response, status: int) -> dict:
         ({"input": "hi", "tools": [None]}, "tools"),
         ({"input": "hi", "background": True, "store": False}, "background"),
         ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "hi", "max_output_tokens": 4, "min_tokens": 5}, "min_tokens"),
+        ({"input": "hi", "ignore_eos": True, "text": {"format": {"type": "json_object"}}}, "ignore_eos"),
+        ({"input": "hi", "min_p": 0.1, "text": {"format": {"type": "json_object"}}}, "min_p"),
+        ({"input": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+        ({"input": "hi", "top_k": -2}, "top_k"),
+        ({"input": "hi", "instructions": "a\x00b"}, "instructions"),
         (
             {
                 "input": "hi",
@@ -56,6 +62,65 @@ def test_bad_requests_are_400_naming_the_parameter(api_tenant_a, body, param):
     error = _error(response, 400)
     assert error["param"] == param, error
     assert Run.objects.count() == 0
+
+
+def test_vllm_sampling_extras_and_nul_characters_reach_the_program(api_tenant_a):
+    """What ``vllm bench serve``'s ``openai-responses`` backend sends (``ignore_eos``, prompts
+    with U+0000 from its random datasets), and the rest of vLLM's extras, become the built-in
+    program's args as on the chat endpoint; a stored turn keeps the U+0000 of its input."""
+    from api.serializers.responses import ResponseCreateSerializer
+
+    extras = {
+        "ignore_eos": True,
+        "min_tokens": 3,
+        "top_k": 5,
+        "min_p": 0.05,
+        "repetition_penalty": 1.2,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "seed": 7,
+    }
+    request = {"model": "m", "input": "a\x00b", "max_output_tokens": 8, **extras}
+    serializer = ResponseCreateSerializer(data=request)
+    assert serializer.is_valid(), serializer.errors
+    turn = responses.prepare(api_tenant_a.tenant, serializer)
+    args = turn.completion.args
+    assert {k: args[k] for k in extras} == extras
+    assert args["messages"][-1]["content"].endswith("a\x00b") and args["max_tokens"] == 8
+
+    plain = ResponseCreateSerializer(data={"model": "m", "input": "hi"})
+    assert plain.is_valid(), plain.errors
+    args = responses.prepare(api_tenant_a.tenant, plain).completion.args
+    assert (args["ignore_eos"], args["min_tokens"], args["top_k"], args["repetition_penalty"]) == (False, 0, 0, 1.0)
+
+    run = _run(api_tenant_a.tenant, {"choices": [], "usage": {}})
+    row = StoredResponse.objects.create(
+        tenant=api_tenant_a.tenant, run=run, input_items=[{"type": "message", "role": "user", "content": "a\x00b"}]
+    )
+    assert StoredResponse.objects.get(pk=row.pk).input_items[0]["content"] == "a\x00b"
+
+
+def test_a_streamed_answer_without_tools_sends_its_first_delta_at_once(api_tenant_a):
+    """Leading whitespace is held back only where tools are offered (whitespace before a tool
+    call is no message); without tools it is the first token, sent as soon as it is made, so
+    the client's time to first token is not the time to the first non-space."""
+    from api.serializers.responses import ResponseCreateSerializer
+    from api.views.responses import _Events
+
+    def events_for(body: dict) -> _Events:
+        serializer = ResponseCreateSerializer(data={"model": "m", **body})
+        assert serializer.is_valid(), serializer.errors
+        turn = responses.prepare(api_tenant_a.tenant, serializer)
+        turn.run = _run(api_tenant_a.tenant, {})
+        return _Events(turn)
+
+    plain = events_for({"input": "hi"})
+    sent = b"".join(plain.delta("\n"))
+    assert b"response.output_item.added" in sent and b"response.output_text.delta" in sent
+    assert plain.delta("") == []
+    with_tools = events_for({"input": "hi", "tools": [{"type": "function", "name": "f"}]})
+    assert with_tools.delta("\n") == []
+    assert b"response.output_text.delta" in b"".join(with_tools.delta("Hello"))
 
 
 def test_unknown_foreign_and_malformed_ids_are_404(api_tenant_a, api_tenant_b):

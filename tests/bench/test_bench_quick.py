@@ -158,7 +158,8 @@ def test_bench_quick_alone_produces_ratios(bench: str, output: str, flags: tuple
         assert work["tokens prefilled per team"]["baseline"]["median"] > 0
     if bench == "b13":  # vLLM's client measured requests/s, TTFT and TPOT on both sides
         names = [c["name"] for c in detail["comparisons"]]
-        assert names == ["vllm bench serve, openai-chat, prefix_repetition", "TTFT p50", "TPOT p50"], names
+        cases = [f"{b}, {d}" for b in ("openai-chat", "openai-responses") for d in ("prefix_repetition", "random")]
+        assert names == [n for c in cases for n in (f"vllm bench serve, {c}", f"{c}: TTFT p50", f"{c}: TPOT p50")]
     if bench == "b11":  # both sides through the openai client; (b) waits for /v1/responses
         names = [c["name"] for c in detail["comparisons"]]
         assert names[:3] == ["(a) multi-turn chat", "(a) TTFT p50", "1-token request p50"], names

@@ -250,6 +250,35 @@ def test_responses_with_the_openai_client(stack, stack_worker, api_tenant_a, api
     assert "grammar" in failed[-1].response.error.message, failed[-1].response.error
 
 
+def test_vllm_sampling_extras_and_nul_characters_on_responses(stack, api_tenant_a, patient_plan):
+    """What ``vllm bench serve``'s ``openai-responses`` backend sends: ``ignore_eos`` (the answer
+    runs to ``max_output_tokens``), ``store: false``, prompts with U+0000 (its random dataset);
+    ``min_tokens`` bars the end of the answer until then, as on the chat endpoint."""
+    client = openai_client(stack, api_tenant_a.key_secret)
+    short = "Reply with the single word: yes"
+    plain = client.responses.create(model="any", input=short, max_output_tokens=64, temperature=0)
+    assert plain.status == "completed", plain  # ended by EOS before the limit
+    least = plain.usage.output_tokens + 6
+    longer = client.responses.create(
+        model="any", input=short, max_output_tokens=least + 16, temperature=0, extra_body={"min_tokens": least}
+    )
+    assert longer.usage.output_tokens >= least, longer.usage
+    forced = list(
+        client.responses.create(
+            model="any",
+            input="The end.\x00",
+            max_output_tokens=24,
+            temperature=0,
+            stream=True,
+            store=False,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    done = forced[-1].response
+    assert done.status == "incomplete" and done.usage.output_tokens == 24, done
+    assert done.usage.input_tokens > 0
+
+
 def test_agents_sdk_default_responses_model_calls_a_local_tool(stack, api_tenant_a, patient_plan):
     from agents import (
         Agent,

@@ -3107,17 +3107,22 @@ export interface operations {
                     max_tokens?: number;
                     temperature?: number;
                     top_p?: number;
-                    top_k?: number;
-                    min_p?: number;
-                    presence_penalty?: number;
-                    frequency_penalty?: number;
                     logit_bias?: {
                         [key: string]: number;
                     };
                     n?: number;
                     stop?: string | string[];
                     stop_token_ids?: number[];
+                    top_k?: number;
+                    min_p?: number;
+                    presence_penalty?: number;
+                    frequency_penalty?: number;
                     seed?: number;
+                    /** @description the model's end-of-sequence token does not end the answer */
+                    ignore_eos?: boolean;
+                    /** @description no end of sequence before this many tokens */
+                    min_tokens?: number;
+                    repetition_penalty?: number;
                     stream?: boolean;
                     stream_options?: {
                         include_usage?: boolean;
@@ -3303,17 +3308,22 @@ export interface operations {
                     max_tokens?: number;
                     temperature?: number;
                     top_p?: number;
-                    top_k?: number;
-                    min_p?: number;
-                    presence_penalty?: number;
-                    frequency_penalty?: number;
                     logit_bias?: {
                         [key: string]: number;
                     };
                     n?: number;
                     stop?: string | string[];
                     stop_token_ids?: number[];
+                    top_k?: number;
+                    min_p?: number;
+                    presence_penalty?: number;
+                    frequency_penalty?: number;
                     seed?: number;
+                    /** @description the model's end-of-sequence token does not end the answer */
+                    ignore_eos?: boolean;
+                    /** @description no end of sequence before this many tokens */
+                    min_tokens?: number;
+                    repetition_penalty?: number;
                     stream?: boolean;
                     stream_options?: {
                         include_usage?: boolean;
@@ -3694,6 +3704,16 @@ export interface operations {
                     max_output_tokens?: number;
                     temperature?: number;
                     top_p?: number;
+                    top_k?: number;
+                    min_p?: number;
+                    presence_penalty?: number;
+                    frequency_penalty?: number;
+                    seed?: number;
+                    /** @description the model's end-of-sequence token does not end the answer */
+                    ignore_eos?: boolean;
+                    /** @description no end of sequence before this many tokens */
+                    min_tokens?: number;
+                    repetition_penalty?: number;
                     /** @description format: text, json_object or json_schema */
                     text?: Record<string, never>;
                     metadata?: {
