@@ -8,12 +8,17 @@ ones. Here the benchmark process and every process it starts are accounted in a 
 own (cgroup v1 ``cpuacct``: accounting only, no CPU weights or limits change), and the CPU the
 host spent outside it is measured directly:
 
-    other = (busy CPU of the whole host, /proc/stat) - (this benchmark's group) - (sandbox containers)
+    other = (busy CPU of the whole host, /proc/stat) - (this benchmark's group)
+            - (sandbox containers) - (the stack's daemons)
 
 Sandbox containers (dockerd's ``/docker`` and the per-account ``/symphony-accounts`` groups, see
 sandbox/cpu_groups.py) are the service's own work for the benchmarks that run programs in gVisor,
-so they are reported apart and not counted as other work; another test suite's containers on the
-same host would be missed by this rule, and then only the load average shows them.
+so they are reported apart and not counted as other work. So are the daemons the stack drives
+(:data:`STACK_DAEMONS`: dockerd and containerd starting those containers, PostgreSQL and Redis
+answering the control plane), which run outside any group of ours: a benchmark that starts 16
+sandboxes a wave kept them at 0.3-0.4 of a core, read as "other work" until 2026-11-28. Another
+test suite's containers or queries on the same host would be missed by these rules, and then
+only the load average before the run shows them.
 
 Where the ``cpuacct`` hierarchy is missing or not writable (not root, cgroup v2 only), nothing
 is measured and the record says so (``other_cpus`` is ``None``).
@@ -33,6 +38,11 @@ CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 PREFIX = "symphony-bench-"
 #: The groups that hold the service's sandbox containers.
 CONTAINER_GROUPS = ("docker", "symphony-accounts")
+#: Processes (by ``comm``) of the daemons the stack drives; PostgreSQL's backends exit with their
+#: connections, and their CPU then moves into their parent's (a daemon too) reaped-children time.
+STACK_DAEMONS = frozenset({"dockerd", "containerd", "containerd-shim", "redis-server", "postgres"})
+#: Of those, the ones whose reaped children's time is counted too (their children are theirs).
+REAPING_DAEMONS = frozenset({"postgres"})
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 
@@ -44,6 +54,7 @@ class CpuReading:
     host_busy: float
     own: float
     containers: float
+    daemons: float = 0.0
 
 
 def host_busy_s(stat: Path = Path("/proc/stat")) -> float:
@@ -52,6 +63,24 @@ def host_busy_s(stat: Path = Path("/proc/stat")) -> float:
     fields = [int(x) for x in stat.read_text().split("\n", 1)[0].split()[1:]]
     user, nice, system, _idle, _iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
     return (user + nice + system + irq + softirq + steal) * _TICK_S
+
+
+def daemons_s(proc: Path = Path("/proc")) -> float:
+    """CPU seconds the stack's daemons (:data:`STACK_DAEMONS`) have used, from their ``stat``
+    files (a process that ended between two readings takes its time with it, unless a daemon
+    reaped it)."""
+    total = 0
+    for stat in proc.glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            text = stat.read_text()
+            comm = text[text.index("(") + 1 : text.rindex(")")]
+            if comm not in STACK_DAEMONS:
+                continue
+            fields = text[text.rindex(")") + 2 :].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+            if comm in REAPING_DAEMONS:
+                total += int(fields[13]) + int(fields[14])  # cutime, cstime
+    return total * _TICK_S
 
 
 def _usage_s(group: Path) -> float:
@@ -105,7 +134,7 @@ class HostShare:
         if self.group is None:
             return None
         containers = sum(_usage_s(self.root / name) for name in CONTAINER_GROUPS)
-        return CpuReading(time.monotonic(), host_busy_s(), _usage_s(self.group), containers)
+        return CpuReading(time.monotonic(), host_busy_s(), _usage_s(self.group), containers, daemons_s())
 
     def _prune(self) -> None:
         """Remove earlier benchmarks' groups whose processes have all ended (the kernel refuses
@@ -117,14 +146,17 @@ class HostShare:
 
 def between(start: CpuReading, end: CpuReading) -> dict[str, float]:
     """CPU used between two readings, in cores (CPU seconds per wall second): ``own`` (the
-    benchmark's processes), ``containers`` and ``other`` (everything else on the host)."""
+    benchmark's processes), ``containers``, ``daemons`` (the stack's) and ``other`` (everything
+    else on the host)."""
     wall = max(end.wall - start.wall, 1e-9)
     own = end.own - start.own
     containers = end.containers - start.containers
-    other = (end.host_busy - start.host_busy) - own - containers
+    daemons = max(end.daemons - start.daemons, 0.0)  # a daemon's exit can take time away
+    other = (end.host_busy - start.host_busy) - own - containers - daemons
     return {
         "wall_s": round(wall, 3),
         "own_cpus": round(own / wall, 3),
         "container_cpus": round(containers / wall, 3),
+        "daemon_cpus": round(daemons / wall, 3),
         "other_cpus": round(max(other, 0.0) / wall, 3),
     }

@@ -82,6 +82,31 @@ def test_other_work_during_a_repetition_marks_the_host_busy(monkeypatch: pytest.
     assert protocol["busy_bound"] == {"before_per_cpu": 0.5, "other_cpus": harness.BUSY_OTHER_CPUS}
 
 
+def test_the_stacks_daemons_are_the_benchmarks_work_not_other_work(tmp_path) -> None:
+    """dockerd, containerd, PostgreSQL and Redis run outside the benchmark's group; the CPU they
+    spend (PostgreSQL's reaped backends included) is counted apart, not as other work."""
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+
+    def proc(pid: int, comm: str, utime: int, stime: int, cutime: int = 0, cstime: int = 0) -> None:
+        (tmp_path / str(pid)).mkdir()
+        rest = ["S"] + ["0"] * 10 + [str(utime), str(stime), str(cutime), str(cstime)] + ["0"] * 30
+        (tmp_path / str(pid) / "stat").write_text(f"{pid} ({comm}) {' '.join(rest)}\n")
+
+    proc(10, "dockerd", 100, 50)
+    proc(11, "postgres", 10, 10, cutime=30, cstime=20)
+    proc(12, "redis-server", 5, 5)
+    proc(13, "containerd-shim", 1, 1, cutime=999)  # its children are containers, counted apart
+    proc(14, "python3", 500, 500)  # not a daemon of the stack
+    assert host_share.daemons_s(tmp_path) == pytest.approx((150 + 70 + 10 + 2) * tick)
+    split = host_share.between(host_share.CpuReading(0, 0, 0, 0, 0), host_share.CpuReading(10, 20, 14, 2, 3))
+    assert (split["own_cpus"], split["container_cpus"], split["daemon_cpus"], split["other_cpus"]) == (
+        1.4,
+        0.2,
+        0.3,
+        0.1,
+    )
+
+
 def test_the_benchmarks_group_keeps_the_cpu_of_processes_that_ended(tmp_path) -> None:
     """Through the kernel's real accounting: a child that burned CPU and exited is still the
     benchmark's own (a sandbox's short-lived processes, a side's helper)."""
