@@ -207,24 +207,43 @@ class Run:
     failed: int
 
 
-def drive(model_dir: str, base_url: str, key: str | None, case: Case, wl: Workload, seed: int, warmups: int = 0) -> Run:
-    """One run of vLLM's client against ``base_url``; fails unless every request succeeded."""
+#: The one failure tolerated, on the baseline only: ``vllm serve``'s Responses stream sends no
+#: text delta for an answer made only of special tokens (it skips them), which its own client
+#: then cannot time (1 request of 96 in a trial run, 2026-11-28). Symphony gets no such pass.
+NO_DELTA = "Never received a token delta"
+
+
+def drive(
+    model_dir: str,
+    base_url: str,
+    key: str | None,
+    case: Case,
+    wl: Workload,
+    seed: int,
+    warmups: int = 0,
+    tolerate_no_delta: bool = False,
+) -> Run:
+    """One run of vLLM's client against ``base_url``; fails unless every request succeeded (or,
+    with ``tolerate_no_delta``, failed only as :data:`NO_DELTA` says). Requests/s counts every
+    request sent, answered or not (the client's own figure counts only the timed ones: the same
+    number when none failed)."""
     from vllm.benchmarks.serve import main as client_main
 
+    args = client_args(model_dir, base_url, case, wl, seed, warmups)
+    args.save_detailed = True  # keep each request's error in the answer (no file is written)
     with api_key(key):
-        out: dict[str, Any] = client_main(client_args(model_dir, base_url, case, wl, seed, warmups))
-    completed, failed = int(out.get("completed", 0)), int(out.get("failed", 0) or 0)
-    if completed != wl.prompts or failed:
-        errors = [e for e in out.get("errors", []) if e][:3]
-        raise RuntimeError(
-            f"{base_url} ({case.label}): {completed} of {wl.prompts} requests succeeded ({failed} failed): {errors}"
-        )
+        out: dict[str, Any] = client_main(args)
+    completed = int(out.get("completed", 0))
+    errors = [e for e in out.get("errors", []) if e]
+    tolerated = [e for e in errors if tolerate_no_delta and e.startswith(NO_DELTA)]
+    if completed + len(tolerated) != wl.prompts or len(errors) != len(tolerated):
+        raise RuntimeError(f"{base_url} ({case.label}): {completed} of {wl.prompts} requests succeeded: {errors[:3]}")
     return Run(
-        requests_per_s=float(out["request_throughput"]),
+        requests_per_s=wl.prompts / float(out["duration"]),
         ttft_p50_s=float(out["median_ttft_ms"]) / 1000,
         tpot_p50_s=float(out["median_tpot_ms"]) / 1000,
         completed=completed,
-        failed=failed,
+        failed=len(tolerated),
     )
 
 
@@ -280,14 +299,16 @@ def run_sides(cfg: Any, wl: Workload, sides: list[tuple[str, str, str | None]], 
         )
         for case in CASES
     }
+    untimed = dict.fromkeys(CASES, 0)  # the baseline's requests its client could not time
     for case in CASES:
-        for _, url, key in sides:
-            drive(cfg.model, url, key, case, wl, cfg.seed + 10_000, warmups=wl.concurrency)
+        for side, url, key in sides:
+            drive(cfg.model, url, key, case, wl, cfg.seed + 10_000, wl.concurrency, side == "baseline")
     for rep in range(cfg.reps):
         repetition_starts()
         for case, (rate, ttft, tpot) in rows.items():
             for side, url, key in sides if rep % 2 == 0 else list(reversed(sides)):
-                run = drive(cfg.model, url, key, case, wl, cfg.seed + rep)
+                run = drive(cfg.model, url, key, case, wl, cfg.seed + rep, tolerate_no_delta=side == "baseline")
+                untimed[case] += run.failed
                 pick = "symphony" if side == "symphony" else "baseline"
                 getattr(rate, pick).add(run.requests_per_s)
                 getattr(ttft, pick).add(run.ttft_p50_s)
@@ -298,8 +319,15 @@ def run_sides(cfg: Any, wl: Workload, sides: list[tuple[str, str, str | None]], 
                     f"({time.strftime('%H:%M:%S')})",
                     flush=True,
                 )
-    for rate, ttft, tpot in rows.values():
-        rate.extra["note"] = f"every request of every run succeeded ({wl.prompts} a run)"
+    for case, (rate, ttft, tpot) in rows.items():
+        note = f"every request of every run succeeded ({wl.prompts} a run)"
+        if untimed[case]:
+            note = (
+                f"every Symphony request succeeded ({wl.prompts} a run); vllm serve sent no text delta for "
+                f"{untimed[case]} of {wl.prompts * cfg.reps} (only special tokens), so its client timed them "
+                "not; requests/s counts them"
+            )
+        rate.extra["note"] = note
         result.comparisons += [rate, ttft, tpot]
     result.notes.append(
         "client: vllm.benchmarks.serve (the installed vllm's `vllm bench serve`); backends openai-chat "
