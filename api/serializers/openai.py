@@ -188,19 +188,21 @@ class VllmSamplingSerializer(serializers.Serializer):
             raise serializers.ValidationError("repetition_penalty must be greater than 0 (as vLLM answers)")
         return value
 
-    def check_sampling_extras(self, attrs: dict, *, constrained: bool, constraints: str) -> None:
+    def check_sampling_extras(self, attrs: dict, *, constrained: bool, constraints: tuple[str, str]) -> None:
         """Refuse what cannot be honoured together: ``min_p`` under a grammar (``constrained``:
-        a JSON format or tools, named ``constraints`` as the endpoint spells them), and
+        a JSON format or tools, the two ``constraints`` as the endpoint spells them), and
         ``ignore_eos`` / ``min_tokens`` under a grammar (it ends at EOS) or with stop strings (one
         seen before ``min_tokens`` would still cut the text where it starts)."""
+        fmt, tools = constraints
         if attrs.get("min_p") and constrained:
             raise serializers.ValidationError(
-                {"min_p": [f"min_p cannot be combined with {constraints} in this deployment"]}
+                {"min_p": [f"min_p cannot be combined with {fmt} or {tools} in this deployment"]}
             )
         for name in ("ignore_eos", "min_tokens"):
             if attrs.get(name) and (constrained or attrs.get("stop")):
-                also = constraints.replace(" or ", ", ") + " or stop"
-                raise serializers.ValidationError({name: [f"{name} cannot be combined with {also} in this deployment"]})
+                raise serializers.ValidationError(
+                    {name: [f"{name} cannot be combined with {fmt}, {tools} or stop in this deployment"]}
+                )
 
     def sampling_extras(self) -> dict[str, Any]:
         """These parameters as the built-in program's args take them (defaults filled in)."""
@@ -266,7 +268,7 @@ class _CommonSerializer(VllmSamplingSerializer):
     def validate(self, attrs: dict) -> dict:
         grammar = bool(attrs.get("response_format") and attrs["response_format"]["type"] != "text")
         self.check_sampling_extras(
-            attrs, constrained=grammar or self._uses_tool_grammar(attrs), constraints="response_format or tools"
+            attrs, constrained=grammar or self._uses_tool_grammar(attrs), constraints=("response_format", "tools")
         )
         if attrs.get("stream_options") is not None and not attrs.get("stream"):
             raise serializers.ValidationError(

@@ -225,7 +225,7 @@ class ResponseCreateSerializer(VllmSamplingSerializer):
         if tools and choice != "none" and fmt and fmt["type"] != "text":
             raise serializers.ValidationError({"text": ["a JSON text format cannot be combined with tools"]})
         constrained = bool(fmt and fmt["type"] != "text") or bool(tools and choice != "none")
-        self.check_sampling_extras(attrs, constrained=constrained, constraints="text.format or tools")
+        self.check_sampling_extras(attrs, constrained=constrained, constraints=("text.format", "tools"))
         check_min_tokens(attrs, attrs.get("max_output_tokens"), "max_output_tokens")
         if attrs.get("background") and attrs.get("store") is False:
             raise serializers.ValidationError({"background": ["background responses must be stored (store: true)"]})

@@ -315,7 +315,6 @@ class Canaries:
         self.engine: dict[str, list[float]] = {}
         #: ``/v1`` calls of the chat kind: (seconds, run id), for the traces in the report.
         self.chat_runs: list[tuple[float, str]] = []
-        self.last_run = ""
 
     def _run(self, args: dict) -> tuple[float, dict]:
         """Queued to finished, by the server's clock (the client's polling adds no noise)."""
@@ -338,19 +337,19 @@ class Canaries:
         assert run["result"]["prompt"] == PROMPT_TOKENS, run["result"]
         return elapsed
 
-    def _chat(self, extra: dict) -> float:
+    def _chat(self, extra: dict) -> tuple[float, str]:
+        """The call's seconds and the id of the run that answered it."""
         body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Say hi."}], **extra}
         started = time.perf_counter()
         r = requests.post(f"{self.base_url}/v1/chat/completions", headers=self.tenant.headers, json=body, timeout=120)
         elapsed = time.perf_counter() - started
         assert r.status_code == 200, r.text[:500]
         assert r.json()["choices"][0]["message"]["role"] == "assistant", r.text[:500]
-        self.last_run = r.headers["X-Symphony-Run-Id"]
-        return elapsed
+        return elapsed, r.headers["X-Symphony-Run-Id"]
 
     def chat(self) -> float:
-        elapsed = self._chat({"temperature": 0})
-        self.chat_runs.append((elapsed, self.last_run))
+        elapsed, run_id = self._chat({"temperature": 0})
+        self.chat_runs.append((elapsed, run_id))
         return elapsed
 
     def median_chat_trace(self) -> str:
@@ -363,7 +362,8 @@ class Canaries:
         """A JSON schema never compiled before: property names no one used."""
         fresh = f"k{uuid.uuid4().hex[:10]}"
         schema = {"type": "object", "properties": {fresh: {"type": "integer"}}, "required": [fresh]}
-        return self._chat({"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
+        fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+        return self._chat({"response_format": fmt})[0]
 
     def kinds(self) -> dict[str, Callable[[], float]]:
         return {"rest": self.rest, "chat": self.chat, "grammar": self.grammar, "prefill": self.prefill}
