@@ -12,6 +12,11 @@ sequence and then times ``--steps`` decode steps at each batch size:
 - ``generate``: ``LLMEngine.step()`` of vLLM's offline engine (its scheduler, runner, sampler and
   detokenizer; greedy, ``ignore_eos``) with vLLM's CPU default compilation.
 
+With ``--prefill N`` each side also times ``--steps`` prefills of a fresh ``N``-token prompt
+(no prefix shared, one sequence; the engine's forward of the whole prompt with last-row logits,
+vLLM's steps of a one-token request), what a new request's time to first token costs in the
+forward.
+
 Both report medians of a step's wall time, of the runner's ``execute_model`` inside it (the
 model forward, the same code on both sides) and of the step's process CPU time (both OpenMP
 threads: on a loaded machine wall time is mostly waiting for a core, CPU time much less so).
@@ -172,6 +177,22 @@ def run_engine(args: argparse.Namespace, turns: Turns) -> dict[str, Any]:
         for sid, _, _ in seqs:
             engine.release(sid)
         base = 1
+    if args.prefill:
+        pages = tuple(range(1, 1 + -(-args.prefill // bs)))
+        step, cpu = [], []
+        turns.barrier("prefill")
+        fwd.clear()
+        for i in range(args.warmup + args.steps):
+            tokens = _prompt(1000 + i, args.prefill)
+            turns.wait()
+            t, c = time.perf_counter(), time.process_time()
+            engine.forward(Batch((SeqWork(f"p{i}", tuple(tokens), 0, pages, (len(tokens) - 1,)),)))
+            turns.done()
+            if i >= args.warmup:
+                step.append(time.perf_counter() - t)
+                cpu.append(time.process_time() - c)
+            engine.release(f"p{i}")
+        result["prefill"] = {"step_ms": _ms(step), "forward_ms": _ms(fwd[args.warmup :]), "cpu_ms": _ms(cpu)}
     engine.close()
     return result
 
@@ -228,6 +249,22 @@ def run_generate(args: argparse.Namespace, turns: Turns) -> dict[str, Any]:
         }
         while engine.has_unfinished_requests():
             engine.step()
+    if args.prefill:
+        one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+        step, cpu = [], []
+        turns.barrier("prefill")
+        fwd.clear()
+        for i in range(args.warmup + args.steps):
+            engine.add_request(f"p{i}", TokensPrompt(prompt_token_ids=_prompt(1000 + i, args.prefill)), one)
+            turns.wait()
+            t, c = time.perf_counter(), time.process_time()
+            while engine.has_unfinished_requests():
+                engine.step()
+            turns.done()
+            if i >= args.warmup:
+                step.append(time.perf_counter() - t)
+                cpu.append(time.process_time() - c)
+        result["prefill"] = {"step_ms": _ms(step), "forward_ms": _ms(fwd[args.warmup :]), "cpu_ms": _ms(cpu)}
     return result
 
 
@@ -296,6 +333,11 @@ def parent(args: argparse.Namespace, rest: list[str]) -> None:
                 for b in args.batches
             },
         }
+        if args.prefill:
+            summary[side]["prefill"] = {
+                key: round(statistics.median(r["prefill"][key] for r in results), 2)
+                for key in ("step_ms", "forward_ms", "cpu_ms")
+            }
     print("SUMMARY " + json.dumps(summary))
 
 
@@ -316,13 +358,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8])
+    ap.add_argument("--prefill", type=int, default=0, help="also time prefills of this many tokens (0: none)")
     args, _ = ap.parse_known_args()
     if args.child:
         child(args)
         return
     rest = [
         a
-        for flag in ("--model", "--dtype", "--context", "--steps", "--warmup")
+        for flag in ("--model", "--dtype", "--context", "--steps", "--warmup", "--prefill")
         for a in (flag, str(getattr(args, flag[2:])))
     ]
     rest += ["--batches", ",".join(map(str, args.batches))]
