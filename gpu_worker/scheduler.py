@@ -510,46 +510,32 @@ class FairQueue:
             budget -= 1
             self.deficit[call.tenant] -= 1
             self._charge(call, 1)
-        # Prefill by DRR. A call chunked in one round grows in the next while budget is left
-        # (``chunk_at``: its place in ``picked``): a tenant alone, or the last one still
-        # waiting, gets the whole budget in one forward, as a prompt would without DRR; each
-        # chunk costs a forward's fixed part (on CPU, streaming the weights once more).
-        chunk_at: dict[int, int] = {}
+        # Prefill by DRR. A prompt of the only tenant with prefill waiting goes whole when the
+        # forward holds it (``whole``): chunking it shares the forward with nobody, and each
+        # chunk pays the model's fixed cost again (on CPU, streaming the weights once more; a
+        # 542-token prompt took three forwards). A longer prompt is still served a quantum a
+        # round: each forward of a long prefill stays short for a tenant whose first call
+        # arrives meanwhile (no contended step bounds the forward it waits for).
+        whole = len([t for t in tenants if any(id(c) not in taken and not seatless(c) for c in self.queues[t])]) == 1
         progress = True
-        while budget > 0 and progress:
+        while budget > 0 and len(picked) < max_seqs and progress:
             progress = False
             for tenant in tenants:
-                waiting = [
-                    c
-                    for c in self.queues[tenant]
-                    if (id(c) in chunk_at and c.remaining > picked[chunk_at[id(c)]][1])
-                    or (id(c) not in taken and not seatless(c))
-                ]
+                waiting = [c for c in self.queues[tenant] if id(c) not in taken and not seatless(c)]
                 if not waiting or room.get(waiting[0].account, 1) <= 0:
                     continue  # an account that spent its room banks no credit either
                 self.deficit[tenant] += self.quantum * self._weight(waiting[0])
                 for call in waiting:
-                    at = chunk_at.get(id(call))
-                    already = picked[at][1] if at is not None else 0
-                    n = min(
-                        call.remaining - already,
-                        budget,
-                        int(self.deficit[tenant]),
-                        prefill_seats.get(tenant, UNBOUNDED),
-                        room.get(call.account, UNBOUNDED),
-                    )
-                    if n <= 0:
+                    fits = min(budget, prefill_seats.get(tenant, UNBOUNDED), room.get(call.account, UNBOUNDED))
+                    n = min(call.remaining, fits, int(self.deficit[tenant]))
+                    if whole and call.remaining <= fits:
+                        n = call.remaining
+                    if n <= 0 or len(picked) >= max_seqs or seats_left[call.account] <= 0:
                         break
-                    if at is not None:
-                        picked[at] = (call, already + n)
-                    elif len(picked) >= max_seqs or seats_left[call.account] <= 0:
-                        break
-                    else:
-                        chunk_at[id(call)] = len(picked)
-                        picked.append((call, n))
-                        taken.add(id(call))
-                        seats_left[call.account] -= 1
-                        seats_taken[tenant] += 1
+                    picked.append((call, n))
+                    taken.add(id(call))
+                    seats_left[call.account] -= 1
+                    seats_taken[tenant] += 1
                     budget -= n
                     self.deficit[tenant] -= n
                     if call.account in room:
@@ -558,7 +544,7 @@ class FairQueue:
                         prefill_seats[tenant] -= n
                     self._charge(call, n)
                     progress = True
-                    if already + n < call.remaining:
+                    if n < call.remaining:
                         break
         for tenant in tenants:
             if self.contended_seats is not None:

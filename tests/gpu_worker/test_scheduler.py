@@ -241,7 +241,7 @@ def test_an_accounts_capped_seats_go_to_its_oldest_calls_so_its_prompt_is_not_st
         q.push(_call(one, 1))
     q.push(_call(canary, 1))
     picked = q.select(budget=2048, max_seqs=64, skip=lambda c: False)
-    assert [(c.tenant, n) for c, n in picked if c.account == "person"] == [("two", 300)], picked
+    assert [(c.tenant, n) for c, n in picked if c.account == "person"] == [("two", 256)], picked
     assert [c.tenant for c, _ in picked if c.tenant == "canary"] == ["canary"]
     # With no older prompt queued, the account's seat goes to its oldest decode.
     q.push(_call(canary, 1))
@@ -260,8 +260,7 @@ def test_a_prefill_only_tenant_gets_a_seat_when_decodes_fill_them() -> None:
     q.push(_call(c, 100))
     picked = q.select(budget=200, max_seqs=8, skip=lambda c: False)
     assert len(picked) == 8
-    # Its whole prompt: no ``prefill_slack`` here bounds the chunk (the next test's does).
-    assert [(call.tenant, n) for call, n in picked if call.tenant == "c"] == [("c", 100)]
+    assert [(call.tenant, n) for call, n in picked if call.tenant == "c"] == [("c", 64)]
     assert sorted(call.tenant for call, _ in picked if call.tenant != "c") == ["a"] * 4 + ["b"] * 3
 
 
@@ -296,7 +295,7 @@ def test_a_contended_prefill_chunk_keeps_its_tenant_level_with_those_left_out() 
     for _ in range(3):
         unbounded.push(_call(a, 1))
     picked = unbounded.select(budget=2048, max_seqs=8, skip=lambda c: False)
-    assert (prompt, 300) in picked  # the token budget only: nobody was left out
+    assert (prompt, 300) in picked  # whole: nobody was left out, and nobody else has a prompt
 
 
 def test_a_returning_tenant_banks_no_priority() -> None:
@@ -901,21 +900,23 @@ def test_engine_time_splits_busy_idle_with_work_and_idle_empty(tmp_path: Path) -
     assert snap["busy_fraction"] == pytest.approx(busy / (busy + work + empty), abs=0.01)
 
 
-def test_a_prompt_alone_is_not_chunked_by_the_drr_quantum() -> None:
+def test_a_prompt_goes_whole_only_when_nobody_else_waits_and_the_forward_holds_it() -> None:
     """Found by B13's random prompts: a 542-token prompt of the only tenant ran as three
-    forwards (256 + 256 + 30, the quantum per DRR round) although the budget held it whole,
-    and each forward paid the model's fixed cost again. A chunk grows by another quantum each
-    round while budget is left; two backlogged tenants still split the budget evenly."""
+    forwards (256 + 256 + 30, a DRR quantum each) although the budget held it whole, and each
+    forward paid the model's fixed cost again. A longer prompt keeps its quantum chunks (short
+    forwards for a tenant arriving meanwhile), and so do prompts of tenants sharing the pass."""
     q = FairQueue(quantum=256)
-    alone = FakeSession("sa", "a")
-    prompt = _call(alone, 542)
+    a, b = FakeSession("sa", "a"), FakeSession("sb", "b")
+    prompt = _call(a, 542)
     q.push(prompt)
     assert q.select(budget=2048, max_seqs=8, skip=lambda c: False) == [(prompt, 542)]
 
-    shared = FairQueue(quantum=64)
-    b = FakeSession("sb", "b")
-    first, second = _call(alone, 1000), _call(b, 1000)
-    shared.push(first)
-    shared.push(second)
-    picked = {c.tenant: n for c, n in shared.select(budget=512, max_seqs=8, skip=lambda c: False)}
+    long = _call(a, 3000)
+    q.push(long)
+    assert q.select(budget=2048, max_seqs=8, skip=lambda c: False) == [(long, 256)]
+
+    first, second = _call(a, 300), _call(b, 300)
+    q.push(first)
+    q.push(second)
+    picked = {c.tenant: n for c, n in q.select(budget=2048, max_seqs=8, skip=lambda c: False)}
     assert picked == {"a": 256, "b": 256}, picked
