@@ -69,6 +69,12 @@ forward waits for): the median chat call's decode forwards went back to 4-8 ms, 
 measured 1.98x and 2.49x, grammar 2.44x and 3.47x, prefill 2.51x and 2.49x, the time moving to
 the web process (0.03-0.09 s between the client and the run). None holds every kind within 2x,
 so none was kept.
+After the scheduler stopped chunking a lone prompt that fits a forward (2026-11-29; the
+attacker's 3,800-token prompts are chunked as before, its forks' 1,023-token prompts only when
+nobody else has a prompt waiting and no contended step bounds them), two runs on a quiet host:
+REST 1.93x and 1.83x, chat 2.81x and 1.89x, grammar 2.21x and 1.99x, prefill 2.30x and 2.14x.
+The second came closest of any run (prefill alone past 2x); the spread between runs is as wide
+as before.
 
 Every other assertion held in every run: the account stopped at its device-page ceiling (ENOSPC
 naming 120 of 160 pages, fair share 80), at its Redis share (EDQUOT at an equal share of the
