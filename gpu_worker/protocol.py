@@ -23,6 +23,7 @@ never mounted into a sandbox; its ops are :data:`ADMIN_OPS`.
 
 from __future__ import annotations
 
+import json
 import re
 import struct
 import sys
@@ -55,6 +56,11 @@ MAX_STOP_STRING_CHARS = 128
 #: Most token ids of ``stop_context`` (the text a stop string may begin in before the call's own):
 #: four per character of the longest stop string, the most a UTF-8 character takes in byte tokens.
 MAX_STOP_CONTEXT_TOKENS = 4 * MAX_STOP_STRING_CHARS
+#: ``pred``'s ``send_text``: the JSON object each text delta goes out in, at most this many bytes
+#: (msgpack), and the held-back text a call goes on from (``send_pending``, characters: a stop
+#: string's prefix, or whatever a program held back itself).
+MAX_SEND_MESSAGE_BYTES = 1024
+MAX_SEND_PENDING_CHARS = 4096
 #: Longest string accepted by ``tokenize`` / ``send_to_user`` (characters).
 MAX_TEXT_CHARS = 1_000_000
 #: Longest KV file name (after the tenant prefix is added by the worker).
@@ -491,6 +497,31 @@ class StopStrings(Check):
         return list(value)
 
 
+class SendMessage(Check):
+    """``pred``'s ``send_text``: a JSON object of at most ``MAX_SEND_MESSAGE_BYTES`` (msgpack)
+    with string keys, without a ``delta`` key (the worker adds it)."""
+
+    __slots__ = ()
+
+    def __init__(self) -> None:
+        super().__init__(
+            f"{{name}} must be a JSON object of at most {MAX_SEND_MESSAGE_BYTES} bytes"
+            ' with string keys and no "delta" key (the worker adds the text as "delta")'
+        )
+
+    def decode(self, name: str, value: Any, vocab: int) -> Any:
+        if not isinstance(value, dict) or "delta" in value or not all(isinstance(k, str) for k in value):
+            raise self.refuse(name)
+        try:
+            size = len(msgpack.packb(value, use_bin_type=True))
+            json.dumps(value, allow_nan=False)  # what the stream's readers parse is JSON
+        except (TypeError, ValueError):
+            raise self.refuse(name) from None
+        if size > MAX_SEND_MESSAGE_BYTES:
+            raise self.refuse(name)
+        return value
+
+
 class Positions(Check):
     """``"last"`` or a list of offsets into the call's tokens (checked against their number by
     :meth:`Pred.rows`)."""
@@ -853,15 +884,22 @@ class DistRefs(Reply):
 class ChosenTokens(Reply):
     """``pred`` with ``then``: the token chosen at each requested position. ``stop_string``: the
     one of the call's ``stop_strings`` its text came to contain (the call ended at that token),
-    left out of the map when none did (as in every progress frame and plain ``pred_token``)."""
+    left out of the map when none did (as in every progress frame and plain ``pred_token``);
+    ``sent_text`` and ``unsent_text`` only for a call with ``send_text``."""
 
     tokens: list[int]
     stop_string: str | None = None
+    #: ``send_text``: what the worker sent, and what it held back at the end (None without it).
+    sent_text: str | None = None
+    unsent_text: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        if self.stop_string is None:  # the reply of every generated token: no key it never uses
-            return {"tokens": self.tokens}
-        return {"tokens": self.tokens, "stop_string": self.stop_string}
+        out: dict[str, Any] = {"tokens": self.tokens}  # every generated token's reply: no unused key
+        if self.stop_string is not None:
+            out["stop_string"] = self.stop_string
+        if self.sent_text is not None:
+            out["sent_text"], out["unsent_text"] = self.sent_text, self.unsent_text
+        return out
 
 
 class TopKReply(Reply):
@@ -1098,7 +1136,17 @@ class Pred(Args):
     the program's to cut) and the reply's ``stop_string`` names the string. ``stop_context``: the
     tokens whose text comes before the call's own (the end of what the program already
     generated and looked at): a string may begin in their text, and one wholly in it is not looked
-    for. The text is ``detokenize`` of the tokens (special tokens kept)."""
+    for. The text is ``detokenize`` of the tokens (special tokens kept).
+
+    ``send_text`` (with ``then``): the worker sends the text of the tokens it chooses to the run's
+    user as they are chosen, each token's new text as ``{**send_text, "delta": text}`` (what
+    ``send_to_user`` would send, metered and bounded alike), holding back what one of
+    ``stop_strings`` could still grow from and an incomplete character, and nothing from the
+    token whose text completes a string on, nor a ``stop`` token's text. ``send_pending``: text
+    before the call's not sent yet (it goes out first, held back alike); ``send_context``: the
+    last tokens of ``stop_context`` whose text was not sent either (it goes out after
+    ``send_pending``). The reply's ``sent_text`` is what went out, ``unsent_text`` what was held
+    back at the end (gpu_worker/text_stream.py)."""
 
     kv: int = arg(HANDLE)
     tokens: tuple[int, ...] = arg(TokenIds(MAX_PRED_TOKENS))
@@ -1109,6 +1157,9 @@ class Pred(Args):
     stream: bool = arg(Bool(), default=False)
     stop_strings: tuple[str, ...] | None = arg(StopStrings(), default=None)
     stop_context: tuple[int, ...] | None = arg(TokenIds(MAX_STOP_CONTEXT_TOKENS), default=None)
+    send_text: dict[str, Any] | None = arg(SendMessage(), default=None)
+    send_pending: str | None = arg(Str(MAX_SEND_PENDING_CHARS), default=None)
+    send_context: int = arg(Int(0, MAX_STOP_CONTEXT_TOKENS), default=0)
 
     def _validate(self) -> None:
         """Positions become non-negative offsets into ``tokens``; then ``steps`` is checked."""
@@ -1128,6 +1179,13 @@ class Pred(Args):
                 raise _bad("stop_strings and stop_context need then (the worker looks at the tokens it chooses)")
             if values["positions"] != (n - 1,):
                 raise _bad("stop_strings looks at tokens chosen from the last position only")
+        if self.send_text is None and (self.send_pending is not None or self.send_context):
+            raise _bad("send_pending and send_context go with send_text")
+        if self.send_text is not None:
+            if self.then is None or values["positions"] != (n - 1,):
+                raise _bad("send_text sends the text of tokens chosen (then) from the last position")
+            if self.send_context > len(self.stop_context or ()):
+                raise _bad("send_context names more tokens than stop_context holds")
         if self.steps > 1:
             if self.then is None:
                 raise _bad("steps > 1 needs then (the worker chooses each token)")

@@ -34,6 +34,7 @@ from gpu_worker.engine_timeline import EngineTimeline, ForwardRecord
 from gpu_worker.kvfs import KVFS, AppendPlan, Busy, KVFSError, Owner
 from gpu_worker.resource_model import Pool, PoolName
 from gpu_worker.stop_strings import StopWatch
+from gpu_worker.text_stream import TextStream
 from gpu_worker.tracing import SessionTrace
 from gpu_worker.usage import Usage
 
@@ -152,6 +153,10 @@ class PredCall:
     watch: StopWatch | None = None
     #: Told each chosen token the call goes on past (engine thread; ``pred`` with ``stream``).
     on_token: Callable[[int], None] | None = None
+    #: ``pred(..., send_text=...)``: the chosen tokens' text for the run's user (its ``watch``
+    #: detokenises them), each delta handed to ``on_text`` on the engine thread to send.
+    text_stream: TextStream | None = None
+    on_text: Callable[[str], None] | None = None
     #: Tokens chosen so far by a multi-step call.
     chosen: list[int] = field(default_factory=list)
     #: Its session ended while it was in a forward: it takes no further step.
@@ -975,7 +980,15 @@ class Scheduler:
         token = int(result[0])
         call.chosen.append(token)
         watch = call.watch
-        stopped = watch is not None and watch.ends_at(token)
+        stopped = False
+        if watch is not None:
+            text = watch.feed(token)
+            stopped = watch.matched is not None
+            stream = call.text_stream
+            if stream is not None and token not in call.stop:
+                delta = stream.take(text, stopped)
+                if delta and call.on_text is not None:
+                    call.on_text(delta)
         if len(call.chosen) >= call.steps or token in call.stop or stopped or call.cut:
             result[:] = call.chosen
             return False

@@ -43,17 +43,21 @@ Decode = Callable[[Sequence[int]], str]
 class StopWatch:
     """Watches one call's chosen tokens for ``strings``. ``context``: tokens whose text comes
     before the call's (a string may begin in it; one wholly in it is not looked for); a context
-    that ends in an incomplete character leaves those tokens to the call's own text."""
+    that ends in an incomplete character leaves those tokens to the call's own text.
+
+    With no ``strings`` it only detokenises (what ``pred``'s ``send_text`` streams, see
+    gpu_worker/text_stream.py); ``keep``: context tokens kept besides, whose taken text
+    :meth:`context_text` gives."""
 
     __slots__ = ("decode", "ids", "longest", "matched", "prefix", "read", "strings", "tail")
 
-    def __init__(self, decode: Decode, strings: Sequence[str], context: Sequence[int] = ()) -> None:
+    def __init__(self, decode: Decode, strings: Sequence[str], context: Sequence[int] = (), keep: int = 0) -> None:
         self.decode = decode
         self.strings = tuple(strings)
-        self.longest = max(map(len, self.strings))
+        self.longest = max(map(len, self.strings), default=0)
         # Enough of the context for its last ``longest - 1`` characters (a character is at most
         # four byte tokens) and the tokens the next ones decode after: the rest is not decoded.
-        self.ids = list(context[-(4 * self.longest + CONTEXT_TOKENS) :])
+        self.ids = list(context[-max(4 * self.longest + CONTEXT_TOKENS, keep + CONTEXT_TOKENS) :])
         self.read = len(self.ids)
         while self.read > max(0, len(self.ids) - 3) and decode(self.ids[: self.read]).endswith(_INCOMPLETE):
             self.read -= 1
@@ -62,6 +66,14 @@ class StopWatch:
         self.tail = decode(self.ids[: self.read])[-(self.longest - 1) :] if self.longest > 1 else ""
         #: The string the text came to contain (the call ends there), or None.
         self.matched: str | None = None
+
+    def context_text(self, last: int) -> str:
+        """The text the context's ``last`` tokens add that is taken already (their part of
+        :meth:`feed`'s text to come is what an incomplete character at the end left untaken)."""
+        start = max(0, len(self.ids) - last)
+        if last <= 0 or self.read <= start:
+            return ""
+        return self.decode(self.ids[: self.read])[len(self.decode(self.ids[:start])) :]
 
     def ends_at(self, token: int) -> bool:
         """Take ``token``; whether the text now contains a stop string (the call ends)."""

@@ -39,11 +39,14 @@ tool marker do not keep it from that: the worker watches the text for them (``st
 and ends the call at the token that completes one; the program then cuts the text at the
 earliest one as before (the string is not returned) and, for the marker, goes on to the call's
 grammar as before. The answer's first token, chosen by the prefill, the program looks at
-itself (one ``detokenize``) and passes as the text the worker's watch goes on from. The text is detokenised
-and streamed on a second thread (``Streamer``), holding back what a stop string could still
-claim. Otherwise the program looks at each token's text itself (``detokenize`` of the answer so
-far, then the next ``pred_token``); without a stop string or marker watched that too runs on
-the ``Streamer`` while the next forward is already queued.
+itself (one ``detokenize``) and passes as the text the worker's watch goes on from. The worker
+also sends the text to the client as it chooses the tokens (``send_text``: each token's new
+text as this program's own message would carry it, holding back what a stop string could still
+claim), so a token costs this program no ``detokenize`` and no ``send_to_user`` round trip; the
+program sends what the worker held back once the text is final. Otherwise the program looks at
+each token's text itself (``detokenize`` of the answer so far, then the next ``pred_token``);
+without a stop string or marker watched that runs on a second thread (``Streamer``) while the
+next forward is already queued.
 
 Tool calls: a call is ``<tool_call>`` + JSON generated under the grammar of the call schema
 (the name of an offered function and arguments matching its parameters) + ``</tool_call>``.
@@ -266,19 +269,17 @@ def _token_logprob(dist, tok, k, vocab):
 class Streamer:
     """Detokenises and streams a choice's text on its own thread while the decode goes on.
 
-    Used when the program need not look at the text before the next forward: nothing is
-    watched, or the worker watches the strings (``watch``) itself. Then the two round trips a
+    Used when the program decodes token by token (a penalty counts the tokens so far) but need
+    not look at the text before the next forward: nothing is watched. Then the two round trips a
     token costs (``detokenize`` of the answer so far, ``send_to_user``) need not sit between one
     forward and the next. Each token's text goes out as its own message, in order, even when
     several arrived during one send: the bytes a run streams (which its bill counts) then depend
-    on the tokens alone, not on how fast sends were against the decode. With ``watch``, what a
-    string could still claim is held back (``_held_back``, as the program's own loop does) and
-    nothing goes out once the text holds one. The choice sends the final text itself after
-    :meth:`close`.
+    on the tokens alone, not on how fast sends were against the decode. The choice sends the
+    final text itself after :meth:`close`.
     """
 
-    def __init__(self, choice, ids, watch=()):
-        self.choice, self.ids, self.watch = choice, ids, watch
+    def __init__(self, choice, ids):
+        self.choice, self.ids = choice, ids
         self.queue = queue.SimpleQueue()
         self.error = None
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -301,9 +302,7 @@ class Streamer:
                 count = self.queue.get()
                 if count is None:
                     return
-                text = detokenize(self.ids[:count])
-                if _first(text, self.watch)[0] < 0:  # past a stop: the final text is cut there
-                    self.choice.stream(text, final=False, hold=_held_back(text, self.watch))
+                self.choice.stream(detokenize(self.ids[:count]), final=False)
         except Exception as exc:  # handed to the decode thread by ``close``
             self.error = exc
 
@@ -366,35 +365,50 @@ class Choice:
         else:
             self.dist = self._pred([tok])[-1]
 
-    def decode_in_worker(self, mask, ids, streamer, watch):
+    def decode_in_worker(self, mask, ids, watch):
         """The text phase when every step chooses alike: the worker chooses and appends the
         tokens (``pred_tokens``, in as few calls as it can), ends at a string of ``watch`` too,
-        and each token streams as soon as it is chosen. Returns the finish reason (the caller
-        cuts the text at a string)."""
+        and sends each token's text to the client as it is chosen (``send_text``: no round trip
+        to this program per token). Returns the finish reason (the caller cuts the text at a
+        string and sends what the worker held back)."""
         eos = self.ctx.eos
 
-        def take(tok):  # on the thread reading the socket: no Symphony call here
-            if tok in eos:  # (tokens are not counted: only the penalties use the counts)
-                return
-            ids.append(tok)
-            self.steps += 1
-            streamer.push()
+        def take(tokens):
+            for tok in tokens:
+                if tok not in eos:  # (tokens are not counted: only the penalties use the counts)
+                    ids.append(tok)
+                    self.steps += 1
 
         tok = self.next_token(mask)
         if tok in eos:
             return "stop"
-        take(tok)
+        take([tok])
         if watch and _first(detokenize(ids), watch)[0] >= 0:  # the prefill's token alone
             return "stop"
+        # The prefill's token's text goes out with the first call's (its ``send_context``).
+        pending, unsent_tokens = "", 1
         while self.steps < self.max_tokens:
             left, params = self.max_tokens - self.steps, self.sampler.params(self.steps, mask)
-            # The text so far (its tail): a string may begin in it and end in the new tokens'.
-            text = {"stop_strings": watch, "stop_context": ids[-MAX_STOP_CONTEXT_TOKENS:]} if watch else {}
+            # The text so far (its tail): a string may begin in it and end in the new tokens', and
+            # the text sent goes on from it.
+            text = {"stop_strings": watch} if watch else {}
+            send = {"send_text": {"index": self.index}, "send_pending": pending, "send_context": unsent_tokens}
             chosen = self._on_kv(
-                lambda kv, tok=tok, left=left, params=params, text=text: pred_tokens(
-                    kv, [tok], left, stop=sorted(eos), on_token=take, **text, **params
+                lambda kv, tok=tok, left=left, params=params, text=text, send=send: pred_tokens(
+                    kv,
+                    [tok],
+                    left,
+                    stop=sorted(eos),
+                    stop_context=ids[-MAX_STOP_CONTEXT_TOKENS:],
+                    **text,
+                    **send,
+                    **params,
                 )
             )
+            take(chosen)
+            with self.send_lock:
+                self.sent += chosen.sent_text
+            pending, unsent_tokens = chosen.unsent_text, 0
             # The last token is not in the file yet: the next call appends it (fewer than asked
             # came back when a step could not run; that call then says why).
             tok = chosen[-1]
@@ -437,10 +451,10 @@ class Choice:
             and len(watch) <= MAX_STOP_STRINGS
             and all(len(s) <= MAX_STOP_STRING_CHARS for s in watch)
         )
-        streamer = Streamer(self, ids, watch) if plain or in_worker else None
+        streamer = Streamer(self, ids) if plain and not in_worker else None
         try:
             if in_worker:
-                finish = self.decode_in_worker(mask, ids, streamer, watch)
+                finish = self.decode_in_worker(mask, ids, watch)
             else:
                 while self.steps < self.max_tokens:
                     tok = self.next_token(mask)
@@ -474,7 +488,7 @@ class Choice:
         finally:
             if streamer is not None:
                 streamer.close()
-        if streamer is not None:  # the text is all the tokens', up to a string the worker saw
+        if streamer is not None or in_worker:  # the text is all the tokens', up to a string the worker saw
             text = detokenize(ids)
             cut, which = _first(text, watch)
             if cut >= 0:

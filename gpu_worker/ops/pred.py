@@ -34,7 +34,7 @@ from typing import Any, Protocol
 
 import torch
 
-from gpu_worker import bias_vectors, dists, tracing
+from gpu_worker import bias_vectors, contracts, dists, tracing
 from gpu_worker import protocol as p
 from gpu_worker.grammar import Matcher
 from gpu_worker.ops.errors import wire_error
@@ -42,6 +42,7 @@ from gpu_worker.protocol import ErrorCode, ProtocolError
 from gpu_worker.scheduler import PredCall
 from gpu_worker.sessions import WorkerSession
 from gpu_worker.stop_strings import StopWatch
+from gpu_worker.text_stream import TextStream
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,8 @@ class PredContext(Protocol):
     max_inflight_preds: int
     #: ``gpu_worker.tokenizer.Tokenizer``: stop strings are looked for in its ``decode``.
     tokenizer: Any
+    #: ``gpu_worker.events.EventPublisher``: where ``send_text`` sends (as ``send_to_user`` does).
+    events: Any
 
     @property
     def scheduler(self) -> Any: ...
@@ -115,8 +118,14 @@ def admit(ctx: PredContext, s: WorkerSession, args: p.Pred) -> PredCall:
     stop = frozenset(args.stop or ())
     call = PredCall(s, args.kv, args.tokens, args.positions, choose=choose, steps=reserved - n + 1, stop=stop)
     call.reserved = reserved
-    if args.stop_strings is not None:  # the same text ``detokenize`` gives (special tokens kept)
-        call.watch = StopWatch(ctx.tokenizer.decode, args.stop_strings, args.stop_context or ())
+    strings = args.stop_strings or ()
+    if args.stop_strings is not None or args.send_text is not None:
+        # The same text ``detokenize`` gives (special tokens kept).
+        watch = StopWatch(ctx.tokenizer.decode, strings, args.stop_context or (), keep=args.send_context)
+        call.watch = watch
+        if args.send_text is not None:
+            pending = (args.send_pending or "") + watch.context_text(args.send_context)
+            call.text_stream = TextStream(args.send_text, pending, strings)
     return call
 
 
@@ -169,7 +178,13 @@ def reply_value(s: WorkerSession, call: PredCall, value: Any) -> p.DistRefs | p.
     (``Scheduler._resolve``) or new Dist handles over its logits rows."""
     if call.choose is None:
         return p.DistRefs(dists=s.dists.add_many(value))
-    return p.ChosenTokens(tokens=value, stop_string=None if call.watch is None else call.watch.matched)
+    stop_string = None if call.watch is None else call.watch.matched
+    stream = call.text_stream
+    if stream is None:
+        return p.ChosenTokens(tokens=value, stop_string=stop_string)
+    return p.ChosenTokens(
+        tokens=value, stop_string=stop_string, sent_text=stream.sent_text(), unsent_text=stream.unsent_text()
+    )
 
 
 @dataclass(eq=False)
@@ -208,6 +223,8 @@ class PredRelay:
         entry = _InFlight(req_id, call)
         if decoded.stream and call.steps > 1:
             call.on_token = lambda token: self._progress_from_engine(entry, token)
+        if call.text_stream is not None:
+            call.on_text = lambda delta: self._on_loop(self._send_text, entry, delta)
         try:
             future = self._ctx.scheduler.submit(call)
         except Exception as exc:  # shutting down
@@ -236,10 +253,44 @@ class PredRelay:
         # On the engine thread, before the call's own done-callback: the loop runs both in order,
         # so a progress frame never follows its call's reply. A program that does not read its
         # socket holds at most ``MAX_IN_FLIGHT * MAX_PRED_STEPS`` of these small frames.
+        self._on_loop(self._progress, entry, token)
+
+    def _on_loop(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn(*args)`` on the connection's event loop, after what was scheduled before."""
         try:
-            self._loop.call_soon_threadsafe(self._progress, entry, token)
+            self._loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the loop closed under a worker shutting down
             pass
+
+    def _send_text(self, entry: _InFlight, delta: str) -> None:
+        """Send one delta of a ``send_text`` call as ``send_to_user`` sends a message: metered
+        against the run's stream bytes and the account's share of the stored streams. Past
+        either nothing more of the call's text goes out: the reply's ``unsent_text`` holds it, and
+        the program's own ``send_to_user`` of it meets the quota error."""
+        s, stream = self._session, entry.call.text_stream
+        assert stream is not None
+        if stream.closed or s.ended:
+            return
+        type_, payload = contracts.encode(contracts.MessageEvent(stream.payload(delta)))
+        size = contracts.entry_bytes(type_, payload)
+        try:
+            s.spend_stream_bytes(size)
+        except ProtocolError:
+            stream.refused()
+            return
+        stream.sent_one()
+        outcome = self._ctx.events.send(s.run_id, s.account, type_, payload)
+        if outcome is not None:  # near the account's share the store may refuse it after all
+            outcome.add_done_callback(lambda done: self._on_loop(self._text_refused, stream, size, done))
+
+    def _text_refused(self, stream: TextStream, size: int, done: concurrent.futures.Future) -> None:
+        """A delta the store refused (the account's share of the streams was full when it came
+        to be stored): it is not billed, and no more of the call's text goes out. Only a send
+        near the share waits this way; the program's next ``send_to_user`` meets the refusal."""
+        if done.cancelled() or done.exception() is not None or done.result() is None:
+            return
+        self._session.refund_stream_bytes(size)
+        stream.refused()
 
     def _progress(self, entry: _InFlight, token: int) -> None:
         if entry in self._pending and not entry.timed_out:

@@ -301,12 +301,16 @@ class AsyncSession(SessionBase):
         on_token: Callable[[int], None] | None = None,
         stop_strings: Iterable[str] | str = (),
         stop_context: Iterable[int] = (),
+        send_text: Mapping[str, Any] | None = None,
+        send_pending: str = "",
+        send_context: int = 0,
     ) -> Decoded:
-        """Same contract as :meth:`symphony.Session.pred_tokens` (``stop_strings`` too: use them
-        rather than detokenising each token when text ends the decode); ``on_token`` runs on
-        this event loop, before this returns."""
+        """Same contract as :meth:`symphony.Session.pred_tokens` (``stop_strings`` and
+        ``send_text`` too: use them rather than detokenising and sending each token); ``on_token``
+        runs on this event loop, before this returns."""
         choice = Choice(temperature, top_p, top_k, seed, mask, bias)
-        flow = flows.pred_tokens(kv, tokens, steps, stop, choice, on_token, stop_strings, stop_context)
+        send = calls.send_text(send_text, send_pending, send_context, "pred")
+        flow = flows.pred_tokens(kv, tokens, steps, stop, choice, on_token, stop_strings, stop_context, send)
         return await self._drive(flow)
 
     async def generate(

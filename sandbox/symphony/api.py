@@ -324,6 +324,9 @@ class Session(SessionBase):
         on_token: Callable[[int], None] | None = None,
         stop_strings: Iterable[str] | str = (),
         stop_context: Iterable[int] = (),
+        send_text: Mapping[str, Any] | None = None,
+        send_pending: str = "",
+        send_context: int = 0,
     ) -> Decoded:
         """:meth:`pred_token` that goes on for up to ``steps`` tokens inside the worker: each
         chosen token is appended and the next one chosen without a round trip to the program, so
@@ -363,9 +366,25 @@ class Session(SessionBase):
         logprobs per token, a stop decided by the program's own logic) cannot hand the decision
         to the worker: it either stays per token, or takes a few tokens per call and, past a stop
         it finds, rolls the file back with :meth:`kv_truncate` (the extra tokens are still
-        computed and metered)."""
+        computed and metered).
+
+        ``send_text`` (a JSON object, say ``{"index": 0}``): the worker sends the tokens' text to
+        the run's user as they are chosen, each token's new text as ``send_to_user({**send_text,
+        "delta": text})`` would (metered and bounded alike), with no round trip to this program
+        per token. It holds back what one of ``stop_strings`` could still grow from and an
+        incomplete character, sends nothing from the token whose text completes a string on
+        (cut the text there and send the rest yourself) and no text of a ``stop`` token.
+        ``send_pending``: text before these tokens' that was not sent yet (it goes out first);
+        ``send_context``: the last tokens of ``stop_context`` whose text was not sent either (the
+        first token, say, chosen by the prompt's ``pred_token``). The result's ``sent_text`` is
+        what went out, ``unsent_text`` what was held back at the end: pass it as the next call's
+        ``send_pending``, or send the final text's rest yourself. Use it to stream a decode's
+        text to the user: a :meth:`detokenize` and a :meth:`send_to_user` per token are two round
+        trips each, which take the worker's and this program's CPU from the decode."""
         choice = Choice(temperature, top_p, top_k, seed, mask, bias)
-        return self._drive(flows.pred_tokens(kv, tokens, steps, stop, choice, on_token, stop_strings, stop_context))
+        send = calls.send_text(send_text, send_pending, send_context, "pred")
+        flow = flows.pred_tokens(kv, tokens, steps, stop, choice, on_token, stop_strings, stop_context, send)
+        return self._drive(flow)
 
     def pred_token_many(
         self,

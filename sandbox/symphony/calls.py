@@ -9,6 +9,7 @@ the calls that take several round trips are written once in ``flows.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,14 +54,20 @@ class Predicted:
     tokens: tuple[int, ...] = ()
     #: The stop string the chosen tokens' text came to contain (``stop_strings``), or None.
     stop_string: str | None = None
+    #: ``send_text``: the text the worker sent, and what it held back at the end.
+    sent_text: str | None = None
+    unsent_text: str | None = None
 
 
 class Decoded(list[int]):
     """The tokens ``pred_tokens`` and ``generate`` return (a list of ids), with ``stop_string``:
     the one of their ``stop_strings`` the tokens' text came to contain, the last token completing
-    it, or None when the decode ended otherwise."""
+    it, or None when the decode ended otherwise. With ``send_text``: ``sent_text``, the text the
+    worker sent to the user, and ``unsent_text``, what it held back at the end (None without)."""
 
     stop_string: str | None = None
+    sent_text: str | None = None
+    unsent_text: str | None = None
 
 
 def _dists(value: dict[str, Any]) -> Predicted:
@@ -69,7 +76,12 @@ def _dists(value: dict[str, Any]) -> Predicted:
 
 def _chosen(value: dict[str, Any]) -> Predicted:
     reply = protocol.ChosenTokens.from_wire(value)
-    return Predicted(tokens=tuple(int(t) for t in reply.tokens), stop_string=reply.stop_string)
+    return Predicted(
+        tokens=tuple(int(t) for t in reply.tokens),
+        stop_string=reply.stop_string,
+        sent_text=reply.sent_text,
+        unsent_text=reply.unsent_text,
+    )
 
 
 @dataclass(frozen=True)
@@ -187,6 +199,11 @@ class StepCall:
     #: comes before this call's (its ``stop_context``: the decode's tokens so far, their tail).
     stop_strings: list[str] = field(default_factory=list)
     stop_context: list[int] = field(default_factory=list)
+    #: ``protocol.Pred``'s ``send_text``, ``send_pending`` and ``send_context`` (the worker sends
+    #: the chosen tokens' text to the user).
+    send_text: dict[str, Any] | None = None
+    send_pending: str = ""
+    send_context: int = 0
 
     @property
     def steps(self) -> int:
@@ -201,7 +218,9 @@ class StepCall:
         """The ``pred`` calls, in order: a prompt longer than one call goes first in calls that
         choose a token nobody reads (as ``pred_token``'s do); the last one decodes the steps."""
         head = [call for call, _ in pred_chunks(self.kv, self.tokens, None, then)]
-        context = self.stop_context[-protocol.MAX_STOP_CONTEXT_TOKENS :] if self.stop_strings else []
+        watched = self.stop_strings or self.send_text is not None
+        context = self.stop_context[-protocol.MAX_STOP_CONTEXT_TOKENS :] if watched else []
+        sending = self.send_text is not None
         last = protocol.Pred(
             kv=handle_id(self.kv),
             tokens=head.pop().args["tokens"],
@@ -211,6 +230,9 @@ class StepCall:
             stream=self.stream,
             stop_strings=self.stop_strings or None,
             stop_context=context or None,
+            send_text=self.send_text,
+            send_pending=self.send_pending if sending and self.send_pending else None,
+            send_context=self.send_context if sending else 0,
         )
         return [*head, _call(last, _chosen)]
 
@@ -219,6 +241,38 @@ class StepCall:
         fewer steps than asked (a step could not run; the next call would say why)."""
         chosen = reply.tokens
         return reply.stop_string is not None or chosen[-1] in self.stop or len(chosen) < self.steps
+
+
+@dataclass(frozen=True)
+class SendText:
+    """``pred_tokens``' ``send_text``: the worker sends the chosen tokens' text to the run's user
+    in messages ``{**message, "delta": text}`` (``protocol.Pred``'s ``send_text``); ``pending``:
+    text not sent yet that goes out first; ``context``: the last tokens of ``stop_context`` whose
+    text was not sent either."""
+
+    message: dict[str, Any]
+    pending: str = ""
+    context: int = 0
+
+    def step(self, call: StepCall, pending: str, context: int) -> StepCall:
+        """``call`` sending its text, going on from ``pending`` and ``context`` tokens."""
+        return dataclasses.replace(call, send_text=self.message, send_pending=pending, send_context=context)
+
+
+def send_text(message: Any, pending: Any, context: Any, op: str) -> SendText | None:
+    """``pred_tokens``' ``send_text``, ``send_pending`` and ``send_context`` (the message's size
+    and JSON-ness are the worker's to refuse: ``protocol.MAX_SEND_MESSAGE_BYTES``)."""
+    if message is None:
+        if pending or context:
+            raise InvalidArgument("send_pending and send_context go with send_text", op=op)
+        return None
+    if not isinstance(message, Mapping):
+        raise InvalidArgument(f"send_text must be a JSON object (a dict), not {type(message).__name__}", op=op)
+    if not isinstance(pending, str):
+        raise InvalidArgument(f"send_pending must be a string, not {type(pending).__name__}", op=op)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+        raise InvalidArgument(f"send_context must be a non-negative integer, not {context!r}", op=op)
+    return SendText(dict(message), pending, context)
 
 
 class TokenRelay:

@@ -112,17 +112,25 @@ def pred_tokens(
     on_token: Callable[[int], Any] | None,
     stop_strings: Iterable[str] | str = (),
     stop_context: Iterable[int] = (),
+    send: calls.SendText | None = None,
 ) -> Flow[Decoded]:
     checks.mask(choice.mask, "pred")
     steps = checks.steps(steps, "pred")
     stops = checks.token_ids(stop, "pred")
     strings = checks.stop_strings(stop_strings, "pred")
-    # The text a stop string may begin in: the caller's, then each call's tokens for the next.
-    context = checks.token_ids(stop_context, "pred") if strings else []
+    # The text a stop string may begin in (and the text sent goes on from): the caller's, then
+    # each call's tokens for the next.
+    context = checks.token_ids(stop_context, "pred") if strings or send is not None else []
     out = Decoded()
+    unsent_context = 0
+    if send is not None:
+        out.sent_text, out.unsent_text, unsent_context = "", send.pending, send.context
     pending = checks.token_ids(tokens, "pred")
     while len(out) < steps:  # one call per ``MAX_PRED_STEPS`` tokens
         step = calls.StepCall(kv, pending, steps - len(out), stops, on_token is not None, strings, context)
+        if send is not None:  # each call goes on from the text the one before held back
+            step = send.step(step, out.unsent_text or "", unsent_context)
+            unsent_context = 0
         *head, last = step.calls(choice.then(step.seed(choice.seed, len(out))))
         for call in head:  # the prompt's chunks: their chosen tokens are not read
             _ = yield call
@@ -131,10 +139,13 @@ def pred_tokens(
         chosen = relay.rest(reply)
         out.extend(chosen)
         out.stop_string = reply.stop_string
+        if send is not None:
+            out.sent_text = (out.sent_text or "") + (reply.sent_text or "")
+            out.unsent_text = reply.unsent_text or ""
         if step.ended(reply):
             break
         pending = [chosen[-1]]
-        if strings:
+        if strings or send is not None:
             context = (context + chosen)[-protocol.MAX_STOP_CONTEXT_TOKENS :]
     return out
 
