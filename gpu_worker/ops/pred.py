@@ -225,6 +225,11 @@ class PredRelay:
             call.on_token = lambda token: self._progress_from_engine(entry, token)
         if call.text_stream is not None:
             call.on_text = lambda delta: self._on_loop(self._send_text, entry, delta)
+            # The text before the call's tokens (held back before, or the context's: the
+            # prompt's token) goes out now, not with the first token after a forward.
+            opening = call.text_stream.take("", False)
+            if opening:
+                self._send_text(entry, opening)
         try:
             future = self._ctx.scheduler.submit(call)
         except Exception as exc:  # shutting down
