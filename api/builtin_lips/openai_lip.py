@@ -773,11 +773,14 @@ def main(args):
         except Exception as exc:  # re-raised below so the run fails with the real cause
             errors.append(exc)
 
-    threads = [threading.Thread(target=decode, args=(job,)) for job in jobs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    if len(jobs) == 1:  # one choice (n=1, the usual request): no thread to start and join
+        decode(jobs[0])
+    else:
+        threads = [threading.Thread(target=decode, args=(job,)) for job in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
     if errors:
         if isinstance(errors[0], KVPoolFull):  # the pool filled up during the decode: load, not the request
             return _refused(prompts[0], errors[0])

@@ -74,7 +74,11 @@ attacker's 3,800-token prompts are chunked as before, its forks' 1,023-token pro
 nobody else has a prompt waiting and no contended step bounds them), two runs on a quiet host:
 REST 1.93x and 1.83x, chat 2.81x and 1.89x, grammar 2.21x and 1.99x, prefill 2.30x and 2.14x.
 The second came closest of any run (prefill alone past 2x); the spread between runs is as wide
-as before.
+as before. After the worker sent the answers' text itself (less CPU per token in the web
+process and the worker's event loop), one run right after a benchmark (load 1.6-2.5 idle,
+2.6-4.8 under attack): REST 2.34x, chat 2.91x, grammar 3.54x, prefill 2.89x; the prefill's
+engine part 0.064 -> 0.67 s (its share of a contended step is ~130 of the 2,048 tokens it gets
+alone), the chat call's decode forwards 12 ms beside the attacker's prompt chunk (5 ms idle).
 
 Every other assertion held in every run: the account stopped at its device-page ceiling (ENOSPC
 naming 120 of 160 pages, fair share 80), at its Redis share (EDQUOT at an equal share of the
