@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +39,33 @@ class StandInContext:
     scheduler: StandInScheduler = field(default_factory=StandInScheduler)
     vocab_size: int = 100
     max_inflight_preds: int = SchedulerConfig().max_inflight_preds_per_session
+    tokenizer: Any = None
+    events: Any = None
+
+
+class CharTokenizer:
+    """Token ``i`` is the character ``chr(ord("a") + i % 26)``."""
+
+    @staticmethod
+    def decode(ids) -> str:
+        return "".join(chr(ord("a") + i % 26) for i in ids)
+
+
+class StandInEvents:
+    """``EventPublisher.send``: records each message; from ``refuse_from`` on, answers with a
+    future the store settles with a refusal (an account's share of the streams was full)."""
+
+    def __init__(self, refuse_from: int | None = None) -> None:
+        self.sent: list[str] = []
+        self.refuse_from = refuse_from
+
+    def send(self, run_id: str, account: str, type_: str, payload: str) -> concurrent.futures.Future | None:
+        self.sent.append(payload)
+        if self.refuse_from is None or len(self.sent) <= self.refuse_from:
+            return None
+        refused: concurrent.futures.Future = concurrent.futures.Future()
+        refused.set_result(object())
+        return refused
 
 
 class RecordingWriter:
@@ -176,3 +204,43 @@ def test_a_closed_connection_abandons_its_calls_without_replies() -> None:
         assert all(c.future.cancelled() for c in worker.scheduler.calls)
 
     asyncio.run(scenario())
+
+
+def test_send_text_goes_out_as_messages_and_a_refusal_stops_it_and_refunds_the_bytes() -> None:
+    """The engine thread hands each delta to ``on_text``; the loop sends it as ``send_to_user``
+    would. Past the account's share (the store refuses) nothing more of the call's text goes
+    out, the refused bytes are not billed, and the reply hands the rest back as unsent."""
+
+    async def scenario(refuse_from: int | None) -> tuple[dict, list[str], int]:
+        s = _session()
+        relay, worker, writer = _relay(s)
+        worker.tokenizer, worker.events = CharTokenizer(), StandInEvents(refuse_from)
+        relay.start(1, {"kv": 1, "tokens": [5], "then": "argmax", "steps": 4, "send_text": {"index": 2}})
+        call = worker.scheduler.calls[0]
+        assert call.text_stream is not None and call.watch is not None
+
+        def engine() -> None:  # what ``Scheduler._next_step`` does with each chosen token
+            for token in (0, 1, 2, 3):
+                delta = call.text_stream.take(call.watch.feed(token), False)
+                if delta:
+                    call.on_text(delta)
+                    threading.Event().wait(0.02)  # the loop sends it (and hears of a refusal)
+
+        await asyncio.to_thread(engine)  # the loop stays free to send meanwhile
+        _settle_from_another_thread(call, [0, 1, 2, 3])
+        await _until(lambda: writer.replies)
+        return writer.replies[0]["ok"], worker.events.sent, s.usage.streamed_bytes
+
+    reply, sent, billed = asyncio.run(scenario(None))
+    assert reply["sent_text"] == "abcd" and reply["unsent_text"] == ""
+    assert [protocol_json(p) for p in sent] == [{"index": 2, "delta": c} for c in "abcd"]
+    assert billed > 0
+    reply, sent, billed_after_refusal = asyncio.run(scenario(2))
+    assert len(sent) == 3, "the refused one was tried, none after it"
+    assert reply["sent_text"] + reply["unsent_text"] == "abcd" and reply["unsent_text"]
+    assert billed_after_refusal < billed
+
+
+def protocol_json(payload: str) -> dict:
+    """The message a ``message`` event's payload carries."""
+    return json.loads(payload)["data"]
