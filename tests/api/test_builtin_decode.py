@@ -6,11 +6,16 @@ path."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import time
+import uuid
 from pathlib import Path
 
 import pytest
+import redis
 
 import symphony as sy
+from tests.conftest import redis_db_url
 
 pytestmark = [pytest.mark.integration, pytest.mark.vllm, pytest.mark.timeout(180)]
 
@@ -28,13 +33,16 @@ def _builtin_program():
 
 def _run(worker, messages=MESSAGES, in_worker=True, **args):
     """(result, streamed deltas, the worker's pred calls for it). Not ``in_worker``: the program
-    as if the worker took no stop strings, so it watches the text itself, token by token."""
+    as if the worker took no stop strings, so it watches the text itself, token by token. The
+    deltas are those the worker sent from inside the decode (``send_text``, on the run's stream),
+    then those the program sent itself."""
     program = _builtin_program()
     if not in_worker:
         program.MAX_STOP_STRINGS = 0
     deltas: list[str] = []
     program.send_to_user = lambda message: deltas.append(message.get("delta", ""))
-    info = worker.create_session()
+    run_id = f"r-{uuid.uuid4().hex[:8]}"
+    info = worker.create_session(run_id=run_id)
     session = sy.connect(info.socket_path, info.token)
     sy.set_session(session)
     calls_before = worker.admin.stats()["scheduler"]["calls"]
@@ -44,7 +52,24 @@ def _run(worker, messages=MESSAGES, in_worker=True, **args):
         sy.set_session(None)
         session.close()
         usage = worker.end_session(info.session_id).usage
-    return result, deltas, worker.admin.stats()["scheduler"]["calls"] - calls_before, usage
+    return result, _worker_sent(run_id) + deltas, worker.admin.stats()["scheduler"]["calls"] - calls_before, usage
+
+
+def _worker_sent(run_id: str) -> list[str]:
+    """The deltas the worker sent on the run's stream: its events thread stores them a moment
+    after they were sent, so they are read once their number held still for 0.2 s."""
+    events = redis.Redis.from_url(redis_db_url(0))
+    key = f"run:{run_id}"
+    try:
+        seen, deadline = -1, time.monotonic() + 5
+        while (count := events.xlen(key)) != seen and time.monotonic() < deadline:
+            seen = count
+            time.sleep(0.2)
+        entries = events.xrange(key)
+        return [json.loads(f[b"data"])["data"].get("delta", "") for _, f in entries if f[b"type"] == b"message"]
+    finally:
+        events.delete(key)
+        events.close()
 
 
 def test_a_plain_answer_is_one_worker_call_streamed_token_by_token(gpu_worker_process) -> None:
