@@ -42,8 +42,7 @@ from api.services.openai_requests import (
 )
 from api.services.quotas import ConcurrencyLimitReached, PlanLimits, PlanQuotaExceeded, plan_limits
 from api.throttling import TenantThrottled, check_tenant_rate, note_token_allowance, noted_tokens_used
-from api.views.run_events import run_messages, sse_response, stream_entries
-from gpu_worker import contracts
+from api.views.run_events import run_ended, run_messages, sse_response
 from web.body_limit import too_large_body
 
 log = logging.getLogger(__name__)
@@ -152,10 +151,7 @@ async def _start(key: ApiKey, parsed: CompletionRequest, plan: PlanLimits, token
 
 
 async def _finished_run(run: Run) -> Run:
-    async with aclosing(stream_entries(run.pk)) as entries:
-        async for entry in entries:
-            if entry.type == contracts.END:
-                break
+    await run_ended(run.pk)
     return await _recorded(run)
 
 

@@ -32,8 +32,7 @@ from api.services.quotas import ConcurrencyLimitReached, PlanLimits, PlanQuotaEx
 from api.services.responses import Turn
 from api.throttling import noted_tokens_used
 from api.views.openai import _abandon, _allow, _first_try_only, _key, _key_and_plan, _Refused, _start_leased
-from api.views.run_events import run_messages, sse_response, stream_entries
-from gpu_worker import contracts
+from api.views.run_events import run_ended, run_messages, sse_response
 from web.body_limit import too_large_body
 
 log = logging.getLogger(__name__)
@@ -119,10 +118,7 @@ def _finish(turn: Turn) -> tuple[int, dict]:
 
 
 async def _wait(run: Run) -> None:
-    async with aclosing(stream_entries(run.pk)) as entries:
-        async for entry in entries:
-            if entry.type == contracts.END:
-                break
+    await run_ended(run.pk)
 
 
 @csrf_exempt

@@ -49,7 +49,7 @@ from api.asyncdb import db_call
 from api.authentication import KeyRefused, bearer_key
 from api.db_admission import RETRY_AFTER_S
 from api.models import Run, Tenant
-from api.services import replay_memory, stream_leases
+from api.services import replay_memory, run_handoff, stream_leases
 from api.services.db_share import AccountOverShare
 from api.services.quotas import plan_limits
 from api.services.runs import closing_events
@@ -61,6 +61,8 @@ from gpu_worker import contracts
 log = logging.getLogger(__name__)
 
 BLOCK_MS = 1000
+#: How often a request waiting on a run of this process looks for its ``end`` itself (``run_ended``).
+HANDOFF_CHECK_S = 1.0
 HEARTBEAT_EVERY = 15
 REDIS_RETRY_S = 30.0
 #: A stream entry id as Redis writes it (``<ms>-<seq>``), or its ``<ms>`` part alone.
@@ -245,6 +247,25 @@ async def stream_entries(run_id: uuid.UUID | str, last_id: str = "0-0") -> Async
             entry = _decode(entry_id, fields)
             last_id = entry.id
             yield entry
+            if entry.type == contracts.END:
+                return
+
+
+async def run_ended(run_id: uuid.UUID | str) -> None:
+    """Until the run has ended. One executed in this process is handed over by its executor when
+    it is recorded (api/services/run_handoff.py): waiting for that reads none of the stream's
+    entries (an event per token of the answer), and every ``HANDOFF_CHECK_S`` the stream's
+    ``end`` is looked for in case the run ended without being recorded here. Any other run's
+    stream is read to its ``end``."""
+    if run_handoff.pending(run_id):
+        client = redis_client.shared_async(settings.REDIS_URL)
+        key = contracts.run_stream_key(run_id)
+        while not await run_handoff.recorded(run_id, HANDOFF_CHECK_S):
+            if await _end_of(client, key) is not None:
+                return
+        return
+    async with aclosing(stream_entries(run_id)) as entries:
+        async for entry in entries:
             if entry.type == contracts.END:
                 return
 

@@ -50,3 +50,28 @@ def test_runs_whose_request_went_away_are_forgotten_oldest_first(monkeypatch: py
         run_handoff.offer(run, usage)
     assert run_handoff.take(runs[0][0].pk) is None
     assert [run_handoff.take(r.pk) is not None for r, _ in runs[1:]] == [True, True]
+
+
+def test_a_request_waiting_on_an_in_process_run_wakes_when_it_is_recorded():
+    """``recorded`` returns once ``finish_run`` offers the run (from the executor's thread), or
+    False after its timeout; ``pending`` says whether waiting for it makes sense at all."""
+    import asyncio
+    import threading
+
+    run, usage = _recorded()
+    assert not run_handoff.pending(run.pk)
+    run_handoff.expect(run.pk)
+    assert run_handoff.pending(run.pk)
+
+    async def scenario() -> tuple[bool, bool]:
+        missed = await run_handoff.recorded(run.pk, 0.05)
+        threading.Timer(0.05, run_handoff.offer, (run, usage)).start()
+        woke = await run_handoff.recorded(run.pk, 5.0)
+        return missed, woke
+
+    missed, woke = asyncio.run(scenario())
+    assert (missed, woke) == (False, True)
+    assert run_handoff.pending(run.pk), "recorded, not taken yet"
+    assert asyncio.run(run_handoff.recorded(run.pk, 0.01)), "an offer before the wait is seen at once"
+    assert run_handoff.take(run.pk) is not None and not run_handoff.pending(run.pk)
+    assert run_handoff._waiters == {}

@@ -277,3 +277,7 @@ def test_a_v1_request_stays_within_its_statement_and_round_trip_ceilings(api_ten
         # Bounded by the run's length, not by the path: at most a few per second of the run.
         assert summary["redis_timer"] <= 40, (name, summary)
         assert summary["redis_stream_reads"] <= 40, (name, summary)
+        if not REQUESTS[name][1].get("stream"):
+            # An answer not streamed waits for its in-process run's handoff, reading none of
+            # its stream's entries (an event per token): api/services/run_handoff.py.
+            assert summary["redis_stream_reads"] == 0, (name, summary)
