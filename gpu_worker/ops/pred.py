@@ -240,19 +240,13 @@ class PredRelay:
         left = s.time_left()
         if left is not None:
             entry.timer = self._loop.call_later(left, self._deadline_passed, entry)
-        future.add_done_callback(lambda _: self._from_any_thread(entry))
+        # Done-callbacks run on the engine thread (settled) or on the loop (cancelled).
+        future.add_done_callback(lambda _: self._on_loop(self._finish, entry))
 
     def abandon_all(self) -> None:
         """The connection closed: its calls get no reply (each is released when cancelled)."""
         for entry in list(self._pending):
             entry.call.future.cancel()
-
-    def _from_any_thread(self, entry: _InFlight) -> None:
-        # Done-callbacks run on the engine thread (settled) or on the loop (cancelled).
-        try:
-            self._loop.call_soon_threadsafe(self._finish, entry)
-        except RuntimeError:  # the loop closed under a worker shutting down
-            pass
 
     def _progress_from_engine(self, entry: _InFlight, token: int) -> None:
         # On the engine thread, before the call's own done-callback: the loop runs both in order,
