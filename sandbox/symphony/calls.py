@@ -220,7 +220,6 @@ class StepCall:
         head = [call for call, _ in pred_chunks(self.kv, self.tokens, None, then)]
         watched = self.stop_strings or self.send_text is not None
         context = self.stop_context[-protocol.MAX_STOP_CONTEXT_TOKENS :] if watched else []
-        sending = self.send_text is not None
         last = protocol.Pred(
             kv=handle_id(self.kv),
             tokens=head.pop().args["tokens"],
@@ -231,8 +230,9 @@ class StepCall:
             stop_strings=self.stop_strings or None,
             stop_context=context or None,
             send_text=self.send_text,
-            send_pending=self.send_pending if sending and self.send_pending else None,
-            send_context=self.send_context if sending else 0,
+            # Set only with ``send_text`` (``SendText.step``).
+            send_pending=self.send_pending or None,
+            send_context=self.send_context,
         )
         return [*head, _call(last, _chosen)]
 
