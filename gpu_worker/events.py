@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,15 +170,22 @@ class EventPublisher:
         return self._client
 
     def _run(self) -> None:
+        """The thread's loop. It must outlive anything one batch does: it is the only way every
+        run on this worker reaches its user, so a batch that fails unexpectedly is logged and
+        dropped (its senders stop waiting) and the next one goes on."""
         while True:
             batch = self._next_batch()
             stop = None in batch
             events = [item for item in batch if isinstance(item, _Event)]
-            for item in batch:
-                if isinstance(item, _Heartbeat):
-                    self._heartbeat(item.key, item.value, item.ttl_s)
-            if events:
-                self._publish_batch(events)
+            try:
+                for item in batch:
+                    if isinstance(item, _Heartbeat):
+                        self._heartbeat(item.key, item.value, item.ttl_s)
+                if events:
+                    self._publish_batch(events)
+            except Exception:
+                log.exception("event=event_dropped reason=publisher_error count=%d", len(events))
+                self._dropped(events)
             if stop:
                 return
 
@@ -265,8 +272,7 @@ class EventPublisher:
                     event.cost,
                     limit,
                 )
-            if event.outcome is not None:
-                event.outcome.set_result(refusal)
+            _resolve(event.outcome, refusal)
 
     def _unpend(self, event: _Event) -> None:
         """``event`` is no longer queued (call with the lock held)."""
@@ -281,8 +287,7 @@ class EventPublisher:
         for event in events:
             with self._lock:
                 self._unpend(event)
-            if event.outcome is not None:
-                event.outcome.set_result(None)
+            _resolve(event.outcome, None)
 
     def _heartbeat(self, key: str, data: str, ttl_s: int = HEARTBEAT_TTL_S) -> None:
         """One SET with a TTL, never retried: the next heartbeat follows in seconds."""
@@ -299,3 +304,15 @@ class EventPublisher:
         except queue.Full:
             return
         self._thread.join(timeout)
+
+
+def _resolve(outcome: Future[Refusal | None] | None, refusal: Refusal | None) -> None:
+    """Tell a waiting sender what became of its event. Its wait may have been cancelled (the
+    LIP's connection closed while ``send_to_user`` waited: ``asyncio.wrap_future`` cancels the
+    future with it); the event was handled all the same, and nobody is left to tell."""
+    if outcome is None:
+        return
+    try:
+        outcome.set_result(refusal)
+    except InvalidStateError:
+        log.info("event=send_wait_gone refused=%s", refusal is not None)

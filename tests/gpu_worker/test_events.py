@@ -5,6 +5,7 @@ after the retry window without raising."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 
@@ -12,7 +13,7 @@ import pytest
 import redis
 
 from gpu_worker import events as events_module
-from gpu_worker.contracts import MessageEvent, TokenEvent, run_stream_key
+from gpu_worker.contracts import MessageEvent, TokenEvent, encode, run_stream_key
 from gpu_worker.events import EventPublisher
 from tests.conftest import redis_db_url
 
@@ -86,4 +87,33 @@ def test_close_flushes_what_is_queued(client: redis.Redis) -> None:
         assert publisher.published == 50
         assert client.xlen(run_stream_key(run)) == 50
     finally:
+        client.delete(run_stream_key(run))
+
+
+def test_a_sender_that_stops_waiting_leaves_the_publisher_working(client: redis.Redis, monkeypatch) -> None:
+    """A LIP's ``send_to_user`` near its account's share waits on the send's future; when the
+    connection closes under it (a cancelled run) the wait is cancelled, and with it the future.
+    The publisher then settling that future must not end its thread: every later event of every
+    run on the worker (tokens, ``kv``, the answers' text) would be lost."""
+    run = f"test-events-{uuid.uuid4().hex[:8]}"
+    publisher = EventPublisher(REDIS_URL)
+    real_xadd_all = publisher._xadd_all
+    cancelled = threading.Event()
+
+    def xadd_after_the_cancel(events):
+        cancelled.wait(10)
+        return real_xadd_all(events)
+
+    monkeypatch.setattr(publisher, "_xadd_all", xadd_after_the_cancel)
+    try:
+        outcome = publisher.send(run, "tenant:events-cancel", *encode(MessageEvent("first")))
+        assert outcome is not None, "an account's first send waits: its room is not known yet"
+        outcome.cancel()
+        cancelled.set()
+        publisher.publish(run, "tenant:events-cancel", MessageEvent("after"))
+        _wait_published(publisher, 2)
+        texts = [json.loads(fields[b"data"])["data"] for _, fields in client.xrange(run_stream_key(run))]
+        assert texts == ["first", "after"]
+    finally:
+        publisher.close()
         client.delete(run_stream_key(run))
