@@ -830,6 +830,8 @@ class Scheduler:
             for seq_id in releases:
                 self.engine.release(seq_id)
             for fn, fut in tasks:
+                if not fut.set_running_or_notify_cancel():
+                    continue  # its waiter went away first: settling it would end this loop
                 try:
                     fut.set_result(fn())
                 except BaseException as exc:  # handed to the waiter

@@ -501,6 +501,21 @@ def test_one_forward_serves_calls_of_several_sessions_and_tenants(sched) -> None
     assert [s.tokens for s in sessions] == [2, 2, 2, 2]
 
 
+def test_a_task_whose_waiter_went_away_is_skipped_and_the_engine_goes_on(sched) -> None:
+    """``run_on_engine``'s future is cancelled when its awaiting coroutine is (a swap-out whose
+    session ended): settling it then would raise on the engine thread and stop every forward."""
+    scheduler, fs, _engine = sched
+    gone = scheduler.run_on_engine(lambda: "never")
+    assert gone.cancel()
+    kept = scheduler.run_on_engine(lambda: "ran")
+    session = FakeSession("s", "t")
+    scheduler.active_sessions = lambda: [session.session_id]
+    pred = scheduler.submit(PredCall(session, fs.create(session.owner), (1, 2), (1,)))
+    scheduler.start()
+    assert kept.result(timeout=10) == "ran" and gone.cancelled()
+    assert int(pred.result(timeout=10)[0].argmax()) == (2 + 1) % VOCAB
+
+
 def test_a_session_with_many_threads_is_batched_whole(sched) -> None:
     """One LIP decoding 4 forks from 4 threads: after its first forward, the scheduler waits
     for all 4 calls (they arrive a little apart, as threads do) instead of launching part-full."""
