@@ -238,12 +238,16 @@ async def _post(path: str, secret: str, body: dict) -> tuple[int, bytes]:
 
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 4, "temperature": 0}
+# Greedy, as CHAT: sampled (the Responses API's default temperature is 1) an answer sometimes
+# ends in half a character, which the worker holds back and the program then sends itself (one
+# more round trip that says nothing about the path).
+RESPONSE = {"model": "m", "input": "Name a colour.", "max_output_tokens": 4, "temperature": 0}
 REQUESTS = {
     "chat": ("/v1/chat/completions", CHAT),
     "chat_stream": ("/v1/chat/completions", {**CHAT, "stream": True}),
-    "responses": ("/v1/responses", {"model": "m", "input": "Name a colour.", "max_output_tokens": 4, "store": False}),
+    "responses": ("/v1/responses", {**RESPONSE, "store": False}),
     # Stored (the Responses API's default): its row, its conversation's KV file and its mirror.
-    "responses_stored": ("/v1/responses", {"model": "m", "input": "Name a colour.", "max_output_tokens": 4}),
+    "responses_stored": ("/v1/responses", RESPONSE),
 }
 
 
