@@ -164,11 +164,25 @@ def execute_run(
     run = start_run(run_id, settings.SYMPHONY_WORKER_NAME, target)
     if run is None:
         return _handle_redelivery(run_id)
-    with ExecutorHeartbeat(run_id, riders):
+    return execute_started(run, attempt, launch, riders, plan)
+
+
+def execute_started(
+    run: Run,
+    attempt: int = 0,
+    launch: Launch | None = None,
+    riders: Sequence[Rider] = (),
+    plan: PlanLimits | None = None,
+) -> str:
+    """Execute ``run``, already ``running`` on this worker: started by :func:`execute_run`, or
+    created so by the one that holds this thread (``runs.create_run``'s ``start_on``). Its
+    executor heartbeat starts now (a run created running that never gets here is reaped as one
+    whose executor died). Arguments as :func:`execute_run`'s."""
+    with ExecutorHeartbeat(str(run.pk), riders):
         try:
             return _execute(run, launch or launch_sandbox, plan)
         except _NotStarted as lost:
-            return failover.reroute_unstarted(run_id, settings.SYMPHONY_WORKER_NAME, lost.cause, attempt)
+            return failover.reroute_unstarted(str(run.pk), settings.SYMPHONY_WORKER_NAME, lost.cause, attempt)
 
 
 def _create_session(

@@ -103,22 +103,48 @@ def start(
     limits = {"max_tokens": min(request.run_max_tokens, plan.max_tokens_per_run)}
     # The built-in program is ours: executed in this process when a local worker is reachable
     # (api/services/trusted_runs.py), with the same run row, quotas, events and billing, and
-    # the plan this request read.
-    send = functools.partial(trusted_runs.submit, plan=plan) if trusted_runs.available() else None
-    run, _ = create_run(
-        tenant,
-        version.program,
-        None,
-        request.args,
-        limits,
-        api_key=api_key,
-        send=send,
-        plan=plan,
-        program_version=version,
-        traceparent=request.traceparent,
-        tokens_used=tokens_used,
-    )
+    # the plan this request read. With a thread taken now, the run is created running on it.
+    on_thread = _reserve_thread(version)
+    send = None
+    if on_thread:
+        send = functools.partial(trusted_runs.start, plan=plan)
+    elif trusted_runs.available():
+        send = functools.partial(trusted_runs.submit, plan=plan)
+    try:
+        run, created = create_run(
+            tenant,
+            version.program,
+            None,
+            request.args,
+            limits,
+            api_key=api_key,
+            send=send,
+            plan=plan,
+            program_version=version,
+            traceparent=request.traceparent,
+            tokens_used=tokens_used,
+            start_on=settings.SYMPHONY_WORKER_NAME if on_thread else None,
+        )
+    except BaseException:
+        if on_thread:
+            trusted_runs.release_thread()
+        raise
+    if on_thread and not created:
+        trusted_runs.release_thread()
     return run
+
+
+def _reserve_thread(version: ProgramVersion) -> bool:
+    """Whether this request's run is created running on a thread of this process taken now
+    (``trusted_runs.reserve_thread``). Not inside an outer transaction (a stored Responses turn
+    creates its row with the run's): rolled back, it would leave the thread taken for good,
+    since only the commit hands it to the run; such a run is created queued and ``submit``
+    takes a thread after the commit."""
+    if not trusted_runs.available() or not trusted_runs.is_builtin(version):
+        return False
+    if transaction.get_connection().in_atomic_block:
+        return False
+    return trusted_runs.reserve_thread()
 
 
 def abandon(run_id: object) -> None:

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -195,6 +196,7 @@ def create_run(
     program_version: ProgramVersion | None = None,
     traceparent: str = "",
     tokens_used: int | None = None,
+    start_on: str | None = None,
 ) -> tuple[Run, bool]:
     """Create a queued run (or return the earlier one with the same Idempotency-Key).
 
@@ -213,7 +215,11 @@ def create_run(
     ``traceparent``: the client's W3C ``traceparent`` header as sent (kept only when valid,
     api/services/trace_context.py), written with the run's own insert. ``tokens_used``: the
     tenant's tokens this month as the caller's request read them already, for the monthly check
-    (``quotas.check_can_start``; read there when not given).
+    (``quotas.check_can_start``; read there when not given). ``start_on``: create the run
+    already ``running`` on this worker, for a caller that holds the thread that executes it
+    (api/services/trusted_runs.py): ``start_run``'s own transaction is then one less on the
+    path of the answer. ``send`` must execute it (nothing queues it), with ``month_tokens``
+    set from ``tokens_used`` as ``start_run`` sets it.
     """
     digest = _request_digest(program, version, args, limits) if idempotency_key else ""
     if idempotency_key:
@@ -249,15 +255,23 @@ def create_run(
                 idempotency_digest=digest,
                 api_key=api_key,
                 traceparent=trace_context.kept(traceparent),
+                **_started_on(start_on),
             )
     except IntegrityError:
         if not idempotency_key:
             raise
         return _replay(Run.objects.get(tenant=tenant, idempotency_key=idempotency_key), idempotency_key, digest)
+    if start_on:
+        run.month_tokens = tokens_used  # as start_run annotates it
     dispatch_run = send or enqueue
     transaction.on_commit(lambda: dispatch_run(run))
     log.info("run_created run=%s tenant=%s program=%s version=%s", run.pk, tenant.slug, program.pk, pv.number)
     return run, True
+
+
+def _started_on(worker: str | None) -> dict[str, Any]:
+    """The fields of a run created running on ``worker`` (none for a queued one)."""
+    return {"status": "running", "worker": worker, "started_at": timezone.now()} if worker else {}
 
 
 #: The advisory lock key that serialises routing decisions (any constant unique to routing).

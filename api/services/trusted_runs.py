@@ -10,8 +10,10 @@ here. This module executes it in a bounded thread pool of the web process, again
 worker's session socket, with the same SDK (``sandbox/symphony``).
 
 Everything else is the run path of any program, called the same way: the run row is created by
-``runs.create_run`` (quota, concurrency slot, plan token limit), ``execution.execute_run`` starts
-it (``start_run``: status event, executor heartbeat), creates the worker session with the
+``runs.create_run`` (quota, concurrency slot, plan token limit), already ``running`` on a thread
+the request took for it first (:func:`reserve_thread`, :func:`start`; else queued, and
+``execution.execute_run``'s ``start_run`` starts it on the thread :func:`submit` takes),
+``execution.execute_started`` beats its executor heartbeat, creates the worker session with the
 plan's limits, watches for a cancel (``CancelWatch`` ends the session, which stops the program
 at its next call), ends the session, records the outcome and usage with ``finish_run`` (billing,
 closing events) and syncs the tenant's KV files. Only the launcher differs:
@@ -41,6 +43,7 @@ worker); the request then goes through Celery as before.
 from __future__ import annotations
 
 import builtins
+import copy
 import functools
 import hashlib
 import json
@@ -51,6 +54,7 @@ import threading
 import time
 import traceback
 import types
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -62,6 +66,7 @@ from api.models import ProgramVersion, Run
 from api.services import run_handoff
 from api.services.quotas import PlanLimits
 from api.services.run_args import program_args
+from gpu_worker.contracts import StatusEvent
 from gpu_worker.protocol import RunLimits
 
 log = logging.getLogger(__name__)
@@ -153,15 +158,64 @@ def submit(run: Run, plan: PlanLimits | None = None) -> None:
     log.info("run_dispatched_in_process run=%s tenant=%s", run.pk, run.tenant.slug)
 
 
+def reserve_thread() -> bool:
+    """Take one of this process's run threads for a built-in run about to be created, so that it
+    can be created already running (``runs.create_run``'s ``start_on``) and handed to the
+    thread with :func:`start`; False when every thread is busy. The caller gives it back with
+    :func:`release_thread` unless :func:`start` was called (a run not created, or created in an
+    outer transaction that may still roll back: then nothing would ever start it)."""
+    return _executor()[1].acquire(blocking=False)
+
+
+def release_thread() -> None:
+    """Give back a thread :func:`reserve_thread` took and :func:`start` never used."""
+    _executor()[1].release()
+
+
+def start(run: Run, plan: PlanLimits | None = None) -> None:
+    """``create_run``'s ``send`` for a committed run created running on this worker with a
+    thread reserved (:func:`reserve_thread`): execute it on that thread. Why not ``submit``:
+    the run's start would be a second transaction (``start_run``'s row lock, a statement and a
+    commit) on the path of every answer, to move it from ``queued`` to ``running`` a few
+    milliseconds after it was created. A process that dies first leaves it ``running`` without
+    an executor heartbeat, and the reaper fails it (api/services/runs.py). Raising, it leaves
+    the thread to its caller to give back."""
+    pool, slots = _executor()
+    run_handoff.expect(run.pk)
+    # A copy: the request that created it keeps its own instance.
+    pool.submit(_execute_started, copy.copy(run), slots, plan)
+    log.info("run_started_in_process run=%s tenant=%s", run.pk, run.tenant.slug)
+
+
+def _execute_started(run: Run, slots: threading.BoundedSemaphore, plan: PlanLimits | None) -> None:
+    """A pool thread: :func:`start`'s run, from its ``running`` event on as ``execute_run``
+    goes on after ``start_run``."""
+    from api.services.execution import execute_started
+    from api.services.runs import publish_event
+
+    def execute() -> None:
+        publish_event(str(run.pk), StatusEvent("running"))
+        execute_started(run, launch=launch_in_process, plan=plan)
+
+    _on_thread(str(run.pk), slots, execute)
+
+
 def _execute(run_id: str, worker: str, slots: threading.BoundedSemaphore, plan: PlanLimits | None = None) -> None:
     """A pool thread: the executor's own ``execute_run`` with the in-process launcher
     (``start_run`` records the worker, as for a Celery task sent to it)."""
     from api.services.execution import execute_run
 
+    _on_thread(run_id, slots, lambda: execute_run(run_id, target=worker, launch=launch_in_process, plan=plan))
+
+
+def _on_thread(run_id: str, slots: threading.BoundedSemaphore, execute: Callable[[], object]) -> None:
+    """What a pool thread does around its run's ``execute``: its database connection (kept for
+    the next run, or handed back), a failure of the executor code itself settled, its thread
+    given back."""
     close_old_connections()
     try:
         _keep_connection()
-        execute_run(run_id, target=worker, launch=launch_in_process, plan=plan)
+        execute()
     except Exception as exc:
         log.exception("trusted_run_failed run=%s", run_id)
         _settle(run_id, exc)

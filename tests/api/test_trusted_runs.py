@@ -5,6 +5,7 @@ billing, events, cancellation): tests/integration/test_trusted_builtin.py."""
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 
 from api.models import Run
 from api.services import openai_requests, programs, trusted_runs
@@ -70,3 +71,55 @@ def test_a_tenants_own_version_of_openai_compat_never_runs_in_process(
     run = _create(api_tenant_a.tenant, program, django_capture_on_commit_callbacks)
     assert run.program_version_id == mine.pk
     assert run.status == "queued" and run.worker == local_worker  # sent to Celery and the sandbox
+
+
+REQUEST = openai_requests.CompletionRequest(chat=True, args=ARGS, stream=False, model="m", run_max_tokens=64)
+
+
+@pytest.fixture
+def handed(monkeypatch) -> list[Run]:
+    """The runs handed to an in-process thread, which here only gives its thread back (nothing
+    listens on the local worker's socket)."""
+    runs: list[Run] = []
+
+    def execute_started(run, slots, plan):
+        runs.append(run)
+        slots.release()
+
+    monkeypatch.setattr(trusted_runs, "_execute_started", execute_started)
+    return runs
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_a_thread_free_a_builtin_run_is_created_running_on_it(api_tenant_a, local_worker, handed):
+    """Created running on the thread taken for it: no second transaction to start it."""
+    run = openai_requests.start(api_tenant_a.tenant, None, REQUEST)
+    assert [r.pk for r in handed] == [run.pk]
+    row = Run.objects.get(pk=run.pk)
+    assert row.status == "running" and row.worker == local_worker and row.started_at is not None
+    _, slots = trusted_runs._executor()
+    assert slots.acquire(blocking=False), "the thread was given back"
+    slots.release()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_created_inside_an_outer_transaction_is_started_after_its_commit(
+    api_tenant_a, local_worker, handed, monkeypatch
+):
+    """A stored Responses turn creates its row in the run's transaction: a run created running
+    there would keep its thread taken if that transaction rolled back, so it is created queued
+    and taken by ``submit`` once committed."""
+    submitted: list[str] = []
+    monkeypatch.setattr(
+        trusted_runs, "_execute", lambda run_id, worker, slots, plan=None: (submitted.append(run_id), slots.release())
+    )
+    with transaction.atomic():
+        run = openai_requests.start(api_tenant_a.tenant, None, REQUEST)
+        assert Run.objects.get(pk=run.pk).status == "queued"
+    assert submitted == [str(run.pk)] and handed == []
+    with pytest.raises(RuntimeError), transaction.atomic():
+        openai_requests.start(api_tenant_a.tenant, None, REQUEST)
+        raise RuntimeError("the turn's row failed")
+    _, slots = trusted_runs._executor()
+    assert slots.acquire(blocking=False), "no thread is left taken by the run rolled back"
+    slots.release()
