@@ -104,11 +104,12 @@ def start(
     # The built-in program is ours: executed in this process when a local worker is reachable
     # (api/services/trusted_runs.py), with the same run row, quotas, events and billing, and
     # the plan this request read. With a thread taken now, the run is created running on it.
-    on_thread = _reserve_thread(version)
+    local = trusted_runs.available()
+    on_thread = local and _reserve_thread(version)
     send = None
     if on_thread:
         send = functools.partial(trusted_runs.start, plan=plan)
-    elif trusted_runs.available():
+    elif local:
         send = functools.partial(trusted_runs.submit, plan=plan)
     try:
         run, created = create_run(
@@ -139,8 +140,8 @@ def _reserve_thread(version: ProgramVersion) -> bool:
     (``trusted_runs.reserve_thread``). Not inside an outer transaction (a stored Responses turn
     creates its row with the run's): rolled back, it would leave the thread taken for good,
     since only the commit hands it to the run; such a run is created queued and ``submit``
-    takes a thread after the commit."""
-    if not trusted_runs.available() or not trusted_runs.is_builtin(version):
+    takes a thread after the commit. Only where the in-process path is available."""
+    if not trusted_runs.is_builtin(version):
         return False
     if transaction.get_connection().in_atomic_block:
         return False
