@@ -678,12 +678,18 @@ class EngineThread:
 
     def _run(self) -> None:
         while True:
-            fn, fut = self._calls.get()
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn())
-                except BaseException as exc:  # handed to whoever waits on the future
-                    fut.set_exception(exc)
+            run_task(*self._calls.get())
+
+
+def run_task(fn: Callable[[], Any], fut: concurrent.futures.Future) -> None:
+    """Run ``fn`` for ``fut``'s waiter, its result or exception handed over; skipped when the
+    waiter went away first (cancelled: ``asyncio.wrap_future`` cancels with its coroutine), as
+    settling a cancelled future raises, and on the engine thread would end its loop."""
+    if fut.set_running_or_notify_cancel():
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:  # handed to whoever waits on the future
+            fut.set_exception(exc)
 
 
 class Scheduler:
@@ -830,12 +836,7 @@ class Scheduler:
             for seq_id in releases:
                 self.engine.release(seq_id)
             for fn, fut in tasks:
-                if not fut.set_running_or_notify_cancel():
-                    continue  # its waiter went away first: settling it would end this loop
-                try:
-                    fut.set_result(fn())
-                except BaseException as exc:  # handed to the waiter
-                    fut.set_exception(exc)
+                run_task(fn, fut)
             with self._cond:
                 self.queue.remove_if(lambda c: c.future.done())
                 picked = self.queue.select(
