@@ -10,6 +10,7 @@ from api.models import (
     Invitation,
     KVFile,
     Membership,
+    MonthlyTokens,
     Plan,
     Program,
     ProgramVersion,
@@ -108,6 +109,25 @@ class KVFileAdmin(admin.ModelAdmin):
 
 
 admin.site.register([Program, ProgramVersion, UsageRecord, AuditLog, QuotaNotice])
+
+
+@admin.register(MonthlyTokens)
+class MonthlyTokensAdmin(admin.ModelAdmin):
+    """Each tenant's tokens per month, for reading: the database keeps them from the usage rows
+    (migration 0028), so an edit here would only disagree with those rows."""
+
+    list_display = ("tenant", "month", "tokens")
+    list_filter = ("month",)
+    search_fields = ("tenant__slug",)
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
 
 
 User = get_user_model()

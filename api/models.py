@@ -334,6 +334,29 @@ class UsageRecord(models.Model):
         super().save(*args, **kwargs)
 
 
+class MonthlyTokens(models.Model):
+    """A tenant's prompt and generated tokens of one calendar month (UTC), kept by the database.
+
+    Admission reads the month's tokens on the path of every run and every ``/v1`` request
+    (``api/services/quotas.py``); summing the usage rows there cost ~1 µs a row, growing with
+    every request a tenant made that month. A trigger on ``api_usagerecord`` (migration 0028)
+    adds each row's ``prefill_tokens + decode_tokens`` here in the transaction that writes the
+    row, and subtracts it when the row changes or goes, so this stays exact whichever path
+    writes usage (a run's finish, the storage meter, the admin, a test): read it, never write it.
+    """
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="monthly_tokens")
+    #: The first day of the month the usage rows were created in.
+    month = models.DateField()
+    tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "month"], name="monthly_tokens_per_tenant")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id} {self.month:%Y-%m}: {self.tokens} tokens"
+
+
 class AuditLog(models.Model):
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL)
     tenant = models.ForeignKey(Tenant, null=True, on_delete=models.SET_NULL)

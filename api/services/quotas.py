@@ -13,7 +13,7 @@ from django.db.models import BigIntegerField, Count, Max, OuterRef, Q, Subquery,
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from api.models import KVFile, Plan, Run, Tenant, UsageRecord
+from api.models import KVFile, MonthlyTokens, Plan, Run, Tenant
 from api.services import host_entries
 from gpu_worker.protocol import KvQuotaLimits, RunLimits
 
@@ -123,21 +123,16 @@ def _month_start() -> datetime:
 
 
 def tokens_this_month(tenant: Tenant) -> int:
-    sums = UsageRecord.objects.filter(tenant=tenant, created_at__gte=_month_start()).aggregate(
-        p=Sum("prefill_tokens"), d=Sum("decode_tokens")
-    )
-    return int(sums["p"] or 0) + int(sums["d"] or 0)
+    """The tenant's prompt and generated tokens this calendar month (UTC): one indexed row the
+    database keeps (``MonthlyTokens``), however many runs the month had."""
+    month = _month_start().date()
+    return int(MonthlyTokens.objects.filter(tenant=tenant, month=month).values_list("tokens", flat=True).first() or 0)
 
 
 def tokens_this_month_of(tenant_id: OuterRef) -> Coalesce:
     """:func:`tokens_this_month` as an expression of another query's row (``tenant_id``), so a
     statement the path makes anyway reads the month's tokens with it (``runs.start_run``)."""
-    month = (
-        UsageRecord.objects.filter(tenant_id=tenant_id, created_at__gte=_month_start())
-        .values("tenant_id")
-        .annotate(tokens=Coalesce(Sum("prefill_tokens"), 0) + Coalesce(Sum("decode_tokens"), 0))
-        .values("tokens")
-    )
+    month = MonthlyTokens.objects.filter(tenant_id=tenant_id, month=_month_start().date()).values("tokens")[:1]
     return Coalesce(Subquery(month, output_field=BigIntegerField()), 0)
 
 

@@ -280,7 +280,7 @@ def test_a_request_reads_the_months_tokens_once_for_its_headers_and_first_check(
         month = openai_views._first_try_only(noted_tokens_used(request))
         run = openai_views._start_once(key, parsed, plan, month())
     assert run is not None and request.symphony_tokens.remaining == 100
-    month_reads = [q["sql"] for q in queries.captured_queries if 'FROM "api_usagerecord"' in q["sql"]]
+    month_reads = [q["sql"] for q in queries.captured_queries if 'FROM "api_monthlytokens"' in q["sql"]]
     assert len(month_reads) == 1, month_reads
 
     # Tokens used while the request waited: its next try reads them and is refused.
