@@ -20,6 +20,7 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from gpu_worker.config import (
     ConnectionLimits,
@@ -335,6 +336,12 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
 
 
 async def serve(config: WorkerConfig) -> None:
+    from gpu_worker.start_beacon import StartBeacon
+
+    # Executors let runs wait for a starting worker rather than fail them over (start_beacon.py);
+    # a socket left by a process that died is not this one answering. Before the heavy imports.
+    beacon = StartBeacon(config.redis_url, config.name).start()
+    Path(config.admin_socket).unlink(missing_ok=True)
     import torch
 
     from gpu_worker import engine_otel
@@ -421,6 +428,7 @@ async def serve(config: WorkerConfig) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await worker.start()
+    beacon.ready()
     log.info("event=config %s", " ".join(f"{k}={v}" for k, v in dataclasses.asdict(config).items()))
     await stop.wait()
     log.info("event=shutdown_requested")

@@ -11,7 +11,8 @@ heartbeats, defined once for both sides.
   stored, so the JSON written here is what a browser or client parses.
 * **Worker heartbeats.** Each worker SETs ``symphony:worker:<name>`` to its ``health`` answer
   (JSON) every couple of seconds with a ``HEARTBEAT_TTL_S`` expiry; the control plane's routing
-  and metrics read them (``api/services/routing.py``).
+  and metrics read them (``api/services/routing.py``). Before its first heartbeat a starting
+  worker says so under ``symphony:worker-starting:<name>`` (:func:`starting_key`).
 
 Like ``gpu_worker/protocol.py`` (the socket wire) this module is a contract, not worker
 internals: the standard library only, no torch or Redis client, so the web process imports it
@@ -291,6 +292,19 @@ HEARTBEAT_TTL_S = 10
 
 def heartbeat_key(worker_name: str) -> str:
     return HEARTBEAT_PREFIX + worker_name
+
+
+#: While a worker process starts (loading the model; a first start on a machine also compiles
+#: it, minutes on a CPU) it SETs ``symphony:worker-starting:<name>`` to the Unix time it began,
+#: every ``STARTING_EVERY_S`` with a ``HEARTBEAT_TTL_S`` expiry, and deletes it once it answers
+#: on its admin socket. An executor that finds no admin socket then lets its runs wait for the
+#: worker instead of failing them over as if it were dead (``api/services/worker_start.py``).
+STARTING_PREFIX = "symphony:worker-starting:"
+STARTING_EVERY_S = 2.0
+
+
+def starting_key(worker_name: str) -> str:
+    return STARTING_PREFIX + worker_name
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ class Service:
     env_defaults: dict[str, str] = field(default_factory=dict)
     #: Settings of this process that win over the caller's environment (an extra worker's own).
     env_overrides: dict[str, str] = field(default_factory=dict)
+    #: A file that appears once the process serves (a gpu_worker's admin socket): ``up`` says so.
+    ready_path: Path | None = None
 
 
 def local_worker_count() -> int:
@@ -66,9 +68,14 @@ def worker_services(python: str) -> list[Service]:
             }
             worker_argv += ["--admin-socket", own["SYMPHONY_WORKER_ADMIN_SOCKET"]]
             worker_argv += ["--sessions-dir", own["SYMPHONY_SESSIONS_DIR"]]
+        admin_socket = Path(
+            own.get("SYMPHONY_WORKER_ADMIN_SOCKET")
+            or os.environ.get("SYMPHONY_WORKER_ADMIN_SOCKET")
+            or RUN_DIR / "worker-admin.sock"
+        )
         suffix = "" if index == 1 else f"-{name}"
         queues = f"symphony,worker.{name}" if index == 1 else f"worker.{name}"
-        out.append(Service(f"gpu_worker{suffix}", worker_argv, env_overrides=own))
+        out.append(Service(f"gpu_worker{suffix}", worker_argv, env_overrides=own, ready_path=admin_socket))
         out.append(
             Service(
                 f"celery{suffix}",
@@ -208,8 +215,19 @@ def up() -> int:
     if creds.exists():
         print("  " + creds.read_text().strip().replace("\n", "\n  "))
     print("\n  Ctrl-C stops the stack.\n")
+    started = time.monotonic()
+    waiting = {s.name: s.ready_path for s in services() if s.ready_path is not None}
+    for name in waiting:
+        print(
+            f"stack: {name} starting (loading the model; the first start on a machine also compiles it, "
+            "a few minutes); runs and requests sent meanwhile wait for it"
+        )
     exit_code = 0
     while not stopping:
+        for name, path in list(waiting.items()):
+            if path.exists():
+                print(f"stack: {name} ready after {time.monotonic() - started:.0f} s")
+                del waiting[name]
         for name, proc in procs.items():
             if proc.poll() is not None:
                 print(f"stack: {name} exited with {proc.returncode}; see var/log/{name}.log", file=sys.stderr)

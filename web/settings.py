@@ -185,6 +185,9 @@ CELERY_BEAT_SCHEDULE = {
 SYMPHONY_WORKER_ADMIN_SOCKET = os.environ.get(
     "SYMPHONY_WORKER_ADMIN_SOCKET", str(VAR_DIR / "run" / "worker-admin.sock")
 )
+#: Seconds an executor holds a queued run for its gpu_worker while the worker says it is starting
+#: (loading the model; the first start on a machine compiles it): api/services/worker_start.py.
+SYMPHONY_WORKER_START_WAIT_S = float(os.environ.get("SYMPHONY_WORKER_START_WAIT_S", "900"))
 SYMPHONY_SANDBOX_IMAGE = os.environ.get("SYMPHONY_SANDBOX_IMAGE", "")
 SYMPHONY_MAX_PROGRAM_BYTES = int(os.environ.get("SYMPHONY_MAX_PROGRAM_BYTES", str(1024 * 1024)))
 #: Bytes of any request body: a larger one is a 413 before Django reads it (web/body_limit.py),

@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from api.models import Run
-from api.services import failover, kvfiles, run_traces, trace_context
+from api.services import failover, kvfiles, run_traces, trace_context, worker_start
 from api.services.cancellation import CancelWatch
 from api.services.executor_liveness import ExecutorHeartbeat, Rider, executor_alive
 from api.services.procs import ProcessBroker
@@ -161,6 +161,8 @@ def execute_run(
     ``launch``: how the program runs (default: the sandbox); ``riders``: keys refreshed with the
     run's executor heartbeat (its slot lease); ``plan``: the tenant's plan as the request that
     created the run read it (an in-process run's; read here when not given)."""
+    # A worker still loading its model is not dead: the run waits for it, still queued.
+    worker_start.wait_for_start(run_id, settings.SYMPHONY_WORKER_NAME, settings.SYMPHONY_WORKER_ADMIN_SOCKET)
     run = start_run(run_id, settings.SYMPHONY_WORKER_NAME, target)
     if run is None:
         return _handle_redelivery(run_id)

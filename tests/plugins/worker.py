@@ -44,6 +44,19 @@ class RunningWorker:
     #: ``--name``: its heartbeat key and the worker name runs record.
     name: str = "test"
     _sessions: list[str] = field(default_factory=list)
+    #: How it was started, for :meth:`relaunch`.
+    command: list[str] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)
+
+    def relaunch(self) -> None:
+        """Start the same worker again (same name, sockets and store) after its process ended,
+        as a supervisor restarting it would; not awaited (``await_healthy`` is)."""
+        assert self.proc.poll() is not None, "the worker is still running"
+        self._sessions.clear()
+        with open(self.log_path, "ab") as log_fh:
+            self.proc = subprocess.Popen(
+                self.command, cwd=ROOT, env=self.environment, stdout=log_fh, stderr=subprocess.STDOUT
+            )
 
     def log_tail(self, n: int = 4000) -> str:
         try:
@@ -109,7 +122,7 @@ def start_workers(model_dir: Path, names: Sequence[str], **options: Any) -> Iter
         for name in names:
             launched.append(_launch(model_dir, name, **options))
         for worker, _ in launched:
-            _await_healthy(worker)
+            await_healthy(worker)
         yield [worker for worker, _ in launched]
     finally:
         for worker, base in launched:
@@ -150,10 +163,12 @@ def _launch(
     with open(log_path, "wb") as log_fh:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=worker_env, stdout=log_fh, stderr=subprocess.STDOUT)
     admin = AdminClient(admin_socket, timeout=60)
-    return RunningWorker(proc, admin_socket, sessions_dir, store, Path(model_dir), log_path, admin, name), base
+    worker = RunningWorker(proc, admin_socket, sessions_dir, store, Path(model_dir), log_path, admin, name)
+    worker.command, worker.environment = cmd, worker_env
+    return worker, base
 
 
-def _await_healthy(worker: RunningWorker) -> None:
+def await_healthy(worker: RunningWorker) -> None:
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while True:
         if worker.proc.poll() is not None:
