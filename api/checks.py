@@ -2,7 +2,8 @@
 the live workers measured: a plan limit larger than what one account may take of the pool it
 draws from (gpu_worker/resource_model.py ``plan_problems``) is an error, since the worker would
 clamp it anyway and the plan would promise what no tenant can get. The workers report their
-pools in their heartbeats (``pages_total``: the device KV pool); with no live worker there is
+pools in their heartbeats (``pages_total``: the device KV pool; ``kv_store_bytes``: the KV
+store's bytes for named files); with no live worker there is
 nothing to compare for those. The retained event streams' pool is read here from the Redis the
 control plane and the workers share: its ``maxmemory`` now, sized as the worker sizes it
 (gpu_worker/stream_ledger.py ``StreamBudget``), so a plan whose ``stream_bytes_per_run`` is more
@@ -46,7 +47,11 @@ def _smallest_pools() -> dict[PoolName, Pool]:
     if not workers:
         return {}
     smallest = min(workers, key=lambda w: w.pages_total)
-    return {PoolName.DEVICE_KV_PAGES: Pool(PoolName.DEVICE_KV_PAGES, smallest.pages_total)}
+    pools = {PoolName.DEVICE_KV_PAGES: Pool(PoolName.DEVICE_KV_PAGES, smallest.pages_total)}
+    stores = [int(w.health["kv_store_bytes"]) for w in workers if w.health.get("kv_store_bytes") is not None]
+    if stores:
+        pools[PoolName.KV_STORE_BYTES] = Pool(PoolName.KV_STORE_BYTES, min(stores))
+    return pools
 
 
 def _redis_stream_pool() -> dict[PoolName, Pool]:

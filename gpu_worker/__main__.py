@@ -127,6 +127,12 @@ def _parser() -> argparse.ArgumentParser:
         help="most of the device KV pool all tenants' pinned files together may hold",
     )
     p.add_argument(
+        "--kv-store-bytes",
+        type=int,
+        default=env["kv_store_bytes"],
+        help="bytes the KV store may keep for named files (default: its free disk at start plus its files)",
+    )
+    p.add_argument(
         "--kv-account-reserve",
         type=_fraction,
         default=WorkerConfig.kv_account_reserve,
@@ -301,6 +307,7 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
         max_model_len=args.max_model_len,
         host_pages=args.host_pages,
         kv_pinned_fraction=args.kv_pinned_fraction,
+        kv_store_bytes=args.kv_store_bytes,
         kv_account_reserve=args.kv_account_reserve,
         prefix_cache=args.prefix_cache,
         kv_lazy_write_s=args.kv_lazy_write_s,
@@ -402,6 +409,7 @@ async def serve(config: WorkerConfig) -> None:
         lazy_write_s=config.kv_lazy_write_s,
     )
     loaded = kvfs.load_index()
+    kvfs.limits = dataclasses.replace(kvfs.limits, store_bytes=kvfs.store_capacity(config.kv_store_bytes))
     # Each forward into the staff's engine timeline, and over OTLP when the environment says so.
     timeline = EngineTimeline(sink=engine_otel.from_env(config.name))
     scheduler = Scheduler(

@@ -17,6 +17,16 @@ from gpu_worker.stream_ledger import StreamBudget
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+def _env_bytes(name: str) -> int | None:
+    """A byte count from the environment (``None`` when unset); a clear error when it is not one."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit():
+        raise SystemExit(f"gpu_worker: {name} must be a whole number of bytes, not {raw!r}")
+    return int(raw)
+
+
 def _env_path(name: str, default: str) -> str:
     value = os.environ.get(name)
     return value if value else str(REPO_ROOT / default)
@@ -141,6 +151,9 @@ class WorkerConfig:
     #: Most of the device pool the pinned KV files of all tenants together may hold: each tenant's
     #: plan share bounds one tenant, this bounds many (one person may own several tenants).
     kv_pinned_fraction: float = 0.5
+    #: Bytes the KV store may keep for named files (``PoolName.KV_STORE_BYTES``); ``None``: measured
+    #: at start, the store's free disk plus what its files already hold (an object store: unbounded).
+    kv_store_bytes: int | None = None
     #: Of the device pool, what no one account may hold (gpu_worker/resource_model.py): kept for
     #: the other accounts' prefills and decodes. 0 only on a worker that serves one account (a
     #: dedicated deployment, or a benchmark against a single-tenant baseline).
@@ -197,6 +210,7 @@ def env_defaults() -> dict[str, object]:
         "kv_cache_gib": float(os.environ.get("SYMPHONY_KV_CACHE_GIB", "1")),
         # A string, so the CLI checks it as it checks --kv-pinned-fraction (a fraction in [0, 1]).
         "kv_pinned_fraction": os.environ.get("SYMPHONY_KV_PINNED_FRACTION") or "0.5",
+        "kv_store_bytes": _env_bytes("SYMPHONY_KV_STORE_BYTES"),
         "prefix_cache": os.environ.get("SYMPHONY_PREFIX_CACHE", "1").lower() not in ("0", "false", "no", "off"),
         "kv_lazy_write_s": float(os.environ.get("SYMPHONY_KV_LAZY_WRITE_S") or WorkerConfig.kv_lazy_write_s),
         "redis_url": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),

@@ -41,6 +41,8 @@ class PoolName(StrEnum):
 
     DEVICE_KV_PAGES = "device_kv_pages"
     HOST_KV_PAGES = "host_kv_pages"
+    #: Bytes of named KV files the KV store keeps (its disk, measured at the worker's start).
+    KV_STORE_BYTES = "kv_store_bytes"
     ENGINE_TOKENS_PER_STEP = "engine_tokens_per_step"
     EXECUTOR_SLOTS = "executor_slots"
     GRAMMAR_PROCESSES = "grammar_processes"
@@ -108,6 +110,7 @@ PLAN_LIMIT_POOLS: Mapping[str, tuple[PoolName, str]] = {
     "kv_pinned_device_share": (PoolName.DEVICE_KV_PAGES, "fraction"),
     "kv_host_share": (PoolName.HOST_KV_PAGES, "fraction"),
     "stream_bytes_per_run": (PoolName.REDIS_BYTES, "units"),
+    "kv_bytes_stored": (PoolName.KV_STORE_BYTES, "units"),
 }
 
 

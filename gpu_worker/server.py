@@ -108,6 +108,8 @@ class Worker:
             "pages_prefix_cached": st.prefix_cached_pages,
             "host_pages": st.host_pages,
             "disk_pages": st.disk_pages,
+            # The KV store's pool (``PoolName.KV_STORE_BYTES``) for ``check --deploy``; None: unmeasured.
+            "kv_store_bytes": self.kvfs.limits.store_bytes,
             "sessions": len(self.sessions),
             "trace": self.config.trace,
             "events_dropped": self.events.dropped,

@@ -3,10 +3,14 @@
 Three kinds of bound meet here, each refused with its own error before any page moves:
 
 * a **session's** cap on the device pages its open files hold (the run's ``max_pages``), ENOSPC;
-* a **tenant's** plan shares (gpu_worker/kvfs/quota.py): named files it may have, stored bytes,
-  pinned device pages (and the worker's cap on all tenants' pinned pages), EDQUOT or ENOSPC;
+* a **tenant's** plan shares (gpu_worker/kvfs/quota.py): named files it may have, pinned device
+  pages (and the worker's cap on all tenants' pinned pages), EDQUOT or ENOSPC;
 * an **account's** bounds on the device pool (gpu_worker/kvfs/accounts.py): its ceiling and,
-  under contention, its fair share, which ``Placement`` enforces when it makes room.
+  under contention, its fair share, which ``Placement`` enforces when it makes room;
+* an **account's** bytes of named files in the KV store (``PoolName.KV_STORE_BYTES``): its
+  tenants together within the plan's stored bytes and the store pool's ceiling, and everyone
+  together within the store's capacity, ENOSPC. Files persist, so nothing is reclaimed from an
+  account past a share: the ceiling is what keeps the reserve free for every other account.
 
 It reads the catalogue and the allocator and changes neither; the ``KVFS`` facade holds its
 lock around every call.
@@ -22,7 +26,7 @@ from gpu_worker.kvfs.errors import KVQuotaExceeded, NoSpace
 from gpu_worker.kvfs.files import KVFile, Owner
 from gpu_worker.kvfs.pages import PageAllocator
 from gpu_worker.kvfs.quota import TenantQuota, share_pages
-from gpu_worker.resource_model import RESERVE_FRACTION
+from gpu_worker.resource_model import RESERVE_FRACTION, Pool, PoolName
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class KVFSLimits:
     max_pinned_fraction: float | None = None
     #: Of the device pool, what no one account may hold (``resource_model.Pool.reserve``).
     account_reserve_fraction: float = RESERVE_FRACTION
+    #: Bytes the KV store may keep for named files, measured when the worker starts
+    #: (``store_capacity``); ``None``: unmeasured (an object store), bounded by plans alone.
+    store_bytes: int | None = None
 
     def default_quota(self) -> TenantQuota:
         return TenantQuota(
@@ -64,6 +71,13 @@ class Budgets:
         #: Per-account bounds on the device pool (gpu_worker/kvfs/accounts.py).
         self.accounts = Accounts()
         self.shares = DeviceShares(alloc.usable, self.accounts, alloc.tenant_pages, limits.account_reserve_fraction)
+
+    @property
+    def store_pool(self) -> Pool | None:
+        """The KV store's bytes as a pool (``None``: its capacity was not measured)."""
+        if self.limits.store_bytes is None:
+            return None
+        return Pool(PoolName.KV_STORE_BYTES, self.limits.store_bytes)
 
     # -------------------------------------------------------------------- sessions
     def join(self, owner: Owner, max_pages: int | None, account: str | None, weight: float) -> None:
@@ -144,11 +158,47 @@ class Budgets:
             return
         if file.pinned:
             self.check_pinned(file.tenant, grow, f"cannot grow pinned KV file {file.name!r} by {grow} pages")
-        limit = self.quota(file.tenant).stored_bytes
-        if limit is not None:
-            stored = (self.catalogue.stored_pages(file.tenant) + grow) * self.page_bytes
-            if stored > limit:
-                raise NoSpace(f"stored KV budget of tenant exceeded: {stored} > {limit} bytes")
+        self.check_stored(file.tenant, grow)
+
+    def stored_fits(self, tenant: str, grow: int) -> bool:
+        """Whether the tenant's named files may hold ``grow`` more pages (:meth:`check_stored`)."""
+        try:
+            self.check_stored(tenant, grow)
+        except NoSpace:
+            return False
+        return True
+
+    def check_stored(self, tenant: str, grow: int) -> None:
+        """ENOSPC when ``grow`` more pages of the tenant's named files would take its account's
+        stored bytes (all its tenants' named files, on any tier) past the plan's stored bytes or
+        what one account may keep of the KV store, or the store past its capacity."""
+        if grow <= 0:
+            return
+        account = self.accounts.of(tenant)
+        tenants = self.accounts.tenants(account) if self.accounts.bounded(tenant) else [tenant]
+        stored = (sum(self.catalogue.stored_pages(t) for t in tenants) + grow) * self.page_bytes
+        whose = "tenant's" if len(tenants) == 1 else f"account's ({len(tenants)} tenants together)"
+        limit = self.quota(tenant).stored_bytes
+        if limit is not None and stored > limit:
+            raise NoSpace(
+                f"stored KV budget exceeded: the {whose} named KV files would hold {stored} bytes, past the "
+                f"plan's {limit}; remove some first"
+            )
+        pool = self.store_pool
+        if pool is None:
+            return
+        if stored > pool.ceiling:
+            raise NoSpace(
+                f"stored KV budget exceeded: the {whose} named KV files would hold {stored} bytes, past what one "
+                f"account may keep of this worker's KV store ({pool.ceiling} of {pool.capacity} bytes, the rest "
+                "kept for others); remove some first"
+            )
+        everyone = (self.catalogue.stored_pages(None) + grow) * self.page_bytes
+        if everyone > pool.capacity:
+            raise NoSpace(
+                f"the KV store is full: named KV files would hold {everyone} of its {pool.capacity} bytes; "
+                "retry later or remove files"
+            )
 
     def host_share_pages(self, tenant: str, host_capacity: int) -> int | None:
         """The host pages the tenant's share allows (``None``: no bound)."""

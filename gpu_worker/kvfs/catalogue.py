@@ -63,9 +63,9 @@ class Catalogue:
     def file_count(self, tenant: str) -> int:
         return sum(1 for (t, _) in self.named if t == tenant)
 
-    def stored_pages(self, tenant: str) -> int:
-        """Pages of all the tenant's named files, on whichever tier."""
-        return sum(f.n_pages for f in self.of_tenant(tenant))
+    def stored_pages(self, tenant: str | None) -> int:
+        """Pages of all the tenant's (``None``: everyone's) named files, on whichever tier."""
+        return sum(f.n_pages for (t, _), f in self.named.items() if tenant in (None, t))
 
     def pinned_pages(self, tenant: str | None) -> int:
         """Pages of the tenant's (``None``: everyone's) pinned named files, on whichever tier."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import shutil
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -517,6 +518,8 @@ class KVFS:
         cap = self.budgets.session_cap(owner)
         if cap is not None and self.session_usage(owner) + len(pages) > cap:
             return 0  # computing it would not fit either; let the append say so
+        if file.name is not None and not self.budgets.stored_fits(file.tenant, len(pages)):
+            return 0  # a named file is stored: past its account's stored bytes, the append says so
         self.alloc.incref(file.tenant, pages)
         n = len(pages) * self.block_size
         file.tokens = [int(t) for t in tokens[:n]]
@@ -603,6 +606,19 @@ class KVFS:
     @_locked
     def stats(self) -> KVStats:
         return self.metering.stats()
+
+    @_locked
+    def store_capacity(self, configured: int | None = None) -> int | None:
+        """The KV store's bytes for named files (``PoolName.KV_STORE_BYTES``): ``configured``
+        when given, else, for a store on a local disk, the disk's free bytes now plus what the
+        named files already hold (the index loaded); ``None`` for an object store."""
+        if configured is not None:
+            return max(0, configured)
+        root = getattr(self.store, "root", None)
+        if root is None:
+            return None
+        held = self.catalogue.stored_pages(None) * self.page_bytes
+        return shutil.disk_usage(root).free + held
 
     @_locked
     def session_usage(self, owner: Owner) -> int:

@@ -95,3 +95,18 @@ def test_a_plan_streaming_more_than_one_accounts_share_of_redis_is_an_error(smal
     Plan.objects.update_or_create(name="free", defaults={"stream_bytes_per_run": pool.ceiling})
     Plan.objects.filter(stream_bytes_per_run__gt=pool.ceiling).delete()
     call_command("check", deploy=True)
+
+
+def test_a_plan_storing_more_than_one_account_may_keep_of_the_kv_store_is_an_error(worker_heartbeats) -> None:
+    """The workers report their KV store's bytes (``kv_store_bytes``); the pro plan's 50 GiB of
+    stored KV files on a store of 20 GiB is refused, the free plan's 1 GiB is not."""
+    gib = 1 << 30
+    info = {"name": "disk", "ok": True, "pages_free": 4000, "pages_total": 4000, "sessions": 0}
+    worker_heartbeats({**info, "kv_store_bytes": 20 * gib})
+    with pytest.raises(SystemCheckError) as raised:
+        call_command("check", deploy=True)
+    text = str(raised.value)
+    assert f"plan 'pro': kv_bytes_stored={50 * gib} exceeds what one account may take of kv_store_bytes" in text
+    assert "plan 'free'" not in text
+    worker_heartbeats({**info, "kv_store_bytes": 100 * gib})
+    call_command("check", deploy=True)

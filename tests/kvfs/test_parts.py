@@ -205,3 +205,34 @@ def test_metering_counts_a_sessions_distinct_pages_and_lists_leases(tmp_path):
     stats = parts.metering.stats()
     assert (stats.files, stats.open_handles, stats.used_pages) == (1, 2, 2)
     parts.metering.check()
+
+
+def test_stored_bytes_count_per_account_and_within_the_store_pool(tmp_path):
+    """The plan's stored bytes bound an account's tenants together (two tenants of one person do
+    not get twice the budget), no account may keep more than the store pool's ceiling, and all
+    accounts together stop at the store's capacity (``PoolName.KV_STORE_BYTES``)."""
+    parts = Parts(tmp_path, num_pages=32, limits=KVFSLimits(store_bytes=2000))  # ceiling 1500 (a quarter kept)
+    for tenant in ("acme", "acme-2"):
+        parts.budgets.set_tenant_quota(tenant, TenantQuota(stored_bytes=800))
+    parts.budgets.join(A, None, account="u1", weight=1.0)
+    parts.budgets.join(Owner("acme-2", "s9"), None, account="u1", weight=1.0)
+    parts.named("doc", list(range(16)))  # 4 pages: 400 bytes of acme
+    second = parts.named("doc", list(range(12)), tenant="acme-2")  # 3 pages: 300 bytes of acme-2
+    parts.budgets.check_growth(second, 1)  # 800 bytes across the account: the budget exactly
+    with pytest.raises(NoSpace, match=r"account's \(2 tenants together\).*past the plan's 800"):
+        parts.budgets.check_growth(second, 2)
+
+    # A richer plan still stops at what one account may keep of the store.
+    parts.budgets.set_tenant_quota("acme-2", TenantQuota(stored_bytes=10_000))
+    parts.budgets.check_growth(second, 8)  # 1500 bytes: the ceiling exactly
+    with pytest.raises(NoSpace, match="one account may keep of this worker's KV store"):
+        parts.budgets.check_growth(second, 9)
+
+    # Another account's files leave the reserve to the rest; the store itself is the last bound.
+    parts.budgets.set_tenant_quota("other", TenantQuota(stored_bytes=10_000))
+    parts.budgets.join(Owner("other", "s5"), None, account="u2", weight=1.0)
+    theirs = parts.named("big", list(range(48)), tenant="other")  # 12 pages: 1200 bytes
+    assert not parts.budgets.stored_fits("acme-2", 2)  # 700 + 1200 + 200 > 2000
+    with pytest.raises(NoSpace, match="the KV store is full"):
+        parts.budgets.check_growth(theirs, 2)
+    parts.budgets.check_growth(theirs, 1)
