@@ -139,21 +139,23 @@ def submit(run: Run, plan: PlanLimits | None = None) -> None:
     Never queued in memory: a run waiting in this process's pool would be lost with the
     process (left ``queued``, holding its tenant's concurrency slot, with no task anywhere to
     start it). Past ``SYMPHONY_TRUSTED_THREADS`` runs at once, a run takes the ordinary path."""
+    from api.services.execution import execute_run
     from api.services.runs import enqueue
 
     if not available() or not is_builtin(run.program_version):
         enqueue(run)
         return
-    pool, slots = _executor()
-    if not slots.acquire(blocking=False):
+    if not reserve_thread():
         log.info("run_dispatched_to_celery run=%s reason=in_process_threads_busy", run.pk)
         enqueue(run)
         return
+    run_id, worker = str(run.pk), settings.SYMPHONY_WORKER_NAME
     try:
-        run_handoff.expect(run.pk)
-        pool.submit(_execute, str(run.pk), settings.SYMPHONY_WORKER_NAME, slots, plan)
+        # The executor's own ``execute_run`` with the in-process launcher (``start_run`` records
+        # the worker, as for a Celery task sent to it).
+        _hand_over(run_id, lambda: execute_run(run_id, target=worker, launch=launch_in_process, plan=plan))
     except BaseException:
-        slots.release()
+        release_thread()
         raise
     log.info("run_dispatched_in_process run=%s tenant=%s", run.pk, run.tenant.slug)
 
@@ -180,32 +182,26 @@ def start(run: Run, plan: PlanLimits | None = None) -> None:
     milliseconds after it was created. A process that dies first leaves it ``running`` without
     an executor heartbeat, and the reaper fails it (api/services/runs.py). Raising, it leaves
     the thread to its caller to give back."""
-    pool, slots = _executor()
-    run_handoff.expect(run.pk)
-    # A copy: the request that created it keeps its own instance.
-    pool.submit(_execute_started, copy.copy(run), slots, plan)
-    log.info("run_started_in_process run=%s tenant=%s", run.pk, run.tenant.slug)
-
-
-def _execute_started(run: Run, slots: threading.BoundedSemaphore, plan: PlanLimits | None) -> None:
-    """A pool thread: :func:`start`'s run, from its ``running`` event on as ``execute_run``
-    goes on after ``start_run``."""
     from api.services.execution import execute_started
     from api.services.runs import publish_event
 
+    started = copy.copy(run)  # the request that created it keeps its own instance
+
     def execute() -> None:
-        publish_event(str(run.pk), StatusEvent("running"))
-        execute_started(run, launch=launch_in_process, plan=plan)
+        # From its ``running`` event on, as ``execute_run`` goes on after ``start_run``.
+        publish_event(str(started.pk), StatusEvent("running"))
+        execute_started(started, launch=launch_in_process, plan=plan)
 
-    _on_thread(str(run.pk), slots, execute)
+    _hand_over(str(run.pk), execute)
+    log.info("run_started_in_process run=%s tenant=%s", run.pk, run.tenant.slug)
 
 
-def _execute(run_id: str, worker: str, slots: threading.BoundedSemaphore, plan: PlanLimits | None = None) -> None:
-    """A pool thread: the executor's own ``execute_run`` with the in-process launcher
-    (``start_run`` records the worker, as for a Celery task sent to it)."""
-    from api.services.execution import execute_run
-
-    _on_thread(run_id, slots, lambda: execute_run(run_id, target=worker, launch=launch_in_process, plan=plan))
+def _hand_over(run_id: str, execute: Callable[[], object]) -> None:
+    """Give ``execute`` (the run's execution) to the pool thread reserved for it; the request
+    waiting on the run takes its outcome from this process (api/services/run_handoff.py)."""
+    pool, slots = _executor()
+    run_handoff.expect(run_id)
+    pool.submit(_on_thread, run_id, slots, execute)
 
 
 def _on_thread(run_id: str, slots: threading.BoundedSemaphore, execute: Callable[[], object]) -> None:

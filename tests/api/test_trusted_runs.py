@@ -77,16 +77,16 @@ REQUEST = openai_requests.CompletionRequest(chat=True, args=ARGS, stream=False, 
 
 
 @pytest.fixture
-def handed(monkeypatch) -> list[Run]:
-    """The runs handed to an in-process thread, which here only gives its thread back (nothing
-    listens on the local worker's socket)."""
-    runs: list[Run] = []
+def handed(monkeypatch) -> list[str]:
+    """The ids of the runs handed to an in-process thread, which here only gives its thread back
+    (nothing listens on the local worker's socket)."""
+    runs: list[str] = []
 
-    def execute_started(run, slots, plan):
-        runs.append(run)
-        slots.release()
+    def hand_over(run_id, execute):
+        runs.append(run_id)
+        trusted_runs.release_thread()
 
-    monkeypatch.setattr(trusted_runs, "_execute_started", execute_started)
+    monkeypatch.setattr(trusted_runs, "_hand_over", hand_over)
     return runs
 
 
@@ -94,7 +94,7 @@ def handed(monkeypatch) -> list[Run]:
 def test_with_a_thread_free_a_builtin_run_is_created_running_on_it(api_tenant_a, local_worker, handed):
     """Created running on the thread taken for it: no second transaction to start it."""
     run = openai_requests.start(api_tenant_a.tenant, None, REQUEST)
-    assert [r.pk for r in handed] == [run.pk]
+    assert handed == [str(run.pk)]
     row = Run.objects.get(pk=run.pk)
     assert row.status == "running" and row.worker == local_worker and row.started_at is not None
     _, slots = trusted_runs._executor()
@@ -103,20 +103,14 @@ def test_with_a_thread_free_a_builtin_run_is_created_running_on_it(api_tenant_a,
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_run_created_inside_an_outer_transaction_is_started_after_its_commit(
-    api_tenant_a, local_worker, handed, monkeypatch
-):
+def test_a_run_created_inside_an_outer_transaction_is_started_after_its_commit(api_tenant_a, local_worker, handed):
     """A stored Responses turn creates its row in the run's transaction: a run created running
     there would keep its thread taken if that transaction rolled back, so it is created queued
     and taken by ``submit`` once committed."""
-    submitted: list[str] = []
-    monkeypatch.setattr(
-        trusted_runs, "_execute", lambda run_id, worker, slots, plan=None: (submitted.append(run_id), slots.release())
-    )
     with transaction.atomic():
         run = openai_requests.start(api_tenant_a.tenant, None, REQUEST)
-        assert Run.objects.get(pk=run.pk).status == "queued"
-    assert submitted == [str(run.pk)] and handed == []
+        assert Run.objects.get(pk=run.pk).status == "queued" and handed == []
+    assert handed == [str(run.pk)]  # taken by ``submit`` once committed
     with pytest.raises(RuntimeError), transaction.atomic():
         openai_requests.start(api_tenant_a.tenant, None, REQUEST)
         raise RuntimeError("the turn's row failed")
