@@ -75,11 +75,6 @@ class StopWatch:
             return ""
         return self.decode(self.ids[: self.read])[len(self.decode(self.ids[:start])) :]
 
-    def ends_at(self, token: int) -> bool:
-        """Take ``token``; whether the text now contains a stop string (the call ends)."""
-        self.feed(token)
-        return self.matched is not None
-
     def feed(self, token: int) -> str:
         """Take ``token``; returns the text it completes ("" while a character is incomplete) and
         sets :attr:`matched` when the text now contains a stop string. The text not taken yet

@@ -33,6 +33,12 @@ class CountingDecode:
         return self.tok.decode(ids)
 
 
+def _ends_at(watch: StopWatch, token: int) -> bool:
+    """Feed ``token``; whether the text now holds a stop string (the call ends there)."""
+    watch.feed(token)
+    return watch.matched is not None
+
+
 def _watch_all(tok: Tokenizer, ids: list[int], strings=("\x00never",), context=()) -> tuple[str, StopWatch]:
     watch = StopWatch(tok.decode, strings, context)
     return "".join(watch.feed(t) for t in ids), watch
@@ -71,27 +77,27 @@ def test_a_string_is_found_at_the_token_that_completes_it_across_two_tokens(tok)
     k = texts.index(" brown")
     stop = texts[k][-2:] + texts[k + 1][:3]  # "wn" + " fo": spans two tokens
     watch = StopWatch(tok.decode, ["\x00never", stop])
-    ended = [i for i, t in enumerate(ids) if watch.ends_at(t)]
+    ended = [i for i, t in enumerate(ids) if _ends_at(watch, t)]
     assert ended and ended[0] == k + 1 and watch.matched == stop
     # A multi-byte character split over byte tokens ends it only once complete.
     ids = tok.encode("ab 日本 cd")
     watch = StopWatch(tok.decode, ["日"])
-    stops_at = next(i for i, t in enumerate(ids) if watch.ends_at(t))
+    stops_at = next(i for i, t in enumerate(ids) if _ends_at(watch, t))
     assert "日" in tok.decode(ids[: stops_at + 1]) and "日" not in tok.decode(ids[:stops_at])
 
 
 def test_the_earliest_string_wins_and_a_match_within_the_context_is_not_looked_for(tok) -> None:
     ids = tok.encode("alpha beta gamma delta")
     watch = StopWatch(tok.decode, ["gamma", "beta gamma"])
-    assert any(watch.ends_at(t) for t in ids) and watch.matched == "beta gamma"
+    assert any(_ends_at(watch, t) for t in ids) and watch.matched == "beta gamma"
     # "beta" is in the context's text only: not found; "ta gam" begins there and ends after it.
     cut = len(tok.encode("alpha beta"))
     context, rest = ids[:cut], ids[cut:]
     assert tok.decode(context) + tok.decode(rest) == tok.decode(ids)
     watch = StopWatch(tok.decode, ["beta"], context)
-    assert not any(watch.ends_at(t) for t in rest)
+    assert not any(_ends_at(watch, t) for t in rest)
     watch = StopWatch(tok.decode, ["ta gam"], context)
-    assert watch.ends_at(rest[0]) and watch.matched == "ta gam"
+    assert _ends_at(watch, rest[0]) and watch.matched == "ta gam"
 
 
 def test_a_context_ending_mid_character_leaves_that_character_to_the_call(tok) -> None:
@@ -111,7 +117,7 @@ def test_every_string_ends_at_the_token_where_the_whole_lists_text_first_holds_i
             stop = TEXT[start : start + length]
             want = next(i for i, whole in enumerate(wholes) if stop in whole)
             watch = StopWatch(tok.decode, [stop])
-            got = next((i for i, t in enumerate(ids) if watch.ends_at(t)), None)
+            got = next((i for i, t in enumerate(ids) if _ends_at(watch, t)), None)
             assert got == want, f"{stop!r}"
 
 
@@ -122,7 +128,7 @@ def test_a_long_context_is_decoded_only_as_far_as_the_strings_reach(tok) -> None
     counting = CountingDecode(tok)
     watch = StopWatch(counting, ["d of"], ids[:cut])
     assert counting.tokens < 100, "not the 600-token context"
-    ended = [watch.ends_at(t) for t in ids[cut:]]
+    ended = [_ends_at(watch, t) for t in ids[cut:]]
     assert ended[0] and watch.matched == "d of"
 
 
