@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
+from typing import TYPE_CHECKING
 
 import msgpack
 
@@ -15,6 +17,10 @@ from gpu_worker.ops.context import OpContext
 from gpu_worker.ops.registry import lip_op
 from gpu_worker.protocol import MAX_TEXT_CHARS, ErrorCode, ProtocolError
 from gpu_worker.sessions import WorkerSession
+from gpu_worker.stream_ledger import Refusal
+
+if TYPE_CHECKING:
+    from gpu_worker.events import EventPublisher
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +61,25 @@ async def send_to_user(ctx: OpContext, s: WorkerSession, args: p.SendToUser) -> 
     size = contracts.entry_bytes(type_, payload)
     if size > MAX_MESSAGE_BYTES:
         raise bad(f"message of {size} bytes (as JSON, UTF-8) is over the {MAX_MESSAGE_BYTES} one send_to_user may send")
-    s.spend_stream_bytes(size)
-    outcome = ctx.events.send(s.run_id, s.account, type_, payload)
+    outcome = publish_metered(ctx.events, s, type_, payload, size)
     if outcome is None:
         return
     refusal = await asyncio.wrap_future(outcome)
     if refusal is not None:
         s.refund_stream_bytes(size)
         raise ProtocolError(ErrorCode.QUOTA, refusal.message())
+
+
+def publish_metered(
+    events: EventPublisher, s: WorkerSession, type_: str, payload: str, size: int
+) -> concurrent.futures.Future[Refusal | None] | None:
+    """What every event a program sends its client costs, ``send_to_user``'s and a ``pred``'s
+    streamed text alike: ``size`` (the event as stored, ``contracts.entry_bytes``) spent from
+    the run's stream bytes (``ProtocolError`` EDQUOT past them, nothing published), then the
+    event published. The future, when there is one (the account is near its share of the stored
+    streams), says whether the store kept it; on a refusal the caller refunds ``size``."""
+    s.spend_stream_bytes(size)
+    return events.send(s.run_id, s.account, type_, payload)
 
 
 @lip_op(p.HttpFetch)

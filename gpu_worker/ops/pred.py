@@ -38,6 +38,7 @@ from gpu_worker import bias_vectors, contracts, dists, tracing
 from gpu_worker import protocol as p
 from gpu_worker.grammar import Matcher
 from gpu_worker.ops.errors import wire_error
+from gpu_worker.ops.io import publish_metered
 from gpu_worker.protocol import ErrorCode, ProtocolError
 from gpu_worker.scheduler import PredCall
 from gpu_worker.sessions import WorkerSession
@@ -273,12 +274,11 @@ class PredRelay:
         type_, payload = contracts.encode(contracts.MessageEvent(stream.payload(delta)))
         size = contracts.entry_bytes(type_, payload)
         try:
-            s.spend_stream_bytes(size)
+            outcome = publish_metered(self._ctx.events, s, type_, payload, size)
         except ProtocolError:
             stream.refused()
             return
         stream.sent_one()
-        outcome = self._ctx.events.send(s.run_id, s.account, type_, payload)
         if outcome is not None:  # near the account's share the store may refuse it after all
             outcome.add_done_callback(lambda done: self._on_loop(self._text_refused, stream, size, done))
 
