@@ -195,8 +195,9 @@ class Budgets:
             )
         everyone = (self.catalogue.stored_pages(None) + grow) * self.page_bytes
         if everyone > pool.capacity:
+            # What the others keep is theirs to know: the refusal says nothing of it.
             raise NoSpace(
-                f"the KV store is full: named KV files would hold {everyone} of its {pool.capacity} bytes; "
+                f"the KV store is full: no room for {grow * self.page_bytes} more bytes of named KV files; "
                 "retry later or remove files"
             )
 

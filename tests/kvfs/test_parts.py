@@ -233,6 +233,7 @@ def test_stored_bytes_count_per_account_and_within_the_store_pool(tmp_path):
     parts.budgets.join(Owner("other", "s5"), None, account="u2", weight=1.0)
     theirs = parts.named("big", list(range(48)), tenant="other")  # 12 pages: 1200 bytes
     assert not parts.budgets.stored_fits("acme-2", 2)  # 700 + 1200 + 200 > 2000
-    with pytest.raises(NoSpace, match="the KV store is full"):
+    with pytest.raises(NoSpace, match="the KV store is full") as full:
         parts.budgets.check_growth(theirs, 2)
+    assert "2000" not in str(full.value) and "2100" not in str(full.value)  # nothing of what others keep
     parts.budgets.check_growth(theirs, 1)
