@@ -79,6 +79,15 @@ process and the worker's event loop), one run right after a benchmark (load 1.6-
 2.6-4.8 under attack): REST 2.34x, chat 2.91x, grammar 3.54x, prefill 2.89x; the prefill's
 engine part 0.064 -> 0.67 s (its share of a contended step is ~130 of the 2,048 tokens it gets
 alone), the chat call's decode forwards 12 ms beside the attacker's prompt chunk (5 ms idle).
+On another 2-core host (2026-11-29, third session: AMD EPYC, ~20% steal), one run: REST 2.34x,
+chat 2.82x, grammar 2.73x, prefill 3.99x. Here the median chat call's 7 decode forwards took
+0.125 s against 0.037 s idle, in batches of two tokens: the canary's decode beside the
+attacker's decode of a ~3,800-token context, not beside a prompt chunk. A decode seat's cost
+grows with its context, which counting seats and tokens per account does not see; bounding a
+contended forward by its estimated time (each seat's cost by its context) is the step not yet
+taken. One experiment, one run: the worker at nice -5 (its engine threads favoured over every
+other process on the host): chat 3.41x, REST 2.44x, grammar 2.98x, prefill 3.09x, the chat
+call's decode forwards 0.207 s: no gain, not kept.
 
 Every other assertion held in every run: the account stopped at its device-page ceiling (ENOSPC
 naming 120 of 160 pages, fair share 80), at its Redis share (EDQUOT at an equal share of the
