@@ -157,12 +157,21 @@ def live_descendants(root_id: object, max_depth: int) -> int:
     return count
 
 
+def _stored_bytes(files) -> int:
+    return int(files.aggregate(b=Sum("bytes"))["b"] or 0)
+
+
 def current_use(tenant: Tenant) -> dict:
+    own = KVFile.objects.filter(tenant=tenant)
+    # The plan's ``kv_bytes_stored`` bounds an account's tenants together (the worker counts
+    # their named files as one, gpu_worker/kvfs/budgets.py): the figure it is compared with.
+    account = own if tenant.account_id is None else KVFile.objects.filter(tenant__account_id=tenant.account_id)
     return {
         "active_runs": _active_runs(tenant),
         "tokens_this_month": tokens_this_month(tenant),
-        "kv_bytes_stored": int(KVFile.objects.filter(tenant=tenant).aggregate(b=Sum("bytes"))["b"] or 0),
-        "kv_files": KVFile.objects.filter(tenant=tenant).count(),
+        "kv_bytes_stored": _stored_bytes(own),
+        "account_kv_bytes_stored": _stored_bytes(account),
+        "kv_files": own.count(),
     }
 
 

@@ -57,3 +57,17 @@ def test_last_used_is_iso_8601_like_every_other_timestamp(api_tenant_a, kv):
     kv.last_used = None
     kv.save()
     assert api_tenant_a.key_client().get(f"/api/v1/kv-files/{kv.pk}").json()["last_used"] is None
+
+
+def test_quota_shows_the_accounts_stored_bytes_beside_the_tenants(api_tenant_a, api_tenant_b):
+    """The plan's ``kv_bytes_stored`` bounds every tenant of one person together (the worker
+    counts them as one), so the quota shows that figure too; another person's files are not in it."""
+    from api.models import Tenant
+
+    sibling = Tenant.objects.create(name="second", slug="alpha-2", account=api_tenant_a.user)
+    Tenant.objects.filter(pk=api_tenant_a.tenant.pk).update(account=api_tenant_a.user)
+    KVFile.objects.create(tenant=api_tenant_a.tenant, worker="local", name="a", residency="disk", bytes=300)
+    KVFile.objects.create(tenant=sibling, worker="local", name="b", residency="disk", bytes=500)
+    KVFile.objects.create(tenant=api_tenant_b.tenant, worker="local", name="c", residency="disk", bytes=7000)
+    use = api_tenant_a.key_client().get("/api/v1/quota").json()["use"]
+    assert (use["kv_bytes_stored"], use["account_kv_bytes_stored"], use["kv_files"]) == (300, 800, 1)
