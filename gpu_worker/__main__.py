@@ -347,8 +347,8 @@ async def serve(config: WorkerConfig) -> None:
 
     # Executors let runs wait for a starting worker rather than fail them over (start_beacon.py);
     # a socket left by a process that died is not this one answering. Before the heavy imports.
-    beacon = StartBeacon(config.redis_url, config.name).start()
     Path(config.admin_socket).unlink(missing_ok=True)
+    beacon = StartBeacon(config.redis_url, config.name).start()
     import torch
 
     from gpu_worker import engine_otel
