@@ -21,6 +21,7 @@ from django.conf import settings
 from api import redis_client
 from api.models import Run
 from gpu_worker import contracts
+from gpu_worker.contracts import StatusEvent
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ def wait_for_start(run_id: str, worker: str, admin_socket: str) -> None:
     began = time.monotonic()
     bound = settings.SYMPHONY_WORKER_START_WAIT_S
     log.info("run_waits_for_worker_start run=%s worker=%s starting_for_s=%.0f", run_id, worker, time.time() - since)
+    _say_why(run_id, worker)
     next_run_check = began + RUN_CHECK_S
     while not os.path.exists(admin_socket):
         now = time.monotonic()
@@ -71,3 +73,15 @@ def wait_for_start(run_id: str, worker: str, admin_socket: str) -> None:
                 return
         time.sleep(POLL_S)
     log.info("run_worker_started run=%s worker=%s waited_s=%.1f", run_id, worker, time.monotonic() - began)
+
+
+def _say_why(run_id: str, worker: str) -> None:
+    """Tell whoever follows the run why it stays queued (a ``status`` event with a ``reason``, as
+    a re-routed run gets): a fresh stack's first start takes minutes."""
+    from api.services.runs import publish_event
+
+    reason = f"waiting for gpu_worker {worker!r} to finish starting (loading the model)"
+    try:
+        publish_event(run_id, StatusEvent("queued", reason=reason))
+    except redis.RedisError as exc:  # the wait goes on; only the note is lost
+        log.warning("run_wait_reason_unpublished run=%s error=%s", run_id, exc)

@@ -180,7 +180,8 @@ def _stream(
         elif event.type == "status":
             progress.status = str(data.get("status", "?"))
             if progress.status not in TERMINAL_STATUSES:  # the closing line says the final one
-                notes.add(f"run {run_id}: {progress.status}")
+                why = f" ({data['reason']})" if data.get("reason") else ""
+                notes.add(f"run {run_id}: {progress.status}{why}")
         elif event.type == "kv" and verbose:
             notes.add(kv_line(data), kind="kv")
         elif event.type == "channel":  # a message the run sent to a run of its tree

@@ -204,6 +204,7 @@ def test_run_follow_prints_the_text_to_stdout_and_the_progress_to_stderr(logged_
     assert first.startswith("run ") and " queued " in first, first
     run_id = first.split()[1]
     assert Run.objects.get(pk=run_id).args == {"prompt": "capital?"}
+    publish_event(run_id, StatusEvent("queued", reason="waiting for gpu_worker 'local' to finish starting"))
     publish_event(run_id, StatusEvent("running"))
     for text in ("Par", "is."):
         publish_event(run_id, TokenEvent(text))
@@ -213,6 +214,7 @@ def test_run_follow_prints_the_text_to_stdout_and_the_progress_to_stderr(logged_
     assert following.returncode == 1, err
     assert out == 'Paris.\n{"source": "wiki"}\n'  # no event JSON among the program's text
     assert f"run {run_id}: running" in err and f"run {run_id} failed after" in err and "deadline passed" in err
+    assert f"run {run_id}: queued (waiting for gpu_worker 'local' to finish starting)" in err  # why it waits
     assert 'result: {"partial": true}' in err
 
 

@@ -6,6 +6,7 @@ The whole path with a real worker restarting under the stack: tests/reliability/
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -58,6 +59,12 @@ def test_the_wait_ends_when_the_admin_socket_appears(starting, queued_run, setti
     assert 1.1 <= time.monotonic() - began < 3
     queued_run.refresh_from_db()
     assert queued_run.status == "queued"  # held, not started, re-routed or failed
+    # Whoever follows the run is told why it stays queued.
+    events = starting.xrange(contracts.run_stream_key(queued_run.pk))
+    said = [json.loads(fields[b"data"]) for _, fields in events if fields[b"type"] == b"status"]
+    assert said == [
+        {"status": "queued", "reason": "waiting for gpu_worker 'coming' to finish starting (loading the model)"}
+    ]
 
 
 def test_a_worker_that_is_not_starting_is_not_waited_for(starting, queued_run, tmp_path):
