@@ -163,8 +163,8 @@ def _stored_bytes(files) -> int:
 
 def current_use(tenant: Tenant) -> dict:
     own = KVFile.objects.filter(tenant=tenant)
-    # The plan's ``kv_bytes_stored`` bounds an account's tenants together (the worker counts
-    # their named files as one, gpu_worker/kvfs/budgets.py): the figure it is compared with.
+    # The plan's ``kv_bytes_stored`` and ``max_kv_files`` bound an account's tenants together (the
+    # worker counts their named files as one, gpu_worker/kvfs/budgets.py): the figures they meet.
     account = own if tenant.account_id is None else KVFile.objects.filter(tenant__account_id=tenant.account_id)
     return {
         "active_runs": _active_runs(tenant),
@@ -172,6 +172,7 @@ def current_use(tenant: Tenant) -> dict:
         "kv_bytes_stored": _stored_bytes(own),
         "account_kv_bytes_stored": _stored_bytes(account),
         "kv_files": own.count(),
+        "account_kv_files": account.count(),
     }
 
 

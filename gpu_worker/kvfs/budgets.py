@@ -118,14 +118,22 @@ class Budgets:
         """The tenant's effective bounds: its plan's, each unset field from ``KVFSLimits``."""
         return self._tenant_quotas.get(tenant, TenantQuota()).or_default(self.limits.default_quota())
 
+    def _account_tenants(self, tenant: str) -> list[str]:
+        """The tenants whose named files count with ``tenant``'s: its account's (a person's
+        tenants together, once each has had a session here), or itself alone."""
+        return self.accounts.tenants(self.accounts.of(tenant)) if self.accounts.bounded(tenant) else [tenant]
+
     def check_file_count(self, tenant: str) -> None:
-        """EDQUOT when the tenant may not have one more named file."""
+        """EDQUOT when the tenant may not have one more named file: the plan's count bounds its
+        account's tenants together, as its stored bytes do."""
         cap = self.quota(tenant).max_files
         if cap is None:
             return
-        have = self.catalogue.file_count(tenant)
+        tenants = self._account_tenants(tenant)
+        have = sum(self.catalogue.file_count(t) for t in tenants)
         if have >= cap:
-            raise KVQuotaExceeded(f"the tenant has {have} named KV files (its plan allows {cap}); remove some first")
+            whose = "the tenant has" if len(tenants) == 1 else f"the account's {len(tenants)} tenants have"
+            raise KVQuotaExceeded(f"{whose} {have} named KV files (its plan allows {cap}); remove some first")
 
     def check_pinned(self, tenant: str, adding: int, what: str) -> None:
         """Refuse ``adding`` more pinned pages past the tenant's device share or the worker's
@@ -174,8 +182,7 @@ class Budgets:
         what one account may keep of the KV store, or the store past its capacity."""
         if grow <= 0:
             return
-        account = self.accounts.of(tenant)
-        tenants = self.accounts.tenants(account) if self.accounts.bounded(tenant) else [tenant]
+        tenants = self._account_tenants(tenant)
         stored = (sum(self.catalogue.stored_pages(t) for t in tenants) + grow) * self.page_bytes
         whose = "tenant's" if len(tenants) == 1 else f"account's ({len(tenants)} tenants together)"
         limit = self.quota(tenant).stored_bytes

@@ -237,3 +237,23 @@ def test_stored_bytes_count_per_account_and_within_the_store_pool(tmp_path):
         parts.budgets.check_growth(theirs, 2)
     assert "2000" not in str(full.value) and "2100" not in str(full.value)  # nothing of what others keep
     parts.budgets.check_growth(theirs, 1)
+
+
+def test_the_plans_file_count_bounds_an_accounts_tenants_together(tmp_path):
+    """Two tenants of one person share the plan's ``max_kv_files``; another person's tenant has
+    its own."""
+    parts = Parts(tmp_path)
+    for tenant in ("acme", "acme-2", "other"):
+        parts.budgets.set_tenant_quota(tenant, TenantQuota(max_files=3))
+    parts.budgets.join(A, None, account="u1", weight=1.0)
+    parts.budgets.join(Owner("acme-2", "s9"), None, account="u1", weight=1.0)
+    parts.budgets.join(Owner("other", "s5"), None, account="u2", weight=1.0)
+    parts.named("a", [1])
+    parts.named("b", [2])
+    parts.named("c", [3], tenant="acme-2")
+    with pytest.raises(KVQuotaExceeded, match="the account's 2 tenants have 3 named KV files"):
+        parts.budgets.check_file_count("acme-2")
+    with pytest.raises(KVQuotaExceeded):
+        parts.budgets.check_file_count("acme")
+    parts.named("d", [4], tenant="other")
+    parts.budgets.check_file_count("other")

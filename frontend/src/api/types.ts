@@ -115,7 +115,7 @@ export interface Quota {
     kv_host_share?: number | null;
     max_kv_files?: number | null;
   };
-  use: { active_runs: number; tokens_this_month?: number; kv_bytes_stored?: number; account_kv_bytes_stored?: number; kv_files?: number };
+  use: { active_runs: number; tokens_this_month?: number; kv_bytes_stored?: number; account_kv_bytes_stored?: number; kv_files?: number; account_kv_files?: number };
   allowed_tool_hosts?: string[];
 }
 

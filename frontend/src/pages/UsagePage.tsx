@@ -108,10 +108,12 @@ function QuotaMeters({ quota, tokensToday }: { quota: Quota; tokensToday: number
         <Meter label="Tokens this month" used={use.tokens_this_month ?? 0} limit={limits.tokens_per_month} format={formatNumber} />
       )}
       {limits.kv_bytes_stored != null && (
-        // The plan bounds every tenant of the account together: that is the figure to compare.
+        // The plan bounds every tenant of the account together: the figures to compare.
         <Meter label="KV bytes stored" used={use.account_kv_bytes_stored ?? use.kv_bytes_stored ?? 0} limit={limits.kv_bytes_stored} format={formatBytes} />
       )}
-      {limits.max_kv_files != null && <Meter label="KV files" used={use.kv_files ?? 0} limit={limits.max_kv_files} format={formatNumber} />}
+      {limits.max_kv_files != null && (
+        <Meter label="KV files" used={use.account_kv_files ?? use.kv_files ?? 0} limit={limits.max_kv_files} format={formatNumber} />
+      )}
       <dl className="facts">
         <dt>Max tokens per run</dt>
         <dd>{formatNumber(limits.max_tokens_per_run)}</dd>

@@ -363,7 +363,7 @@ describe("KV files, usage and admin", () => {
       "GET /api/v1/quota": {
         plan: "free",
         limits: { max_concurrent_runs: 2, max_tokens_per_run: 4096, max_run_seconds: 120, tokens_per_month: 1000000, max_device_pages_per_run: 256, kv_bytes_stored: 1 << 30, api_requests_per_minute: 600, kv_pinned_device_share: 0.1, max_kv_files: 100 },
-        use: { active_runs: 1, tokens_this_month: 150, kv_bytes_stored: 1 << 20, account_kv_bytes_stored: 3 << 20, kv_files: 7 },
+        use: { active_runs: 1, tokens_this_month: 150, kv_bytes_stored: 1 << 20, account_kv_bytes_stored: 3 << 20, kv_files: 7, account_kv_files: 9 },
         allowed_tool_hosts: [],
       },
       "GET /api/v1/invoices": [{ id: "2026-01", period_start: "2026-01-01", period_end: "2026-02-01", runs: 2, currency: "USD", total: "0.01", lines: [{ item: "decode_tokens", description: "Decode tokens", quantity: "50", unit_price: "0.0000004", amount: "0.00" }] }],
@@ -374,7 +374,7 @@ describe("KV files, usage and admin", () => {
     expect(screen.getByRole("meter", { name: "Tokens this month" }).getAttribute("aria-valuenow")).toBe("150");
     // The plan bounds the account's tenants together: the meter shows the account's bytes.
     expect(screen.getByRole("meter", { name: "KV bytes stored" }).getAttribute("aria-valuenow")).toBe(String(3 << 20));
-    expect(screen.getByRole("meter", { name: "KV files" }).getAttribute("aria-valuenow")).toBe("7");
+    expect(screen.getByRole("meter", { name: "KV files" }).getAttribute("aria-valuenow")).toBe("9");
     expect(screen.getByText("Pinned KV files, share of a worker's device pool").nextElementSibling?.textContent).toBe("10%");
     expect(screen.getByText("120 s")).toBeTruthy();
     expect(screen.getByText("API requests per minute").nextElementSibling?.textContent).toBe("600");
