@@ -154,10 +154,14 @@ def openai_duration(seconds: int) -> str:
 
 
 class TenantThrottled(Exception):
-    """The tenant sent its plan's requests within the last minute."""
+    """The tenant's account (all its tenants together) sent the plan's requests within the last
+    minute."""
 
     def __init__(self, limit: int, retry_after: int) -> None:
-        super().__init__(f"this tenant's plan allows {limit} API requests per minute; retry in {retry_after} s")
+        super().__init__(
+            f"this tenant's plan allows {limit} API requests per minute, counted across every tenant of its "
+            f"account; retry in {retry_after} s"
+        )
         self.limit = limit
         self.retry_after = retry_after
 
@@ -166,6 +170,8 @@ def check_tenant_rate(
     tenant: Tenant, request: HttpRequest | None = None, plan: PlanLimits | None = None
 ) -> RateState | None:
     """Count one request of ``tenant``; :class:`TenantThrottled` when it is over its plan's rate.
+    The requests of every tenant of one account (the person who created them) count together:
+    a per-tenant window multiplied by the tenants a person can create.
 
     The state is also left on ``request`` for the RateLimit-* headers. ``None``: not counted
     (an unlimited plan, or the cache is down). ``plan``: the tenant's plan when the caller has
@@ -175,7 +181,7 @@ def check_tenant_rate(
         return None
     now = time.time()
     try:
-        accepted, count, oldest = count_in_window(f"throttle_tenant_{tenant.pk}", limit, WINDOW_S, now)
+        accepted, count, oldest = count_in_window(f"throttle_account_{tenant.account_key}", limit, WINDOW_S, now)
     except Exception as exc:  # the cache is down: let the request through
         log.warning("tenant_rate_unchecked tenant=%s error=%s", tenant.slug, exc)
         return None
