@@ -1,16 +1,18 @@
-"""Per-tenant cap on concurrent event streams (``/api/v1/runs/<id>/events`` and the ``/v1``
-requests that wait on a run), counted in Redis so every web process enforces the same cap.
+"""Per-account cap on concurrent event streams (``/api/v1/runs/<id>/events`` and the ``/v1``
+requests that wait on a run), counted in Redis so every web process enforces the same cap. The
+streams of every tenant one person created count together (``Tenant.account_key``): a cap per
+tenant multiplied by the tenants a person can create.
 
 Why: a stream is held open for as long as its run lasts (or forever, by a client that never
 reads); without a cap one tenant's few hundred streams take the web processes' Redis and event
 loop time from every other tenant, well under its request rate.
 
-Each open stream holds a *lease*: a member of the sorted set ``symphony:streams:<tenant>``
+Each open stream holds a *lease*: a member of the sorted set ``symphony:streams:<account>``
 scored with its expiry (Redis server time). A lease is refreshed while its stream is open and
 removed when it ends, whatever the way (the client left, the run ended); a lease whose web
 process died with it simply expires ``LEASE_TTL_S`` later, so a vanished client or a killed
 process never keeps a slot for good. Counting and admitting is one Lua script, so concurrent
-requests of one tenant cannot both take the last slot.
+requests of one account cannot both take the last slot.
 
 Redis unreachable: the stream is let through uncounted (it cannot stream without Redis anyway,
 and an outage of the counter must not refuse what would work; api/throttling.py does the same).
@@ -39,7 +41,7 @@ REFRESH_EVERY_S = 10
 #: free at any moment; this is a polite interval, not a promise.
 RETRY_AFTER_S = 5
 
-#: KEYS[1] the tenant's set; ARGV: cap, TTL (s), lease id. Returns 1 (admitted) or 0 (full).
+#: KEYS[1] the account's set; ARGV: cap, TTL (s), lease id. Returns 1 (admitted) or 0 (full).
 #: A lease already in the set is admitted again: a call repeated after its reply was lost (the
 #: client retries on a dropped connection) must not count its own lease against the cap.
 _ACQUIRE = """
@@ -56,7 +58,7 @@ redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[3])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[2]))
 return 1
 """
-#: KEYS[1] the tenant's set; ARGV: TTL (s), lease id. Pushes the lease's expiry (only if it is
+#: KEYS[1] the account's set; ARGV: TTL (s), lease id. Pushes the lease's expiry (only if it is
 #: still there: one that expired meanwhile is not revived past the cap).
 _REFRESH = """
 local t = redis.call('TIME')
@@ -69,19 +71,19 @@ return 1
 
 
 class StreamLimitReached(Exception):
-    """The tenant has as many streams open as it may; the message names the cap."""
+    """The account has as many streams open as it may; the message names the cap."""
 
     def __init__(self, cap: int) -> None:
         super().__init__(
-            f"this tenant may hold {cap} concurrent event streams and has them all open;"
-            f" close one or retry in {RETRY_AFTER_S} s"
+            f"this tenant's account may hold {cap} concurrent event streams across its tenants and has them"
+            f" all open; close one or retry in {RETRY_AFTER_S} s"
         )
         self.cap = cap
         self.retry_after = RETRY_AFTER_S
 
 
-def _key(tenant_id: int) -> str:
-    return f"symphony:streams:{tenant_id}"
+def _key(account: str) -> str:
+    return f"symphony:streams:{account}"
 
 
 def _redis() -> aioredis.Redis:
@@ -98,11 +100,12 @@ class Lease:
 
     Refreshed by a task of its own rather than as events flow: a client that stops reading
     blocks its stream's writes, and a lease refreshed only between writes would expire while
-    the stream stays open, letting the tenant open more than its cap. Started with the stream,
+    the stream stays open, letting the account open more than its cap. Started with the stream,
     not at admission: a response whose stream never starts (its client left in between) is
     never closed by Django, and its lease must then expire by itself."""
 
-    tenant_id: int
+    #: ``Tenant.account_key`` of the stream's tenant: whose slot it is.
+    account: str
     lease_id: str
     counted: bool = True
     released: bool = False
@@ -117,9 +120,9 @@ class Lease:
         while not self.released:
             await asyncio.sleep(REFRESH_EVERY_S)
             try:
-                await _redis().eval(_REFRESH, 1, _key(self.tenant_id), LEASE_TTL_S, self.lease_id)
+                await _redis().eval(_REFRESH, 1, _key(self.account), LEASE_TTL_S, self.lease_id)
             except redis.exceptions.RedisError as exc:
-                log.warning("event=stream_lease_not_refreshed tenant=%s error=%r", self.tenant_id, exc)
+                log.warning("event=stream_lease_not_refreshed account=%s error=%r", self.account, exc)
 
     async def release(self) -> None:
         """Give the slot back; idempotent."""
@@ -131,20 +134,21 @@ class Lease:
         if not self.counted:
             return
         try:
-            await _redis().zrem(_key(self.tenant_id), self.lease_id)
+            await _redis().zrem(_key(self.account), self.lease_id)
         except redis.exceptions.RedisError as exc:  # it expires by itself
-            log.warning("event=stream_lease_not_released tenant=%s error=%r", self.tenant_id, exc)
+            log.warning("event=stream_lease_not_released account=%s error=%r", self.account, exc)
 
 
-async def acquire(tenant_id: int, cap: int) -> Lease:
-    """A lease for one more stream of the tenant; :class:`StreamLimitReached` at ``cap``."""
+async def acquire(account: str, cap: int) -> Lease:
+    """A lease for one more stream of the account (``Tenant.account_key``);
+    :class:`StreamLimitReached` at ``cap``."""
     lease_id = uuid.uuid4().hex
     try:
-        admitted = await _redis().eval(_ACQUIRE, 1, _key(tenant_id), cap, LEASE_TTL_S, lease_id)
+        admitted = await _redis().eval(_ACQUIRE, 1, _key(account), cap, LEASE_TTL_S, lease_id)
     except redis.exceptions.RedisError as exc:
-        log.warning("event=stream_lease_unchecked tenant=%s error=%r", tenant_id, exc)
-        return Lease(tenant_id, lease_id, counted=False)
+        log.warning("event=stream_lease_unchecked account=%s error=%r", account, exc)
+        return Lease(account, lease_id, counted=False)
     if not admitted:
-        log.info("event=stream_limit_reached tenant=%s cap=%d", tenant_id, cap)
+        log.info("event=stream_limit_reached account=%s cap=%d", account, cap)
         raise StreamLimitReached(cap)
-    return Lease(tenant_id, lease_id)
+    return Lease(account, lease_id)

@@ -235,14 +235,14 @@ def _stream_limit_reached(refused: stream_leases.StreamLimitReached) -> JsonResp
 
 
 async def _start_leased(
-    tenant_id: int, cap: int, start: Callable[[], Awaitable[_Started]]
+    account: str, cap: int, start: Callable[[], Awaitable[_Started]]
 ) -> tuple[stream_leases.Lease, _Started] | JsonResponse:
-    """One of the tenant's stream slots, then ``start()``; the slot goes back if the start fails.
+    """One of the account's stream slots, then ``start()``; the slot goes back if the start fails.
     A request waits on its run through a stream whether or not its client streams, so every
     /v1 request that starts a run holds a slot. A refusal (no slot: 429; the start's own) is
     returned as the response to send."""
     try:
-        lease = await stream_leases.acquire(tenant_id, cap)
+        lease = await stream_leases.acquire(account, cap)
     except stream_leases.StreamLimitReached as refused:
         return _stream_limit_reached(refused)
     try:
@@ -261,7 +261,7 @@ async def _complete(request: HttpRequest, serializer_class: type):
     except _Refused as refused:
         return refused.response()
     start = functools.partial(_start, key, parsed, plan, noted_tokens_used(request))
-    started = await _start_leased(key.tenant_id, plan.max_concurrent_streams, start)
+    started = await _start_leased(key.tenant.account_key, plan.max_concurrent_streams, start)
     if isinstance(started, JsonResponse):
         return started
     lease, run = started

@@ -139,7 +139,7 @@ async def create(request: HttpRequest):
         response["X-Symphony-Run-Id"] = str(turn.run.pk)
         return response
     start = functools.partial(_start, key, turn, plan, noted_tokens_used(request))
-    started = await _start_leased(key.tenant_id, plan.max_concurrent_streams, start)
+    started = await _start_leased(key.tenant.account_key, plan.max_concurrent_streams, start)
     if isinstance(started, JsonResponse):
         return started
     lease, turn = started

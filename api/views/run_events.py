@@ -392,7 +392,7 @@ async def _leased(
             await asyncio.sleep(stall / 4)
             since = waiting_since[0]
             if since is not None and loop.time() - since > stall:
-                log.info("event=replay_stalled tenant=%s stall_s=%g", lease.tenant_id, stall)
+                log.info("event=replay_stalled account=%s stall_s=%g", lease.account, stall)
                 if slot is not None:
                     slot.release()
                 await lease.release()
@@ -444,7 +444,7 @@ async def run_events(request: HttpRequest, run_id: uuid.UUID):
     except ValueError as exc:
         return _error(400, "invalid", str(exc))
     try:
-        lease = await stream_leases.acquire(admitted.tenant_id, admitted.stream_cap)
+        lease = await stream_leases.acquire(admitted.account, admitted.stream_cap)
     except stream_leases.StreamLimitReached as refused:
         return _throttled_stream(refused)
     slot = None

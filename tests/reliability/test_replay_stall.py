@@ -107,7 +107,7 @@ def _whole_body(sock: socket.socket, head: bytes) -> bytes:
 
 def _leases(tenant: Tenant) -> int:
     client = redis.Redis.from_url(settings.REDIS_URL)
-    return int(client.zcard(f"symphony:streams:{tenant.pk}"))
+    return int(client.zcard(f"symphony:streams:{tenant.account_key}"))
 
 
 def test_a_replay_nobody_reads_is_stopped_and_its_memory_bounded(web, api_tenant_a):

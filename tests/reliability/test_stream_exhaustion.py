@@ -51,7 +51,7 @@ def capped_server(monkeypatch, request, api_tenant_a, api_tenant_b) -> str:
     """uvicorn with the low caps; the tenants start with no leases (a test database made anew
     reuses tenant ids, whose leases a previous session may have left to expire)."""
     with redis.Redis.from_url(settings.REDIS_URL) as client:
-        client.delete(*(f"symphony:streams:{t.tenant.pk}" for t in (api_tenant_a, api_tenant_b)))
+        client.delete(*(f"symphony:streams:{t.tenant.account_key}" for t in (api_tenant_a, api_tenant_b)))
     monkeypatch.setenv("SYMPHONY_STREAMS_PER_TENANT", str(CAP))
     monkeypatch.setenv("SYMPHONY_CACHE_MAX_CONNECTIONS", str(CACHE_CONNECTIONS))
     monkeypatch.setenv("DATABASE_POOL_MAX_SIZE", str(DB_POOL))
@@ -248,24 +248,24 @@ def test_leases_live_while_their_stream_does_and_expire_with_their_process(api_t
 
     monkeypatch.setattr(stream_leases, "LEASE_TTL_S", 1)
     monkeypatch.setattr(stream_leases, "REFRESH_EVERY_S", 0.2)
-    tenant_id = api_tenant_a.tenant.pk
+    account = api_tenant_a.tenant.account_key
     with redis.Redis.from_url(settings.REDIS_URL) as client:
-        client.delete(f"symphony:streams:{tenant_id}")
+        client.delete(f"symphony:streams:{account}")
 
     async def scenario() -> None:
-        streaming = await stream_leases.acquire(tenant_id, 1)
+        streaming = await stream_leases.acquire(account, 1)
         streaming.keep_alive()
         await asyncio.sleep(2.0)  # twice the TTL
         with pytest.raises(stream_leases.StreamLimitReached):
-            await stream_leases.acquire(tenant_id, 1)
+            await stream_leases.acquire(account, 1)
         await streaming.release()
 
-        held = await stream_leases.acquire(tenant_id, 1)
+        held = await stream_leases.acquire(account, 1)
         with pytest.raises(stream_leases.StreamLimitReached):
-            await stream_leases.acquire(tenant_id, 1)
+            await stream_leases.acquire(account, 1)
         assert held.refresher is None  # the process is gone: no release, no refresh
         await asyncio.sleep(1.5)
-        again = await stream_leases.acquire(tenant_id, 1)
+        again = await stream_leases.acquire(account, 1)
         await again.release()
 
     asyncio.run(scenario())
@@ -312,3 +312,31 @@ def test_a_stream_ends_when_cancelled_even_if_redis_swallows_the_cancellation(mo
 
     asyncio.run(scenario())
     assert swallowed, "the cancellation never reached XREAD: the test proved nothing"
+
+
+def test_the_tenants_of_one_account_share_one_cap(capped_server, api_tenant_a, api_tenant_b, streams):
+    """A person's second tenant is no second cap: streams of every tenant one user created count
+    together; another person's tenant still opens its own."""
+    from api.models import Membership, Tenant
+    from api.services.keys import issue_key
+    from api.tenancy import KEY_SCOPES
+
+    user = api_tenant_a.user
+    Tenant.objects.filter(pk=api_tenant_a.tenant.pk).update(account=user)
+    twin = Tenant.objects.create(name="Twin", slug="alpha-twin", account=user, plan=api_tenant_a.tenant.plan)
+    Membership.objects.create(user=user, tenant=twin, role="owner")
+    twin_secret = issue_key(twin, "test", list(KEY_SCOPES), user).secret
+    with redis.Redis.from_url(settings.REDIS_URL) as client:
+        client.delete(f"symphony:streams:{twin.account_key}")  # a reused user id's old leases
+    run_a, run_twin, run_b = _queued_run(api_tenant_a.tenant), _queued_run(twin), _queued_run(api_tenant_b.tenant)
+
+    opened = _open_many(capped_server, f"/api/v1/runs/{run_a.pk}/events", api_tenant_a.key_secret, CAP)
+    streams.extend(opened)
+    assert sorted(s.status for s in opened) == [200] * CAP
+    second = Stream(capped_server, "GET", f"/api/v1/runs/{run_twin.pk}/events", twin_secret)
+    streams.append(second)
+    assert second.status == 429, second.status
+    assert f"{CAP} concurrent event streams across its tenants" in second.error["error"]["message"]
+    other = Stream(capped_server, "GET", f"/api/v1/runs/{run_b.pk}/events", api_tenant_b.key_secret)
+    streams.append(other)
+    assert other.status == 200
