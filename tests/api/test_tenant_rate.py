@@ -129,20 +129,11 @@ def test_a_cache_outage_lets_requests_through(api_tenant_a, settings):
 def test_the_tenants_of_one_account_share_one_budget(api_tenant_a, api_tenant_b):
     """A person's second tenant is no second budget: the requests of every tenant one user
     created count in one window; another person's tenant keeps its own."""
-    from api.models import Membership, Tenant
-    from api.services.keys import issue_key
-    from api.tenancy import KEY_SCOPES
+    from tests.plugins.api import second_tenant_of
 
-    user = api_tenant_a.user
-    Tenant.objects.filter(pk=api_tenant_a.tenant.pk).update(account=user)
-    api_tenant_a.tenant.refresh_from_db()
-    twin = Tenant.objects.create(name="Twin", slug="alpha-twin", account=user, plan=api_tenant_a.tenant.plan)
-    Membership.objects.create(user=user, tenant=twin, role="owner")
     _on_plan(api_tenant_a, 4)
-    Tenant.objects.filter(pk=twin.pk).update(plan="tiny")
-    twin_key = issue_key(twin, "test", list(KEY_SCOPES), user).secret
-    first, second = api_tenant_a.key_client(), APIClient()
-    second.credentials(HTTP_AUTHORIZATION=f"Bearer {twin_key}")
+    twin = second_tenant_of(api_tenant_a, "alpha-twin")  # on the same plan
+    first, second = api_tenant_a.key_client(), twin.key_client()
     answered = [client.get("/api/v1/programs") for client in (first, second, first, second)]
     assert [r.status_code for r in answered] == [200] * 4
     refused = second.get("/api/v1/programs")

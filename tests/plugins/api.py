@@ -43,6 +43,22 @@ def _make_tenant(slug: str) -> ApiTenant:
     return ApiTenant(tenant=tenant, user=user, key_secret=issue_key(tenant, "test", list(KEY_SCOPES), user).secret)
 
 
+def second_tenant_of(owner: ApiTenant, slug: str) -> ApiTenant:
+    """Another tenant created by ``owner``'s user, on the same plan, with a key of its own; both
+    tenants then count against that user's account (``Tenant.account_key``), as two tenants one
+    person made in the console do."""
+    from api.models import Membership, Tenant
+    from api.services.keys import issue_key
+    from api.tenancy import KEY_SCOPES
+
+    user = owner.user
+    Tenant.objects.filter(pk=owner.tenant.pk).update(account=user)
+    owner.tenant.refresh_from_db()
+    tenant = Tenant.objects.create(name=slug.title(), slug=slug, account=user, plan=owner.tenant.plan)
+    Membership.objects.create(user=user, tenant=tenant, role="owner")
+    return ApiTenant(tenant=tenant, user=user, key_secret=issue_key(tenant, "test", list(KEY_SCOPES), user).secret)
+
+
 @pytest.fixture
 def api_tenant_a(db) -> ApiTenant:
     return _make_tenant("alpha")

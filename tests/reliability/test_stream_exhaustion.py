@@ -317,15 +317,10 @@ def test_a_stream_ends_when_cancelled_even_if_redis_swallows_the_cancellation(mo
 def test_the_tenants_of_one_account_share_one_cap(capped_server, api_tenant_a, api_tenant_b, streams):
     """A person's second tenant is no second cap: streams of every tenant one user created count
     together; another person's tenant still opens its own."""
-    from api.models import Membership, Tenant
-    from api.services.keys import issue_key
-    from api.tenancy import KEY_SCOPES
+    from tests.plugins.api import second_tenant_of
 
-    user = api_tenant_a.user
-    Tenant.objects.filter(pk=api_tenant_a.tenant.pk).update(account=user)
-    twin = Tenant.objects.create(name="Twin", slug="alpha-twin", account=user, plan=api_tenant_a.tenant.plan)
-    Membership.objects.create(user=user, tenant=twin, role="owner")
-    twin_secret = issue_key(twin, "test", list(KEY_SCOPES), user).secret
+    second_tenant = second_tenant_of(api_tenant_a, "alpha-twin")
+    twin, twin_secret = second_tenant.tenant, second_tenant.key_secret
     with redis.Redis.from_url(settings.REDIS_URL) as client:
         client.delete(f"symphony:streams:{twin.account_key}")  # a reused user id's old leases
     run_a, run_twin, run_b = _queued_run(api_tenant_a.tenant), _queued_run(twin), _queued_run(api_tenant_b.tenant)
