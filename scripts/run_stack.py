@@ -199,7 +199,11 @@ def up() -> int:
     port = os.environ.get("SYMPHONY_PORT", "8000")
     # Links in mails (password reset, invitations) point at this console.
     os.environ.setdefault("SYMPHONY_PUBLIC_URL", f"http://{host}:{port}")
+    #: Services that say when they serve (``ready_path``), not yet ready.
+    waiting: dict[str, Path] = {}
     for service in services():
+        if service.ready_path is not None:
+            waiting[service.name] = service.ready_path
         log = open(LOG_DIR / f"{service.name}.log", "ab")
         env = {**service.env_defaults, **os.environ, **service.env_overrides}
         proc = subprocess.Popen(
@@ -216,7 +220,6 @@ def up() -> int:
         print("  " + creds.read_text().strip().replace("\n", "\n  "))
     print("\n  Ctrl-C stops the stack.\n")
     started = time.monotonic()
-    waiting = {s.name: s.ready_path for s in services() if s.ready_path is not None}
     for name in waiting:
         print(
             f"stack: {name} starting (loading the model; the first start on a machine also compiles it, "
