@@ -30,6 +30,7 @@ from gpu_worker.ops.context import OpContext
 from gpu_worker.ops.errors import wire_error
 from gpu_worker.ops.pred import PredRelay
 from gpu_worker.protocol import ErrorCode, ProtocolError
+from gpu_worker.refusal_pacing import RefusalPacer
 from gpu_worker.scheduler import Scheduler
 from gpu_worker.sessions import SessionLimits, SessionTable, WorkerSession
 
@@ -78,6 +79,8 @@ class Worker:
         self._admin_server: asyncio.AbstractServer | None = None
         self._ticker: asyncio.Task | None = None
         self.guard = ConnectionGuard(config.conn)
+        #: Holds the replies of an account's repeated refusals (gpu_worker/refusal_pacing.py).
+        self.pacer = RefusalPacer()
         self._watchdog: asyncio.Task | None = None
         self._closing = False
 
@@ -133,6 +136,8 @@ class Worker:
                 "redis_bytes_capacity": None if self.events.pool is None else self.events.pool.capacity,
             },
             "grammar": self.grammar.stats(),
+            # Refusals whose replies were held (gpu_worker/refusal_pacing.py).
+            "refusals_paced": self.pacer.stats(),
             "channels": self.context.channels.stats(),
             "connections": self.guard.stats(),
             "sessions": [
@@ -392,7 +397,7 @@ class Worker:
         if conn is None:
             return
         inflight: set[asyncio.Task] = set()
-        preds = PredRelay(self.context, session, writer, self._send)
+        preds = PredRelay(self.context, session, writer, self._send, self.pacer)
         max_unsent = self.config.conn.max_unsent_reply_bytes
         try:
             while True:
@@ -423,6 +428,8 @@ class Worker:
                     continue
                 if len(inflight) + len(preds) >= protocol.MAX_IN_FLIGHT:
                     error = ProtocolError(ErrorCode.BUSY, "too many requests in flight")
+                    # Held here, the reader takes no request of this connection meanwhile.
+                    await asyncio.sleep(self.pacer.hold(session.account, error.code))
                     self._send(writer, protocol.err_reply(req_id, error))
                     continue
                 if op == protocol.Pred.OP:  # the per-token call: no Task (ops/pred.py)
@@ -524,7 +531,13 @@ class Worker:
         except asyncio.CancelledError:
             return
         except Exception as exc:
-            reply = protocol.err_reply(req_id, wire_error(exc, op, getattr(s, "session_id", "admin")))
+            error = wire_error(exc, op, getattr(s, "session_id", "admin"))
+            reply = protocol.err_reply(req_id, error)
+            if s is not None and (hold := self.pacer.hold(s.account, error.code)):
+                try:
+                    await asyncio.sleep(hold)  # the request keeps its in-flight slot meanwhile
+                except asyncio.CancelledError:
+                    return
         self._send(writer, reply)
 
     @staticmethod

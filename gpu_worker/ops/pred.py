@@ -40,6 +40,7 @@ from gpu_worker.grammar import Matcher
 from gpu_worker.ops.errors import wire_error
 from gpu_worker.ops.io import publish_metered
 from gpu_worker.protocol import ErrorCode, ProtocolError
+from gpu_worker.refusal_pacing import RefusalPacer
 from gpu_worker.scheduler import PredCall
 from gpu_worker.sessions import WorkerSession
 from gpu_worker.stop_strings import StopWatch
@@ -199,16 +200,44 @@ class _InFlight:
 class PredRelay:
     """The ``pred`` calls in flight on one session connection."""
 
-    def __init__(self, ctx: PredContext, session: WorkerSession, writer: asyncio.StreamWriter, send: Send) -> None:
+    def __init__(
+        self,
+        ctx: PredContext,
+        session: WorkerSession,
+        writer: asyncio.StreamWriter,
+        send: Send,
+        pacer: RefusalPacer | None = None,
+    ) -> None:
         self._ctx = ctx
         self._session = session
         self._writer = writer
         self._send = send
+        self._pacer = pacer
         self._loop = asyncio.get_running_loop()
         self._pending: set[_InFlight] = set()
+        #: Refusals whose replies the pacer holds (each keeps its in-flight slot until sent).
+        self._held: set[asyncio.TimerHandle] = set()
 
     def __len__(self) -> int:
-        return len(self._pending)
+        return len(self._pending) + len(self._held)
+
+    def _refuse(self, req_id: int, exc: BaseException) -> None:
+        """Answer a call refused before it was queued, held as the pacer says
+        (gpu_worker/refusal_pacing.py)."""
+        s = self._session
+        error = wire_error(exc, p.Pred.OP, s.session_id)
+        reply = p.err_reply(req_id, error)
+        hold = self._pacer.hold(s.account, error.code) if self._pacer is not None else 0.0
+        if not hold:
+            self._send(self._writer, reply)
+            return
+
+        def send_held() -> None:
+            self._held.discard(handle)
+            self._send(self._writer, reply)
+
+        handle = self._loop.call_later(hold, send_held)
+        self._held.add(handle)
 
     def start(self, req_id: int, args: dict[str, Any]) -> None:
         """Decode, admit and submit one ``pred``; a refused call is answered at once."""
@@ -219,7 +248,7 @@ class PredRelay:
             decoded = p.Pred.decode(args, self._ctx.vocab_size)
             call = admit(self._ctx, s, decoded)
         except Exception as exc:
-            self._send(self._writer, p.err_reply(req_id, wire_error(exc, p.Pred.OP, s.session_id)))
+            self._refuse(req_id, exc)
             return
         entry = _InFlight(req_id, call)
         if decoded.stream and call.steps > 1:
@@ -246,6 +275,9 @@ class PredRelay:
 
     def abandon_all(self) -> None:
         """The connection closed: its calls get no reply (each is released when cancelled)."""
+        for handle in self._held:
+            handle.cancel()
+        self._held.clear()
         for entry in list(self._pending):
             entry.call.future.cancel()
 
