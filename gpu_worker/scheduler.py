@@ -195,6 +195,8 @@ UNBOUNDED = 2**62
 #: A forward of at least this share of the token budget is a sample of the per-token cost (a
 #: smaller one is mostly its fixed cost, and the difference would be noise).
 PREFILL_SAMPLE_FRACTION = 1 / 32
+#: The contended step is sized from the fastest of this many recent samples of each cost.
+COST_SAMPLES = 32
 #: A derived contended step (``Scheduler.contended_step_tokens``) as a share of the token budget:
 #: before the forward cost is measured, and its floor once it is (a prompt still advances where
 #: one token costs more than a decode-only forward).
@@ -618,6 +620,15 @@ class Metrics:
     #: the token budget; ``Scheduler.contended_step_tokens`` sizes contended forwards from them.
     decode_forward_s_ema: float = 0.0
     token_s_ema: float = 0.0
+    #: The same costs' recent samples: their minimum is what ``contended_step_tokens`` sizes
+    #: from. A forward is only ever slowed by what shares the machine with it, so the fastest
+    #: recent sample is the cost itself; the averages swung 14-134 us a token and 4-18 ms a
+    #: decode forward under the account soak's load, and the step with them from 35 to 784
+    #: tokens (a 3,800-token prompt then took 293 forwards).
+    decode_forward_samples: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=COST_SAMPLES)
+    )
+    token_samples: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=COST_SAMPLES))
     #: Per tenant: seconds its settled calls spent in the worker from queued to settled (queue
     #: waits plus the forwards they rode in), and the forwards they rode in. Read against the
     #: tenant's end-to-end time, they say how much of it the engine took.
@@ -653,6 +664,8 @@ class Metrics:
             "prefix_cached_tokens": self.prefix_cached_tokens,
             "decode_forward_ms_ema": 1000 * self.decode_forward_s_ema,
             "token_us_ema": 1e6 * self.token_s_ema,
+            "decode_forward_ms_floor": 1000 * min(self.decode_forward_samples, default=0.0),
+            "token_us_floor": 1e6 * min(self.token_samples, default=0.0),
             "pred_s_per_tenant": {t: round(v, 4) for t, v in self.pred_s_per_tenant.items()},
             "forwards_per_tenant": dict(self.forwards_per_tenant),
         }
@@ -1063,7 +1076,8 @@ class Scheduler:
 
         ``contended_step_tokens`` if configured; else the tokens a forward can add to a
         decode-only forward and last at most ``contended_step_ratio`` of them, by the measured
-        cost (a decode-only forward's time, the time each token adds), between a 128th of the
+        cost (a decode-only forward's time, the time each token adds: the fastest of their
+        recent samples, see ``Metrics.decode_forward_samples``), between a 128th of the
         token budget and the budget itself. Derived, so it fits the hardware: on a
         CPU a token of prefill costs a noticeable share of a forward and contended chunks are
         small; on a GPU a forward's fixed cost dominates and they may be whole budgets. Before
@@ -1072,9 +1086,10 @@ class Scheduler:
         if self.config.contended_step_tokens is not None:
             return max(1, min(self.config.contended_step_tokens, cap))
         m = self.metrics
-        if m.decode_forward_s_ema <= 0 or m.token_s_ema <= 0:
+        decode_s, token_s = min(m.decode_forward_samples, default=0.0), min(m.token_samples, default=0.0)
+        if decode_s <= 0 or token_s <= 0:
             return max(1, int(cap * CONTENDED_STEP_DEFAULT_FRACTION))
-        fits = (self.config.contended_step_ratio - 1) * m.decode_forward_s_ema / m.token_s_ema
+        fits = (self.config.contended_step_ratio - 1) * decode_s / token_s
         return max(1, int(cap * CONTENDED_STEP_FLOOR_FRACTION), min(cap, int(fits)))
 
     def _measure_cost(self, elapsed: float, tokens: int, items: int) -> None:
@@ -1085,9 +1100,12 @@ class Scheduler:
             m.decode_forward_s_ema = (
                 elapsed if m.decode_forward_s_ema == 0 else 0.8 * m.decode_forward_s_ema + 0.2 * elapsed
             )
-        elif m.decode_forward_s_ema > 0 and tokens >= self.config.max_num_batched_tokens * PREFILL_SAMPLE_FRACTION:
-            per_token = max(elapsed - m.decode_forward_s_ema, 0.0) / tokens
+            m.decode_forward_samples.append(elapsed)
+        elif m.decode_forward_samples and tokens >= self.config.max_num_batched_tokens * PREFILL_SAMPLE_FRACTION:
+            per_token = max(elapsed - min(m.decode_forward_samples), 0.0) / tokens
             m.token_s_ema = per_token if m.token_s_ema == 0 else 0.8 * m.token_s_ema + 0.2 * per_token
+            if per_token > 0:
+                m.token_samples.append(per_token)
 
     def _record_forward(self, plans: list[tuple[PredCall, int, AppendPlan]], start: float, elapsed: float) -> None:
         """The forward into the engine timeline (gpu_worker/engine_timeline.py): a call's one

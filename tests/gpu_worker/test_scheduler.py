@@ -448,9 +448,15 @@ def test_the_contended_step_is_sized_from_measured_forward_cost(tmp_path: Path) 
     assert scheduler.contended_step_tokens() == 100  # (2 - 1) x 10 ms / 0.1 ms
     scheduler._measure_cost(0.010 + 32 * 0.01, tokens=32, items=1)  # too small a sample: ignored
     assert scheduler.contended_step_tokens() == 100
-    scheduler.metrics.token_s_ema = 0.1  # a token costs 10 decode forwards: the floor
+    # A forward slowed by whatever shared the machine with it does not shrink the step: the
+    # fastest recent sample of each cost is the cost.
+    scheduler._measure_cost(0.050, tokens=3, items=3)
+    scheduler._measure_cost(0.010 + 2048 * 0.001, tokens=2048, items=1)
+    assert scheduler.contended_step_tokens() == 100
+    scheduler.metrics.token_samples.clear()
+    scheduler.metrics.token_samples.append(0.1)  # a token costs 10 decode forwards: the floor
     assert scheduler.contended_step_tokens() == 16
-    scheduler.metrics.token_s_ema = 1e-9  # a GPU-like cost: the whole budget
+    scheduler.metrics.token_samples.append(1e-9)  # a GPU-like cost: the whole budget
     assert scheduler.contended_step_tokens() == 2048
     fixed = Scheduler(RecordingEngine(io), fs, SchedulerConfig(contended_step_tokens=300), max_model_len=200)
     assert fixed.contended_step_tokens() == 300

@@ -332,8 +332,8 @@ class Canaries:
         #: Per kind, the seconds each call's ``pred`` calls spent in the worker (queued plus in
         #: forwards, the scheduler's ``pred_s_per_tenant``): the engine's part of its time.
         self.engine: dict[str, list[float]] = {}
-        #: ``/v1`` calls of the chat kind: (seconds, run id), for the traces in the report.
-        self.chat_runs: list[tuple[float, str]] = []
+        #: Per kind traced in the report (chat, prefill): (seconds, run id) of each call.
+        self.runs: dict[str, list[tuple[float, str]]] = {"chat": [], "prefill": []}
 
     def _run(self, args: dict) -> tuple[float, dict]:
         """Queued to finished, by the server's clock (the client's polling adds no noise)."""
@@ -354,6 +354,7 @@ class Canaries:
     def prefill(self) -> float:
         elapsed, run = self._run({"prompt_tokens": PROMPT_TOKENS, "seed": self.rng.randrange(1 << 30)})
         assert run["result"]["prompt"] == PROMPT_TOKENS, run["result"]
+        self.runs["prefill"].append((elapsed, run["id"]))
         return elapsed
 
     def _chat(self, extra: dict) -> tuple[float, str]:
@@ -368,14 +369,19 @@ class Canaries:
 
     def chat(self) -> float:
         elapsed, run_id = self._chat({"temperature": 0})
-        self.chat_runs.append((elapsed, run_id))
+        self.runs["chat"].append((elapsed, run_id))
         return elapsed
 
-    def median_chat_trace(self) -> str:
-        """Where the median chat call's time went, from its run's trace (the product's own)."""
-        elapsed, run_id = sorted(self.chat_runs)[len(self.chat_runs) // 2]
-        r = requests.get(f"{self.base_url}/api/v1/runs/{run_id}/trace", headers=self.tenant.headers, timeout=30)
-        return f"{elapsed:.3f} s: {_where_the_time_went(r.json())}"
+    def median_traces(self) -> dict[str, str]:
+        """Per traced kind, where its median call's time went, from its run's trace (the
+        product's own); the calls are forgotten after."""
+        out = {}
+        for kind, runs in self.runs.items():
+            elapsed, run_id = sorted(runs)[len(runs) // 2]
+            r = requests.get(f"{self.base_url}/api/v1/runs/{run_id}/trace", headers=self.tenant.headers, timeout=30)
+            out[kind] = f"{elapsed:.3f} s: {_where_the_time_went(r.json())}"
+            runs.clear()
+        return out
 
     def grammar(self) -> float:
         """A JSON schema never compiled before: property names no one used."""
@@ -463,14 +469,14 @@ def test_two_tenants_of_one_account_attacking_at_once_leave_a_third_tenants_cana
     # Idle: one warm-up round (first sandbox, first prefill of each shape), then medians.
     canary.round({})
     canary.engine = {}
+    canary.runs = {kind: [] for kind in canary.runs}
     idle: dict[str, list[float]] = {}
     for _ in range(4):
         canary.round(idle)
     idle_load = _load()
     idle_queued, canary.queued = canary.queued, []
     idle_engine, canary.engine = canary.engine, {}
-    idle_chat = canary.median_chat_trace()
-    canary.chat_runs = []
+    idle_traces = canary.median_traces()
 
     # The attack: both tenants' LIPs first (they take two of the account's three slots), then
     # the sleepers (one more slot, one queued behind the account's bound), then HTTP.
@@ -525,7 +531,10 @@ def test_two_tenants_of_one_account_attacking_at_once_leave_a_third_tenants_cana
         f"http: { {k: sorted(set(v)) for k, v in box.get('http', {}).items()} }; "
         f"replays: {sorted(set(box.get('replays', [])))}"
         f"\n  canary runs queued -> started (s): idle {idle_queued}, under attack {canary.queued}"
-        f"\n  median chat call idle {idle_chat}\n  median chat call under attack {canary.median_chat_trace()}"
+        + "".join(
+            f"\n  median {kind} call idle {idle_traces[kind]}\n  median {kind} call under attack {trace}"
+            for kind, trace in canary.median_traces().items()
+        )
     )
     assert all(under.get(kind) for kind in idle), under
     slow = {kind: round(ratio, 2) for kind, ratio in ratios.items() if ratio > CANARY_BOUND}
