@@ -68,8 +68,11 @@ def http_attacks(base_url: str, attacker: Attacker, stop: float) -> dict[str, li
 
     def stream() -> None:
         try:
+            # Held open for the whole attack: a stream with no event for a read timeout would
+            # close, and on a loaded host this niced client then never held enough at once.
+            read_s = max(10.0, stop - time.monotonic())
             with requests.get(
-                f"{base_url}/api/v1/runs/{attacker.run_id}/events", headers=headers, stream=True, timeout=10
+                f"{base_url}/api/v1/runs/{attacker.run_id}/events", headers=headers, stream=True, timeout=(10, read_s)
             ) as r:
                 record("streams", r.status_code)
                 # Read and drop big raw chunks: the attacker's own CPU must not be what slows the
