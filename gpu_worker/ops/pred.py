@@ -240,7 +240,8 @@ class PredRelay:
         self._held.add(handle)
 
     def start(self, req_id: int, args: dict[str, Any]) -> None:
-        """Decode, admit and submit one ``pred``; a refused call is answered at once."""
+        """Decode, admit and submit one ``pred``; a refused call is answered without a forward
+        (at once, or after the hold the pacer gives an account that keeps asking)."""
         s = self._session
         try:
             if s.ended:

@@ -16,18 +16,11 @@ from gpu_worker.config import GrammarConfig
 from gpu_worker.grammar import GrammarCompiler
 from gpu_worker.grammar_backoff import CompileBackoff
 from gpu_worker.protocol import ErrorCode, ProtocolError
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.plugins.clock import ManualClock
 
 
 def test_a_kill_refuses_that_accounts_compiles_for_the_backoff_and_no_one_elses() -> None:
-    clock = Clock()
+    clock = ManualClock()
     backoff = CompileBackoff(20.0, 300.0, clock)
     backoff.check("acct-a")  # nothing killed yet
     assert backoff.killed("acct-a") == 20.0
@@ -45,7 +38,7 @@ def test_a_kill_refuses_that_accounts_compiles_for_the_backoff_and_no_one_elses(
 
 
 def test_kills_in_a_row_double_the_backoff_up_to_its_bound_and_a_quiet_time_resets_it() -> None:
-    clock = Clock()
+    clock = ManualClock()
     backoff = CompileBackoff(20.0, 300.0, clock)
     waits = []
     for _ in range(6):

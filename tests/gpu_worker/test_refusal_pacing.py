@@ -4,18 +4,11 @@ from __future__ import annotations
 
 from gpu_worker.protocol import ErrorCode
 from gpu_worker.refusal_pacing import RefusalPacer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.plugins.clock import ManualClock
 
 
 def test_the_first_refusals_are_free_then_the_hold_doubles_to_its_cap() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pacer = RefusalPacer(free=3, first_hold_s=0.01, most_hold_s=0.1, forget_after_s=2.0, clock=clock)
     holds = []
     for _ in range(9):
@@ -26,7 +19,7 @@ def test_the_first_refusals_are_free_then_the_hold_doubles_to_its_cap() -> None:
 
 
 def test_a_pause_starts_the_count_again_and_a_success_does_not() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pacer = RefusalPacer(free=2, first_hold_s=0.01, forget_after_s=2.0, clock=clock)
     for _ in range(4):
         pacer.hold("acct", ErrorCode.NO_SPACE)
@@ -36,7 +29,7 @@ def test_a_pause_starts_the_count_again_and_a_success_does_not() -> None:
 
 
 def test_accounts_are_paced_apart_and_only_resource_refusals_count() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pacer = RefusalPacer(free=1, clock=clock)
     assert pacer.hold("attacker", ErrorCode.BUSY) == 0.0
     assert pacer.hold("attacker", ErrorCode.QUOTA) > 0
@@ -48,7 +41,7 @@ def test_accounts_are_paced_apart_and_only_resource_refusals_count() -> None:
 
 
 def test_ended_streaks_are_forgotten() -> None:
-    clock = Clock()
+    clock = ManualClock()
     pacer = RefusalPacer(clock=clock)
     for i in range(100):
         pacer.hold(f"a{i}", ErrorCode.BUSY)
