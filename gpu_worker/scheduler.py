@@ -615,9 +615,9 @@ class Metrics:
     passed_over_per_tenant: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
     #: Prompt tokens mapped from the prefix cache instead of computed (gpu_worker/kvfs/prefix.py).
     prefix_cached_tokens: int = 0
-    #: Measured forward cost (moving averages): a forward whose every item is one token, and
-    #: the time each token adds above it in forwards of at least ``PREFILL_SAMPLE_FRACTION`` of
-    #: the token budget; ``Scheduler.contended_step_tokens`` sizes contended forwards from them.
+    #: Measured forward cost (moving averages, shown in stats): a forward whose every item is
+    #: one token, and the time each token adds above it in forwards of at least
+    #: ``PREFILL_SAMPLE_FRACTION`` of the token budget.
     decode_forward_s_ema: float = 0.0
     token_s_ema: float = 0.0
     #: The same costs' recent samples: their minimum is what ``contended_step_tokens`` sizes
