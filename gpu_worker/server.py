@@ -428,8 +428,8 @@ class Worker:
                     continue
                 if len(inflight) + len(preds) >= protocol.MAX_IN_FLIGHT:
                     error = ProtocolError(ErrorCode.BUSY, "too many requests in flight")
-                    # Held here, the reader takes no request of this connection meanwhile.
-                    await asyncio.sleep(self.pacer.hold(session.account, error.code))
+                    if hold := self.pacer.hold(session.account, error.code):
+                        await asyncio.sleep(hold)  # the reader takes no request of this connection meanwhile
                     self._send(writer, protocol.err_reply(req_id, error))
                     continue
                 if op == protocol.Pred.OP:  # the per-token call: no Task (ops/pred.py)
