@@ -4,11 +4,13 @@ shares of the KV tiers)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, replace
 from datetime import date, datetime
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.db.models import BigIntegerField, Count, Max, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -76,30 +78,37 @@ class ConcurrencyLimitReached(PlanQuotaExceeded):
     one passes by itself when a run ends, so a caller may wait a little and try again."""
 
 
+#: The Plan columns a :class:`PlanLimits` is made of, by the same names.
+PLAN_LIMIT_FIELDS = tuple(PlanLimits.__dataclass_fields__)
+
+
+@functools.cache
+def _plan_limits_sql() -> str:
+    """The statement :func:`plan_limits` runs, written once a process from the model's names."""
+    quote = connection.ops.quote_name
+    meta = Plan._meta
+    columns = ", ".join(quote(meta.get_field(f).column) for f in PLAN_LIMIT_FIELDS)
+    # Only the model's own quoted names are formatted in; the plan's name is a parameter.
+    where = quote(meta.get_field("name").column)
+    return f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {where} = %s"  # noqa: S608
+
+
 def plan_limits(tenant: Tenant) -> PlanLimits:
-    plan = Plan.objects.filter(name=tenant.plan).first()
+    """The limits of the tenant's plan (:data:`FALLBACK` when its plan has no row).
+
+    Read on the path of every ``/v1`` answer, so as SQL written once a process, not a queryset:
+    the ORM's compile and model instance cost ~2 ms of Python a statement on a 2-core host,
+    for a query PostgreSQL answers in a tenth of a millisecond (bench/NOTES.md, "what an ORM
+    statement costs")."""
+    with connection.cursor() as cursor:
+        cursor.execute(_plan_limits_sql(), [tenant.plan])
+        row = cursor.fetchone()
     streams = settings.SYMPHONY_STREAMS_PER_TENANT
-    if plan is None:
+    if row is None:
         return replace(FALLBACK, max_concurrent_streams=streams)
-    return PlanLimits(
-        plan.max_concurrent_runs,
-        plan.max_tokens_per_run,
-        plan.max_run_seconds,
-        plan.tokens_per_month,
-        plan.max_device_pages_per_run,
-        plan.kv_bytes_stored,
-        plan.scheduling_weight,
-        plan.api_requests_per_minute,
-        plan.kv_pinned_device_share,
-        plan.kv_host_share,
-        plan.max_kv_files,
-        plan.max_concurrent_streams or streams,
-        plan.stream_bytes_per_run,
-        plan.max_memory_mb,
-        plan.max_tool_hosts,
-        plan.max_children_per_run,
-        plan.max_spawn_depth,
-    )
+    limits = dict(zip(PLAN_LIMIT_FIELDS, row, strict=True))
+    limits["max_concurrent_streams"] = limits["max_concurrent_streams"] or streams
+    return PlanLimits(**limits)
 
 
 def kv_quota(plan: PlanLimits) -> KvQuotaLimits:
@@ -122,11 +131,24 @@ def _month_start() -> datetime:
     return timezone.now().replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
+@functools.cache
+def _month_tokens_sql() -> str:
+    """The statement :func:`tokens_this_month` runs, written once a process from the model's names."""
+    quote = connection.ops.quote_name
+    meta = MonthlyTokens._meta
+    tokens, tenant, month = (quote(meta.get_field(f).column) for f in ("tokens", "tenant", "month"))
+    # Only the model's own quoted names are formatted in; the tenant and month are parameters.
+    return f"SELECT {tokens} FROM {quote(meta.db_table)} WHERE {tenant} = %s AND {month} = %s"  # noqa: S608
+
+
 def tokens_this_month(tenant: Tenant) -> int:
     """The tenant's prompt and generated tokens this calendar month (UTC): one indexed row the
-    database keeps (``MonthlyTokens``), however many runs the month had."""
-    month = _month_start().date()
-    return int(MonthlyTokens.objects.filter(tenant=tenant, month=month).values_list("tokens", flat=True).first() or 0)
+    database keeps (``MonthlyTokens``), however many runs the month had. Read twice on the path
+    of every ``/v1`` answer, so as SQL written once a process (see :func:`plan_limits`)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_month_tokens_sql(), [tenant.pk, _month_start().date()])
+        row = cursor.fetchone()
+    return int(row[0]) if row else 0
 
 
 def tokens_this_month_of(tenant_id: OuterRef) -> Coalesce:
