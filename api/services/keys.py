@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from api.compiled_queries import CompiledQuery
 from api.models import ApiKey, AuditLog, Membership, Tenant
 
 
@@ -65,12 +66,20 @@ def issue_key(
 LAST_USED_GRANULARITY = timedelta(minutes=1)
 
 
+#: The key with its tenant by its public prefix: read by every request with a key, so compiled
+#: once a process (api/compiled_queries.py).
+KEY_BY_PREFIX: CompiledQuery[ApiKey] = CompiledQuery(
+    lambda prefix: ApiKey.objects.select_related("tenant").filter(prefix=prefix).order_by("pk")[:1],
+    markers=("compiled-query-marker",),
+)
+
+
 def verify_key(raw: str) -> ApiKey | None:
     """The live key matching ``raw`` (constant-time compare), or None; touches last_used_at."""
     parts = raw.split("_", 2)
     if len(parts) != 3 or parts[0] != "sk":
         return None
-    key = ApiKey.objects.select_related("tenant").filter(prefix=parts[1]).first()
+    key = KEY_BY_PREFIX.first(parts[1])
     if key is None:
         return None
     digests = secret_digests(parts[2])

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import transaction
 
+from api.compiled_queries import CompiledQuery
 from api.models import ApiKey, Program, ProgramVersion, Run, Tenant
 from api.services import programs, trusted_runs
 from api.services.quotas import PlanLimits, plan_limits
@@ -55,6 +56,20 @@ def builtin_program(tenant: Tenant) -> Program:
     return builtin_version(tenant).program
 
 
+#: The latest version of a tenant's built-in program with its program (not its bytes: the
+#: in-process path runs the file), by the tenant's id: read by every /v1 request, so compiled
+#: once a process (api/compiled_queries.py).
+LATEST_BUILTIN: CompiledQuery[ProgramVersion] = CompiledQuery(
+    lambda tenant_id: (
+        ProgramVersion.objects.select_related("program")
+        .defer("content")
+        .filter(program__tenant_id=tenant_id, program__name=BUILTIN_PROGRAM)
+        .order_by("-number")[:1]
+    ),
+    markers=(-7_000_000_001,),
+)
+
+
 def builtin_version(tenant: Tenant) -> ProgramVersion:
     """The latest version of the tenant's built-in program (with its program), made the current
     built-in source first when it is not.
@@ -64,13 +79,7 @@ def builtin_version(tenant: Tenant) -> ProgramVersion:
     from that row), without the row lock and transaction that creating or re-versioning takes
     (taken only then). The program's bytes are not read: the in-process path runs the file."""
     source, digest = trusted_runs.builtin_source()
-    current = (
-        ProgramVersion.objects.select_related("program")
-        .defer("content")
-        .filter(program__tenant=tenant, program__name=BUILTIN_PROGRAM)
-        .order_by("-number")
-        .first()
-    )
+    current = LATEST_BUILTIN.first(tenant.pk)
     if current is not None and current.sha256 == digest:
         return current
     with transaction.atomic():
