@@ -70,6 +70,8 @@ MIDDLEWARE = [
     "api.db_admission.release_db_share",  # a request's place in its account's database share, given back
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, so it sees a view's exception first: the API's envelope even with DJANGO_DEBUG on.
+    "web.api_errors.ApiErrorsMiddleware",
 ]
 
 ROOT_URLCONF = "web.urls"

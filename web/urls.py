@@ -8,6 +8,7 @@ from django.db import InterfaceError, OperationalError
 from django.http import HttpResponse, JsonResponse
 from django.urls import include, path, re_path
 from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
 from django.views.defaults import bad_request as django_bad_request
 from django.views.defaults import page_not_found
 from django.views.defaults import server_error as django_server_error
@@ -67,22 +68,32 @@ def bad_request(request, exception=None):
     return _api_error(request, 400, rest, openai) or django_bad_request(request, exception)
 
 
-def server_error(request):
+def server_error(request, exception: BaseException | None = None):
     """500 for an exception nothing else handled; API clients get the API's error shape. A
     database that cannot be reached (down, restarting, or the web process's connection pool
     exhausted past ``DATABASE_POOL_TIMEOUT_S``) is a 503 with ``Retry-After``: nothing was
     done, and the same request may succeed in a moment. Django calls this while handling the
-    exception, so ``sys.exc_info()`` is that exception."""
-    unavailable = isinstance(sys.exc_info()[1], (OperationalError, InterfaceError))
+    exception, so ``sys.exc_info()`` is that exception; ``exception``: the exception when the
+    caller is not inside its handler (web/api_errors.py)."""
+    exc_info = (type(exception), exception, exception.__traceback__) if exception is not None else sys.exc_info()
+    unavailable = isinstance(exc_info[1], (OperationalError, InterfaceError))
     status, headers = (503, {"Retry-After": "1"}) if unavailable else (500, None)
     message = "the database is unavailable; retry shortly" if unavailable else "internal error"
     code = "database_unavailable" if unavailable else "server_error"
     # The body names no cause (exception text carries server paths); the log has it, traceback
     # and all, under the id the body carries.
-    request_id = server_errors.record(code, f"{request.method} {request.path}", exc_info=sys.exc_info())
+    request_id = server_errors.record(code, f"{request.method} {request.path}", exc_info=exc_info)
     return _api_error(
         request, status, (code, message), (message, "server_error", code), headers, request_id=request_id
     ) or (django_server_error(request))
+
+
+@csrf_exempt  # it changes nothing; a POST to an unknown path is a 404, not a CSRF refusal
+def no_api_route(request, rest: str = ""):
+    """The API's 404 for a path under /api/ no route matched. Django's ``handler404`` says the
+    same, but only with ``DJANGO_DEBUG`` off: on the local stack (debug on) an unknown API path
+    got Django's HTML page listing every route."""
+    return not_found(request)
 
 
 handler404 = not_found
@@ -96,5 +107,6 @@ urlpatterns = [
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     # The split view serves Swagger UI's start-up script as a file: no inline script (web/csp.py).
     path("api/docs/", SpectacularSwaggerSplitView.as_view(url_name="schema"), name="swagger-ui"),
+    re_path(r"^api/(?P<rest>.*)$", no_api_route, name="api-not-found"),
     re_path(r"^(?!api/|v1/|admin/?$|admin/|static/|metrics$)(?P<route>.*)$", console, name="console"),
 ]

@@ -52,10 +52,14 @@ def _assert_says_nothing_of_the_server(body: dict, *secrets: str) -> str:
     return request_id
 
 
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
 @pytest.mark.parametrize("path", ["/api/v1/programs", "/v1/models"])
 def test_an_unhandled_error_is_a_generic_500_and_its_traceback_is_logged_under_the_id(
-    api_tenant_a, monkeypatch, caplog, path
+    api_tenant_a, monkeypatch, caplog, settings, path, debug
 ):
+    """With DJANGO_DEBUG on too (the local stack's default), where Django's own answer is its
+    HTML page with the traceback (web/api_errors.py)."""
+    settings.DEBUG = debug
     where = str(trusted_runs.BUILTIN_SOURCE)
 
     def broken(*args, **kwargs):
@@ -111,3 +115,20 @@ def test_a_failed_v1_run_answers_its_id_and_a_request_id_never_its_traceback(api
     # A stored response of that run shows no more of it.
     stored = json.dumps(responses.outcome(run)["error"])
     assert "Traceback" not in stored and "builtin_lips" not in stored and str(run.pk) in stored
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["debug-off", "debug-on"])
+@pytest.mark.parametrize(
+    ("path", "code"),
+    [("/api/v1/no-such-thing", "not_found"), ("/api/no-such-thing", "not_found"), ("/v1/no-such-thing", "not_found")],
+)
+def test_an_unknown_api_path_is_the_apis_404_never_djangos_page(api_tenant_a, settings, path, code, debug):
+    """Django's debug 404 page lists every route of the service; the API's envelope says only
+    that the path has none."""
+    settings.DEBUG = debug
+    for method in ("GET", "POST"):  # a POST is a 404 too, not a CSRF refusal
+        status, body = _asgi(method, path, api_tenant_a.key_secret)
+        assert status == 404, (method, body)
+        error = body["error"]
+        assert error.get("code") == code, body
+        assert "api-keys" not in json.dumps(body) and "urlpatterns" not in json.dumps(body)
