@@ -11,7 +11,7 @@ from datetime import date, datetime
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import BigIntegerField, Count, Max, OuterRef, Q, Subquery, Sum
+from django.db.models import BigIntegerField, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -209,13 +209,29 @@ def quota_view(tenant: Tenant) -> dict:
     }
 
 
+def _quoted(model: type, *fields: str) -> tuple[str, ...]:
+    """``model``'s quoted table name, then the quoted columns of ``fields``: SQL written from the
+    models' own names (nothing a request sends is formatted into a statement)."""
+    quote = connection.ops.quote_name
+    meta = model._meta  # type: ignore[attr-defined]
+    return (quote(meta.db_table), *(quote(meta.get_field(f).column) for f in fields))
+
+
+@functools.cache
+def _lock_account_sql() -> str:
+    user, pk = _quoted(get_user_model(), "id")
+    return f"SELECT {pk} FROM {user} WHERE {pk} = %s FOR UPDATE"  # noqa: S608 (names only)
+
+
 def lock_account(tenant: Tenant) -> None:
     """Lock the row of the account ``tenant`` counts against (its creator's user row), inside the
     caller's transaction and before the tenant's own row: creations in every tenant of one
     account then count the account's runs one at a time. A tenant with no creator of record is
-    an account of its own, bounded by its tenant row lock alone."""
+    an account of its own, bounded by its tenant row lock alone. SQL written once a process:
+    every run creation, each /v1 request's included, takes this lock (see :func:`plan_limits`)."""
     if tenant.account_id is not None:
-        list(get_user_model().objects.select_for_update().filter(pk=tenant.account_id).values_list("pk", flat=True))
+        with connection.cursor() as cursor:
+            cursor.execute(_lock_account_sql(), [tenant.account_id])
 
 
 def account_run_cap(tenant: Tenant, plan: PlanLimits | None = None) -> int | None:
@@ -224,19 +240,45 @@ def account_run_cap(tenant: Tenant, plan: PlanLimits | None = None) -> int | Non
     ``plan``: the tenant's own plan when the caller has read it already."""
     if tenant.account_id is None:
         return None
-    names = Tenant.objects.filter(account_id=tenant.account_id, closed_at__isnull=True).values("plan")
-    best = Plan.objects.filter(name__in=names).aggregate(m=Max("max_concurrent_runs"))["m"]
+    with connection.cursor() as cursor:
+        cursor.execute(_account_cap_sql(), [tenant.account_id])
+        best = cursor.fetchone()[0]
     own = (plan or plan_limits(tenant)).max_concurrent_runs  # a tenant on a plan with no row: FALLBACK
     return max(best or 0, own)
+
+
+@functools.cache
+def _account_cap_sql() -> str:
+    """The best ``max_concurrent_runs`` of the plans of an account's open tenants, written once a
+    process (on the path of every run creation)."""
+    plan, cap, name = _quoted(Plan, "max_concurrent_runs", "name")
+    tenant, tenant_plan, account, closed = _quoted(Tenant, "plan", "account", "closed_at")
+    return (
+        f"SELECT MAX({cap}) FROM {plan} WHERE {name} IN "  # noqa: S608 (names only)
+        f"(SELECT {tenant_plan} FROM {tenant} WHERE {account} = %s AND {closed} IS NULL)"
+    )
 
 
 def _active_runs_with_account(tenant: Tenant) -> tuple[int, int]:
     """Live run trees of the tenant and across its account's tenants (a tree counts once, as
     ``_active_runs``), in one statement: both are counted on the path of every run creation."""
-    counts = Run.objects.filter(tenant__account_id=tenant.account_id, status__in=LIVE, parent__isnull=True).aggregate(
-        own=Count("pk", filter=Q(tenant_id=tenant.pk)), account=Count("pk")
+    with connection.cursor() as cursor:
+        cursor.execute(_active_runs_with_account_sql(), [tenant.pk, tenant.account_id, *LIVE])
+        own, account = cursor.fetchone()
+    return int(own), int(account)
+
+
+@functools.cache
+def _active_runs_with_account_sql() -> str:
+    """:func:`_active_runs_with_account`'s statement, written once a process."""
+    run, run_pk, run_tenant, status, parent = _quoted(Run, "id", "tenant", "status", "parent")
+    tenant, tenant_pk, account = _quoted(Tenant, "id", "account")
+    live = ", ".join(["%s"] * len(LIVE))
+    return (
+        f"SELECT COUNT(r.{run_pk}) FILTER (WHERE r.{run_tenant} = %s), COUNT(r.{run_pk}) "  # noqa: S608 (names only)
+        f"FROM {run} r INNER JOIN {tenant} t ON r.{run_tenant} = t.{tenant_pk} "
+        f"WHERE t.{account} = %s AND r.{status} IN ({live}) AND r.{parent} IS NULL"
     )
-    return int(counts["own"]), int(counts["account"])
 
 
 def check_can_start(

@@ -237,7 +237,9 @@ def create_run(
     try:
         with transaction.atomic():
             lock_account(tenant)  # first: every tenant of the account locks in this order
-            locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+            locked = TENANT_TO_LOCK.first(tenant.pk)
+            if locked is None:
+                raise Tenant.DoesNotExist(f"tenant {tenant.pk} does not exist")
             if locked.closed_at is not None:  # read under the lock: a close may have just committed
                 raise RunConflict("this tenant is closed")
             if idempotency_key:
@@ -513,6 +515,13 @@ def cancel_run(run: Run, actor=None, api_key: ApiKey | None = None) -> Run:
     return locked
 
 
+#: The tenant a run is created in, locked (after its account, ``quotas.lock_account``): on the
+#: path of every run creation, so compiled once a process (api/compiled_queries.py), at its first
+#: call, inside ``create_run``'s transaction.
+TENANT_TO_LOCK: CompiledQuery[Tenant] = CompiledQuery(
+    lambda tenant_id: Tenant.objects.select_for_update().filter(pk=tenant_id)[:1],
+    markers=(-7_000_000_003,),
+)
 #: The run ``finish_run`` records, locked, with its tenant: on the path of every run's answer,
 #: so compiled once a process (api/compiled_queries.py). Compiled at its first call, which is
 #: inside ``finish_run``'s transaction, as a locking read must be.
