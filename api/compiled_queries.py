@@ -45,7 +45,8 @@ class _Compiled:
 
 
 class CompiledQuery(Generic[M]):
-    """``build(*values)``'s queryset, compiled once; :meth:`first` runs it with new values."""
+    """``build(*values)``'s queryset, compiled once; :meth:`first` and :meth:`get` run it with new
+    values."""
 
     def __init__(self, build: Callable[..., QuerySet[M]], markers: Sequence[Any]) -> None:
         self._build = build
@@ -108,3 +109,11 @@ class CompiledQuery(Generic[M]):
         for populator in compiled.related_populators:
             populator.populate(row, obj)
         return obj  # type: ignore[return-value]
+
+    def get(self, *values: Any) -> M:
+        """:meth:`first`, or the model's ``DoesNotExist`` as ``QuerySet.get`` raises it."""
+        obj = self.first(*values)
+        if obj is None:
+            model: Any = self._compile().model
+            raise model.DoesNotExist(f"no {model.__name__} for {values!r}")
+        return obj

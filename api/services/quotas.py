@@ -11,7 +11,7 @@ from datetime import date, datetime
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import BigIntegerField, OuterRef, Subquery, Sum
+from django.db.models import BigIntegerField, Model, OuterRef, Subquery, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -82,15 +82,19 @@ class ConcurrencyLimitReached(PlanQuotaExceeded):
 PLAN_LIMIT_FIELDS = tuple(PlanLimits.__dataclass_fields__)
 
 
+def _quoted(model: type[Model], *fields: str) -> tuple[str, ...]:
+    """``model``'s quoted table name, then the quoted columns of ``fields``: SQL written from the
+    models' own names (nothing a request sends is formatted into a statement)."""
+    quote = connection.ops.quote_name
+    meta = model._meta
+    return (quote(meta.db_table), *(quote(meta.get_field(f).column) for f in fields))
+
+
 @functools.cache
 def _plan_limits_sql() -> str:
     """The statement :func:`plan_limits` runs, written once a process from the model's names."""
-    quote = connection.ops.quote_name
-    meta = Plan._meta
-    columns = ", ".join(quote(meta.get_field(f).column) for f in PLAN_LIMIT_FIELDS)
-    # Only the model's own quoted names are formatted in; the plan's name is a parameter.
-    where = quote(meta.get_field("name").column)
-    return f"SELECT {columns} FROM {quote(meta.db_table)} WHERE {where} = %s"  # noqa: S608
+    plan, name, *columns = _quoted(Plan, "name", *PLAN_LIMIT_FIELDS)
+    return f"SELECT {', '.join(columns)} FROM {plan} WHERE {name} = %s"  # noqa: S608 (names only)
 
 
 def plan_limits(tenant: Tenant) -> PlanLimits:
@@ -134,11 +138,8 @@ def _month_start() -> datetime:
 @functools.cache
 def _month_tokens_sql() -> str:
     """The statement :func:`tokens_this_month` runs, written once a process from the model's names."""
-    quote = connection.ops.quote_name
-    meta = MonthlyTokens._meta
-    tokens, tenant, month = (quote(meta.get_field(f).column) for f in ("tokens", "tenant", "month"))
-    # Only the model's own quoted names are formatted in; the tenant and month are parameters.
-    return f"SELECT {tokens} FROM {quote(meta.db_table)} WHERE {tenant} = %s AND {month} = %s"  # noqa: S608
+    table, tokens, tenant, month = _quoted(MonthlyTokens, "tokens", "tenant", "month")
+    return f"SELECT {tokens} FROM {table} WHERE {tenant} = %s AND {month} = %s"  # noqa: S608 (names only)
 
 
 def tokens_this_month(tenant: Tenant) -> int:
@@ -207,14 +208,6 @@ def quota_view(tenant: Tenant) -> dict:
         # Not a plan limit but one the console checks before uploading (api/services/programs.py).
         "max_program_bytes": settings.SYMPHONY_MAX_PROGRAM_BYTES,
     }
-
-
-def _quoted(model: type, *fields: str) -> tuple[str, ...]:
-    """``model``'s quoted table name, then the quoted columns of ``fields``: SQL written from the
-    models' own names (nothing a request sends is formatted into a statement)."""
-    quote = connection.ops.quote_name
-    meta = model._meta  # type: ignore[attr-defined]
-    return (quote(meta.db_table), *(quote(meta.get_field(f).column) for f in fields))
 
 
 @functools.cache

@@ -237,9 +237,7 @@ def create_run(
     try:
         with transaction.atomic():
             lock_account(tenant)  # first: every tenant of the account locks in this order
-            locked = TENANT_TO_LOCK.first(tenant.pk)
-            if locked is None:
-                raise Tenant.DoesNotExist(f"tenant {tenant.pk} does not exist")
+            locked = TENANT_TO_LOCK.get(tenant.pk)
             if locked.closed_at is not None:  # read under the lock: a close may have just committed
                 raise RunConflict("this tenant is closed")
             if idempotency_key:
@@ -550,9 +548,7 @@ def finish_run(run_id: str, outcome: RunOutcome, plan: PlanLimits | None = None)
     tenant's plan as the request that created the run read it, for the quota notices.
     """
     with transaction.atomic():
-        run = RUN_TO_FINISH.first(Run._meta.pk.to_python(run_id))
-        if run is None:
-            raise Run.DoesNotExist(f"run {run_id} does not exist")
+        run = RUN_TO_FINISH.get(Run._meta.pk.to_python(run_id))
         if run.status not in Run.TERMINAL:
             run.status = outcome.status
         # The program's own bytes: PostgreSQL cannot store U+0000, and refusing them would lose

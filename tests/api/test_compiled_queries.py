@@ -34,6 +34,8 @@ def test_the_key_by_prefix_is_the_querysets_key_with_its_tenant(api_tenant_a, ap
         assert len(queries) == 0
         assert got._state.adding is False and got._state.db == "default"
     assert KEY_BY_PREFIX.first("no-such-prefix") is None
+    with pytest.raises(ApiKey.DoesNotExist):
+        KEY_BY_PREFIX.get("no-such-prefix")
 
 
 def test_the_latest_builtin_version_is_the_querysets_with_its_bytes_deferred(api_tenant_a):
