@@ -620,20 +620,45 @@ class Metrics:
     #: ``PREFILL_SAMPLE_FRACTION`` of the token budget.
     decode_forward_s_ema: float = 0.0
     token_s_ema: float = 0.0
-    #: The same costs' recent samples: their minimum is what ``contended_step_tokens`` sizes
-    #: from. A forward is only ever slowed by what shares the machine with it, so the fastest
-    #: recent sample is the cost itself; the averages swung 14-134 us a token and 4-18 ms a
-    #: decode forward under the account soak's load, and the step with them from 35 to 784
-    #: tokens (a 3,800-token prompt then took 293 forwards).
+    #: The same costs' recent samples, what ``contended_step_tokens`` sizes from (their low
+    #: end: ``decode_floor``, ``token_cost``). A forward is only ever slowed by what shares the
+    #: machine with it, so the fastest recent samples are the cost itself; the averages swung
+    #: 14-134 us a token and 4-18 ms a decode forward under the account soak's load, and the
+    #: step with them from 35 to 784 tokens (a 3,800-token prompt then took 293 forwards).
     decode_forward_samples: collections.deque[float] = field(
         default_factory=lambda: collections.deque(maxlen=COST_SAMPLES)
     )
-    token_samples: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=COST_SAMPLES))
+    #: Large forwards as (tokens, seconds), priced per token only when read (``token_cost``),
+    #: against the decode floor *then*: priced when recorded, a prompt chunk measured against
+    #: the first, slow decode forwards of a new worker came out at a few microseconds a token,
+    #: and that stale minimum grew the step to 500-680 tokens (a contended forward then lasted
+    #: five decode forwards, not two).
+    prefill_samples: collections.deque[tuple[int, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=COST_SAMPLES)
+    )
+
     #: Per tenant: seconds its settled calls spent in the worker from queued to settled (queue
     #: waits plus the forwards they rode in), and the forwards they rode in. Read against the
     #: tenant's end-to-end time, they say how much of it the engine took.
     pred_s_per_tenant: dict[str, float] = field(default_factory=lambda: collections.defaultdict(float))
     forwards_per_tenant: dict[str, int] = field(default_factory=lambda: collections.defaultdict(int))
+
+    def decode_floor(self) -> float:
+        """The fastest recent decode-only forward, in seconds (0: none yet)."""
+        return min(self.decode_forward_samples, default=0.0)
+
+    def token_cost(self) -> float:
+        """The time a prompt token adds above the decode floor, in seconds (0: not measured
+        yet): the first quartile of the recent large forwards' prices. Not their minimum, as
+        for the decode floor: a price is a difference over a count, and its minimum was the
+        one cheap outlier (a 2,008-token chunk at its fastest gave 6 us where most gave 10-17,
+        and the step 290 tokens where the others gave 100-150); the quartile still ignores the
+        forwards slowed by what shared the machine with them."""
+        floor = self.decode_floor()
+        if floor <= 0:
+            return 0.0
+        costs = sorted((elapsed - floor) / tokens for tokens, elapsed in self.prefill_samples if elapsed > floor)
+        return costs[len(costs) // 4] if costs else 0.0
 
     def to_dict(self, max_num_batched_tokens: int) -> dict[str, Any]:
         f = max(self.forwards, 1)
@@ -664,8 +689,8 @@ class Metrics:
             "prefix_cached_tokens": self.prefix_cached_tokens,
             "decode_forward_ms_ema": 1000 * self.decode_forward_s_ema,
             "token_us_ema": 1e6 * self.token_s_ema,
-            "decode_forward_ms_floor": 1000 * min(self.decode_forward_samples, default=0.0),
-            "token_us_floor": 1e6 * min(self.token_samples, default=0.0),
+            "decode_forward_ms_floor": 1000 * self.decode_floor(),
+            "token_us_floor": 1e6 * self.token_cost(),
             "pred_s_per_tenant": {t: round(v, 4) for t, v in self.pred_s_per_tenant.items()},
             "forwards_per_tenant": dict(self.forwards_per_tenant),
         }
@@ -1076,8 +1101,8 @@ class Scheduler:
 
         ``contended_step_tokens`` if configured; else the tokens a forward can add to a
         decode-only forward and last at most ``contended_step_ratio`` of them, by the measured
-        cost (a decode-only forward's time, the time each token adds: the fastest of their
-        recent samples, see ``Metrics.decode_forward_samples``), between a 128th of the
+        cost (the fastest recent decode-only forward, and the time a prompt token adds above
+        it: ``Metrics.decode_floor``, ``Metrics.token_cost``), between a 128th of the
         token budget and the budget itself. Derived, so it fits the hardware: on a
         CPU a token of prefill costs a noticeable share of a forward and contended chunks are
         small; on a GPU a forward's fixed cost dominates and they may be whole budgets. Before
@@ -1086,7 +1111,7 @@ class Scheduler:
         if self.config.contended_step_tokens is not None:
             return max(1, min(self.config.contended_step_tokens, cap))
         m = self.metrics
-        decode_s, token_s = min(m.decode_forward_samples, default=0.0), min(m.token_samples, default=0.0)
+        decode_s, token_s = m.decode_floor(), m.token_cost()
         if decode_s <= 0 or token_s <= 0:
             return max(1, int(cap * CONTENDED_STEP_DEFAULT_FRACTION))
         fits = (self.config.contended_step_ratio - 1) * decode_s / token_s
@@ -1102,10 +1127,9 @@ class Scheduler:
             )
             m.decode_forward_samples.append(elapsed)
         elif m.decode_forward_samples and tokens >= self.config.max_num_batched_tokens * PREFILL_SAMPLE_FRACTION:
-            per_token = max(elapsed - min(m.decode_forward_samples), 0.0) / tokens
+            per_token = max(elapsed - m.decode_floor(), 0.0) / tokens
             m.token_s_ema = per_token if m.token_s_ema == 0 else 0.8 * m.token_s_ema + 0.2 * per_token
-            if per_token > 0:
-                m.token_samples.append(per_token)
+            m.prefill_samples.append((tokens, elapsed))
 
     def _record_forward(self, plans: list[tuple[PredCall, int, AppendPlan]], start: float, elapsed: float) -> None:
         """The forward into the engine timeline (gpu_worker/engine_timeline.py): a call's one

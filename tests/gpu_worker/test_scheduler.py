@@ -453,13 +453,30 @@ def test_the_contended_step_is_sized_from_measured_forward_cost(tmp_path: Path) 
     scheduler._measure_cost(0.050, tokens=3, items=3)
     scheduler._measure_cost(0.010 + 2048 * 0.001, tokens=2048, items=1)
     assert scheduler.contended_step_tokens() == 100
-    scheduler.metrics.token_samples.clear()
-    scheduler.metrics.token_samples.append(0.1)  # a token costs 10 decode forwards: the floor
-    assert scheduler.contended_step_tokens() == 16
-    scheduler.metrics.token_samples.append(1e-9)  # a GPU-like cost: the whole budget
+    scheduler.metrics.prefill_samples.clear()
+    scheduler.metrics.prefill_samples.append((2048, 0.010 + 2048 * 0.1))  # a token costs 10 decode forwards
+    assert scheduler.contended_step_tokens() == 16, "the floor: a 128th of the budget"
+    scheduler.metrics.prefill_samples.append((2048, 0.010 + 2048 * 1e-9))  # a GPU-like cost: the whole budget
     assert scheduler.contended_step_tokens() == 2048
     fixed = Scheduler(RecordingEngine(io), fs, SchedulerConfig(contended_step_tokens=300), max_model_len=200)
     assert fixed.contended_step_tokens() == 300
+
+
+def test_a_prompt_chunk_is_priced_against_the_decode_floor_when_the_step_is_sized(tmp_path: Path) -> None:
+    """A new worker's first decode forwards are slow; a prompt chunk measured then must not keep
+    the near-zero token cost it had against them once decode forwards are fast (it grew the
+    step to 500-680 tokens on a loaded host, and a contended forward lasted five decode
+    forwards, not two)."""
+    fs, io = make_fs(tmp_path, num_pages=64)
+    config = SchedulerConfig(max_num_batched_tokens=2048, contended_step_ratio=2.0)
+    scheduler = Scheduler(RecordingEngine(io), fs, config, max_model_len=200)
+    scheduler._measure_cost(0.030, tokens=1, items=1)  # a cold first decode forward: 30 ms
+    scheduler._measure_cost(0.031, tokens=256, items=1)  # 256 prompt tokens in 31 ms
+    scheduler._measure_cost(0.005, tokens=1, items=1)  # warm decode forwards: 5 ms
+    scheduler._measure_cost(0.005, tokens=2, items=2)
+    per_token = (0.031 - 0.005) / 256
+    assert scheduler.metrics.token_cost() == pytest.approx(per_token)
+    assert scheduler.contended_step_tokens() == int(0.005 / per_token)  # 49, not 1,280
 
 
 # ------------------------------------------------------------------------------ Scheduler
