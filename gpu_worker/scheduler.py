@@ -632,11 +632,10 @@ class Metrics:
     #: against the decode floor *then*: priced when recorded, a prompt chunk measured against
     #: the first, slow decode forwards of a new worker came out at a few microseconds a token,
     #: and that stale minimum grew the step to 500-680 tokens (a contended forward then lasted
-    #: five decode forwards, not two).
+    #: about four decode forwards, not two).
     prefill_samples: collections.deque[tuple[int, float]] = field(
         default_factory=lambda: collections.deque(maxlen=COST_SAMPLES)
     )
-
     #: Per tenant: seconds its settled calls spent in the worker from queued to settled (queue
     #: waits plus the forwards they rode in), and the forwards they rode in. Read against the
     #: tenant's end-to-end time, they say how much of it the engine took.

@@ -465,8 +465,8 @@ def test_the_contended_step_is_sized_from_measured_forward_cost(tmp_path: Path) 
 def test_a_prompt_chunk_is_priced_against_the_decode_floor_when_the_step_is_sized(tmp_path: Path) -> None:
     """A new worker's first decode forwards are slow; a prompt chunk measured then must not keep
     the near-zero token cost it had against them once decode forwards are fast (it grew the
-    step to 500-680 tokens on a loaded host, and a contended forward lasted five decode
-    forwards, not two)."""
+    step to 500-680 tokens on a loaded host, and a contended forward lasted about four
+    decode forwards, not two)."""
     fs, io = make_fs(tmp_path, num_pages=64)
     config = SchedulerConfig(max_num_batched_tokens=2048, contended_step_ratio=2.0)
     scheduler = Scheduler(RecordingEngine(io), fs, config, max_model_len=200)
